@@ -1,0 +1,92 @@
+# Browser Grid for Caddy. `make run` starts a whole local grid; `make test`
+# is everything CI runs. See README.md.
+
+SHELL       := /bin/bash
+GO          ?= go
+BIN         := bin
+BINARIES    := caddy grid-worker fakebrowser gridbench
+GOTESTFLAGS ?=
+# Where apt-get runs as root; otherwise through sudo when there is one.
+SUDO        := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
+
+# `make run` knobs.
+WORKERS      ?= 3
+HTTPS_PORT   ?= 8443
+HTTP_PORT    ?= 8080
+ADMIN_PORT   ?= 2019
+REDIS_PORT   ?= 6390
+MAX_LIFETIME ?= 10
+MAX_CONCURRENT ?= 2
+SESSIONS     ?= 36
+CLIENTS      ?= 3
+
+.PHONY: all deps deps-apt deps-node build run test test-go bench fmt lint examples xcaddy clean
+
+all: build
+
+## deps: install what is missing (redis-server, chromium via apt; playwright-core via npm ci).
+deps: deps-apt deps-node
+
+deps-apt:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
+	if [ -n "$$missing" ]; then \
+		echo "deps: installing$$missing"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+deps-node: playwright/node_modules/.package-lock.json
+
+playwright/node_modules/.package-lock.json: playwright/package.json playwright/package-lock.json
+	cd playwright && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+## build: every binary into bin/.
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+## run: a whole local grid with a demo Playwright client (Ctrl-C stops everything).
+run: deps build
+	WORKERS=$(WORKERS) HTTPS_PORT=$(HTTPS_PORT) HTTP_PORT=$(HTTP_PORT) ADMIN_PORT=$(ADMIN_PORT) \
+	REDIS_PORT=$(REDIS_PORT) MAX_LIFETIME=$(MAX_LIFETIME) MAX_CONCURRENT=$(MAX_CONCURRENT) \
+	SESSIONS=$(SESSIONS) CLIENTS=$(CLIENTS) ./scripts/run-grid.sh
+
+## test: everything CI runs (vet, Go tests with real Redis/Chromium/Caddy, examples, xcaddy).
+test: deps build lint examples test-go
+
+test-go:
+	$(GO) test -count=1 -timeout 18m $(GOTESTFLAGS) ./...
+
+## bench: Go benchmarks and cmd/gridbench, printed as ratio tables.
+bench: deps build
+	$(BIN)/gridbench
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
+	$(GO) vet ./...
+
+## examples: adapt and validate every Caddyfile in caddyfile-examples/, and check its formatting.
+examples: build
+	@set -e; for f in caddyfile-examples/*.Caddyfile; do \
+		echo "examples: $$f"; \
+		$(BIN)/caddy adapt --config $$f --adapter caddyfile --validate >/dev/null; \
+		$(BIN)/caddy fmt --diff $$f >/dev/null || { $(BIN)/caddy fmt --diff $$f; exit 1; }; \
+	done
+
+## xcaddy: build Caddy with xcaddy from this checkout and check it lists every module.
+XCADDY_GOPROXY = $(shell $(GO) env GOPROXY | cut -d, -f1)|off
+xcaddy:
+	@mkdir -p $(BIN)/xcaddy
+	GOPROXY='$(XCADDY_GOPROXY)' XCADDY_SKIP_CLEANUP=0 CADDY_VERSION=v2.11.9 \
+		$(GO) tool xcaddy build --output $(BIN)/xcaddy/caddy --with github.com/browsergrid/caddy-browser-grid=.
+
+clean:
+	rm -rf $(BIN)

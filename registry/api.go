@@ -1,0 +1,249 @@
+// Package registry is the one place that knows Redis: the key schema, the
+// worker records, and the Lua scripts that register, heartbeat, select and
+// claim, release, undo and expire.
+//
+// CONTRACT STUB: the exported names and signatures below are what the
+// worker agent, the reaper and the Caddy modules build against. The
+// implementation replaces the panics; signatures change only together with
+// their callers.
+package registry
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/selection"
+	"github.com/redis/go-redis/v9"
+)
+
+// Sentinel errors. Callers test them with errors.Is.
+var (
+	// ErrNoWorker: no eligible worker in the pool right now.
+	ErrNoWorker = errors.New("no eligible worker")
+	// ErrNotRegistered: the worker's record is gone (expired or reaped);
+	// its agent should register again.
+	ErrNotRegistered = errors.New("worker not registered")
+	// ErrBadPool: a pool name that cannot be used in a key.
+	ErrBadPool = errors.New("invalid pool name")
+)
+
+// Policy names a select-and-claim algorithm.
+type Policy string
+
+// The policies the registry runs in Redis.
+const (
+	LifetimeFirst Policy = "lifetime_first"
+	Vnode         Policy = "vnode"
+	FairShare     Policy = "fair_share"
+)
+
+// Command is an instruction for a worker's agent, read with its heartbeat.
+type Command string
+
+// CommandShutdown tells the agent to drain and exit.
+const CommandShutdown Command = "shutdown"
+
+// Options configure a Registry.
+type Options struct {
+	// Prefix of every key. Default: "grid" (keys look like "{grid:chromium}:…").
+	Prefix string
+	// CommandTTL is how long a shutdown command lives. Default: 60s.
+	CommandTTL time.Duration
+	// DurationWindow is how many session durations are kept per worker for
+	// fair share. Default: 20.
+	DurationWindow int
+	// OnBadRecord, when set, is told about every worker record that does not
+	// parse; the record is skipped, never selected.
+	OnBadRecord func(pool, workerID string, err error)
+}
+
+// Registry talks to one Redis (single node, Sentinel or Cluster).
+type Registry struct {
+	rdb  redis.UniversalClient
+	opts Options
+}
+
+// New returns a Registry over rdb.
+func New(rdb redis.UniversalClient, opts Options) *Registry { panic("unimplemented") }
+
+// NewClient connects to the Redis named by a URL: redis://, rediss:// (TLS),
+// with user:password and /db, or redis+cluster:// / rediss+cluster:// with
+// several host:port separated by commas for Redis Cluster.
+func NewClient(url string) (redis.UniversalClient, error) { panic("unimplemented") }
+
+// RedactURL returns url with any password replaced, fit for logs.
+func RedactURL(url string) string { panic("unimplemented") }
+
+// Registration is what a worker's agent writes when it starts.
+type Registration struct {
+	Pool        string
+	ID          string
+	BrowserType string
+	// Addr is the host:port a proxy dials.
+	Addr string
+	// Path is the WebSocket path on the worker, e.g. "/playwright".
+	Path string
+	// Capacity is how many sessions the worker accepts at once (0: no limit).
+	Capacity int
+	// TTL of the worker's record; every heartbeat renews it.
+	TTL time.Duration
+	// VirtualNodes is V, the worker's ring positions. Default: 8.
+	VirtualNodes int
+}
+
+// WorkerInfo is a worker's record as stored, with its counters.
+type WorkerInfo struct {
+	Pool, ID, BrowserType string
+	Addr, Path            string
+	Status                selection.Status
+	Active, Lifetime      int
+	Capacity              int
+	VirtualNodes          int
+	LastHeartbeat         time.Time
+	RegisteredAt          time.Time
+	SuspectUntil          time.Time
+	PredictedEnd          time.Time
+	Durations             []time.Duration
+	// Command is the pending command, if any.
+	Command Command
+}
+
+// Snapshot converts the record to what the selection package works on.
+func (w WorkerInfo) Snapshot() selection.Worker { panic("unimplemented") }
+
+// BadRecord is a worker record that could not be parsed.
+type BadRecord struct {
+	ID  string
+	Err string
+}
+
+// PoolInfo is everything Inspect knows about one pool.
+type PoolInfo struct {
+	Pool       string
+	Workers    []WorkerInfo
+	BadRecords []BadRecord
+	Leases     int
+	// Limits last written by a claim for this pool.
+	Limits selection.Limits
+}
+
+// Register writes (or rewrites) a worker's record, counters at zero, status
+// available, its ring positions, and adds the pool to the pool list.
+func (r *Registry) Register(ctx context.Context, reg Registration) error { panic("unimplemented") }
+
+// Heartbeat renews the record and its TTL, and returns the pending command
+// in the same round trip. ErrNotRegistered when the record is gone.
+func (r *Registry) Heartbeat(ctx context.Context, pool, id string, ttl time.Duration) (Command, error) {
+	panic("unimplemented")
+}
+
+// SetDraining marks a worker draining: selection skips it from now on.
+func (r *Registry) SetDraining(ctx context.Context, pool, id string) error { panic("unimplemented") }
+
+// Deregister removes a worker's record and everything registration wrote.
+func (r *Registry) Deregister(ctx context.Context, pool, id string) error { panic("unimplemented") }
+
+// Worker returns one worker's record. ErrNotRegistered when it is gone.
+func (r *Registry) Worker(ctx context.Context, pool, id string) (WorkerInfo, error) {
+	panic("unimplemented")
+}
+
+// Drain sets a worker's shutdown command (as an operator or the admin API).
+func (r *Registry) Drain(ctx context.Context, pool, id string) error { panic("unimplemented") }
+
+// ClaimRequest asks for one session slot in a pool.
+type ClaimRequest struct {
+	Pool   string
+	Policy Policy
+	// Limits apply to every policy; they are also written to the pool so
+	// that release and heartbeat scripts keep the indexes consistent.
+	Limits selection.Limits
+	// Vnode and FairShare carry the policy's parameters when it is chosen.
+	Vnode     selection.Vnode
+	FairShare selection.FairShare
+	// Rand supplies the random inputs (vnode pivots, jitter, tiebreak).
+	// nil: a source seeded from crypto/rand.
+	Rand selection.Rand
+	// Holder names the claiming process (for operators reading leases).
+	Holder string
+	// LeaseTTL is how long the lease lives unless renewed. Default: 30s.
+	LeaseTTL time.Duration
+	// Now, when not zero, replaces Redis' clock (tests only).
+	Now time.Time
+}
+
+// Claim is a granted session slot.
+type Claim struct {
+	LeaseID string
+	Pool    string
+	Worker  WorkerInfo
+	// Drain is true when this claim brought the worker to its lifetime
+	// limit and so set its shutdown command.
+	Drain bool
+	// Decision carries the scan figures, for metrics.
+	Decision selection.Decision
+}
+
+// NoWorkerError is returned (wrapping ErrNoWorker) when nothing is
+// eligible; it carries the decision's figures.
+type NoWorkerError struct{ Decision selection.Decision }
+
+func (e *NoWorkerError) Error() string { return ErrNoWorker.Error() }
+func (e *NoWorkerError) Unwrap() error { return ErrNoWorker }
+
+// Claim selects and claims atomically: active +1, lifetime +1, a lease.
+func (r *Registry) Claim(ctx context.Context, req ClaimRequest) (*Claim, error) {
+	panic("unimplemented")
+}
+
+// Pick returns what Claim would choose now, claiming nothing.
+func (r *Registry) Pick(ctx context.Context, req ClaimRequest) (WorkerInfo, selection.Decision, error) {
+	panic("unimplemented")
+}
+
+// Release ends a session: active -1, duration recorded, lease deleted, and
+// waiters on the pool woken. Releasing an unknown lease is a no-op.
+func (r *Registry) Release(ctx context.Context, pool, leaseID string) error { panic("unimplemented") }
+
+// Undo gives a claim back whose dial or upgrade failed: active -1 and
+// lifetime -1, the lease deleted, a shutdown command set by this claim
+// withdrawn, and the worker suspect for suspectFor (0: not suspect).
+func (r *Registry) Undo(ctx context.Context, pool, leaseID string, suspectFor time.Duration) error {
+	panic("unimplemented")
+}
+
+// RenewLeases extends the given leases of one pool to ttl from now in one
+// round trip and returns those that no longer exist.
+func (r *Registry) RenewLeases(ctx context.Context, pool string, leaseIDs []string, ttl time.Duration) ([]string, error) {
+	panic("unimplemented")
+}
+
+// Wakeups delivers a pool's name whenever a slot may have freed in it
+// (release, undo, registration), from any process sharing the Redis. The
+// channel closes when ctx ends.
+func (r *Registry) Wakeups(ctx context.Context, pools ...string) (<-chan string, error) {
+	panic("unimplemented")
+}
+
+// Expire removes a worker whose heartbeat is older than staleAfter (seed
+// 002's skip_if_fresh), with its ring positions, counters, leases and index
+// entries, in one script. staleAfter 0 removes it unconditionally. Reports
+// whether it removed anything.
+func (r *Registry) Expire(ctx context.Context, pool, id string, staleAfter time.Duration) (bool, error) {
+	panic("unimplemented")
+}
+
+// ExpireLeases removes up to max expired leases of a pool and gives their
+// slots back; it returns how many it removed.
+func (r *Registry) ExpireLeases(ctx context.Context, pool string, max int) (int, error) {
+	panic("unimplemented")
+}
+
+// Pools lists the pools that have (or had) workers.
+func (r *Registry) Pools(ctx context.Context) ([]string, error) { panic("unimplemented") }
+
+// Inspect returns every worker of a pool with its figures.
+func (r *Registry) Inspect(ctx context.Context, pool string) (PoolInfo, error) {
+	panic("unimplemented")
+}
