@@ -64,6 +64,7 @@ test-go:
 
 ## bench: Go benchmarks and cmd/gridbench, printed as ratio tables.
 bench: deps build
+	$(GO) test -run "^$$" -bench . -benchmem ./selection/... ./registry/...
 	$(BIN)/gridbench
 
 fmt:

@@ -1,0 +1,70 @@
+// Command gridbench measures the grid and prints every figure as a table of
+// ratios against a baseline measured in the same run on the same machine.
+// Each section lives in its own file and registers itself in init.
+//
+//	gridbench              # every section
+//	gridbench -only vnode  # sections whose name contains "vnode"
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+)
+
+// section is one table (or a few) of the report.
+type section struct {
+	// name is short and unique; order sorts the report.
+	name  string
+	order int
+	// run measures and prints; an error fails the whole run.
+	run func(cfg *config) error
+}
+
+// config is what every section may read.
+type config struct {
+	// quick shrinks sample sizes (for a smoke run in tests).
+	quick bool
+	out   *os.File
+}
+
+var sections []section
+
+func register(s section) { sections = append(sections, s) }
+
+func main() {
+	only := flag.String("only", "", "run only sections whose name contains this")
+	quick := flag.Bool("quick", false, "small samples: a smoke run, figures not meaningful")
+	list := flag.Bool("list", false, "list the sections and exit")
+	flag.Parse()
+
+	sort.Slice(sections, func(i, j int) bool { return sections[i].order < sections[j].order })
+	if *list {
+		for _, s := range sections {
+			fmt.Println(s.name)
+		}
+		return
+	}
+	cfg := &config{quick: *quick, out: os.Stdout}
+	ran := 0
+	for _, s := range sections {
+		if *only != "" && !strings.Contains(s.name, *only) {
+			continue
+		}
+		ran++
+		start := time.Now()
+		fmt.Printf("\n## %s\n\n", s.name)
+		if err := s.run(cfg); err != nil {
+			fmt.Fprintf(os.Stderr, "gridbench: %s: %v\n", s.name, err)
+			os.Exit(1)
+		}
+		fmt.Printf("\n(%s took %s)\n", s.name, time.Since(start).Round(time.Millisecond))
+	}
+	if ran == 0 {
+		fmt.Fprintf(os.Stderr, "gridbench: no section matches %q (see -list)\n", *only)
+		os.Exit(2)
+	}
+}
