@@ -4,7 +4,6 @@
 SHELL       := /bin/bash
 GO          ?= go
 BIN         := bin
-BINARIES    := caddy grid-worker fakebrowser gridbench
 GOTESTFLAGS ?=
 # Where apt-get runs as root; otherwise through sudo when there is one.
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
@@ -52,9 +51,9 @@ build:
 
 ## run: a whole local grid with a demo Playwright client (Ctrl-C stops everything).
 run: deps build
-	WORKERS=$(WORKERS) HTTPS_PORT=$(HTTPS_PORT) HTTP_PORT=$(HTTP_PORT) ADMIN_PORT=$(ADMIN_PORT) \
-	REDIS_PORT=$(REDIS_PORT) MAX_LIFETIME=$(MAX_LIFETIME) MAX_CONCURRENT=$(MAX_CONCURRENT) \
-	SESSIONS=$(SESSIONS) CLIENTS=$(CLIENTS) ./scripts/run-grid.sh
+	$(BIN)/griddemo -workers $(WORKERS) -https-port $(HTTPS_PORT) -http-port $(HTTP_PORT) \
+		-admin-port $(ADMIN_PORT) -redis-port $(REDIS_PORT) -max-lifetime $(MAX_LIFETIME) \
+		-max-concurrent $(MAX_CONCURRENT) -sessions $(SESSIONS) -clients $(CLIENTS)
 
 ## test: everything CI runs (vet, Go tests with real Redis/Chromium/Caddy, examples, xcaddy).
 test: deps build lint examples test-go

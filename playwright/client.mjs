@@ -1,0 +1,108 @@
+// A Playwright client of the grid, used by `make run`'s demo and by the
+// end-to-end tests. It talks to the grid the way a user's test suite would:
+// chromium.connect() (or connectOverCDP) to a wss:// URL served by Caddy.
+// Trust for Caddy's internal CA comes from NODE_EXTRA_CA_CERTS; certificate
+// checks are never turned off.
+//
+//   node client.mjs run  --url wss://localhost:8443/playwright/chromium --sessions 36 --concurrency 3
+//   node client.mjs hold --url ...        # one session, open until stdin closes or SIGTERM
+//   node client.mjs cdp  --url ...        # one session through connectOverCDP
+//
+// Every session prints one JSON line on stdout:
+//   {"event":"session","n":1,"ok":true,"title":"grid session 1","answer":42,"ms":312}
+// and `run` ends with {"event":"summary","sessions":36,"ok":36,"failed":0,"ms":...}.
+// The exit code is 0 only when every session succeeded.
+
+import { chromium } from 'playwright-core';
+
+function parseArgs(argv) {
+	const [mode = 'run', ...rest] = argv;
+	const opts = { mode, url: '', sessions: 1, concurrency: 1, timeout: 30000, holdMs: 0 };
+	for (let i = 0; i < rest.length; i++) {
+		const key = rest[i];
+		const val = rest[i + 1];
+		switch (key) {
+			case '--url': opts.url = val; i++; break;
+			case '--sessions': opts.sessions = Number(val); i++; break;
+			case '--concurrency': opts.concurrency = Number(val); i++; break;
+			case '--timeout': opts.timeout = Number(val); i++; break;
+			case '--hold-ms': opts.holdMs = Number(val); i++; break;
+			default:
+				throw new Error(`unknown argument '${key}'`);
+		}
+	}
+	if (!['run', 'hold', 'cdp'].includes(opts.mode)) {
+		throw new Error(`unknown mode '${opts.mode}' (want run, hold or cdp)`);
+	}
+	if (!opts.url) throw new Error('--url is required');
+	for (const k of ['sessions', 'concurrency', 'timeout', 'holdMs']) {
+		if (!Number.isInteger(opts[k]) || opts[k] < 0) throw new Error(`--${k} must be a whole number`);
+	}
+	if (opts.concurrency < 1) opts.concurrency = 1;
+	return opts;
+}
+
+function emit(obj) {
+	process.stdout.write(JSON.stringify(obj) + '\n');
+}
+
+// One short session: open a page, set its content, read the title back,
+// evaluate JavaScript, close.
+async function session(opts, n) {
+	const start = Date.now();
+	let browser;
+	try {
+		browser = opts.mode === 'cdp'
+			? await chromium.connectOverCDP(opts.url, { timeout: opts.timeout })
+			: await chromium.connect(opts.url, { timeout: opts.timeout });
+		const context = opts.mode === 'cdp' ? (browser.contexts()[0] ?? await browser.newContext()) : await browser.newContext();
+		const page = await context.newPage();
+		await page.setContent(`<title>grid session ${n}</title><p id="p">hello from session ${n}</p>`);
+		const title = await page.title();
+		const answer = await page.evaluate(() => 6 * 7);
+		if (opts.holdMs > 0) await new Promise((r) => setTimeout(r, opts.holdMs));
+		if (opts.mode === 'hold') {
+			emit({ event: 'ready', n, title });
+			await new Promise((resolve) => {
+				process.stdin.resume();
+				process.stdin.on('end', resolve);
+				process.stdin.on('close', resolve);
+				process.on('SIGTERM', resolve);
+			});
+		}
+		await page.close();
+		await browser.close();
+		const ok = title === `grid session ${n}` && answer === 42;
+		emit({ event: 'session', n, ok, title, answer, ms: Date.now() - start });
+		return ok;
+	} catch (err) {
+		if (browser) await browser.close().catch(() => {});
+		emit({ event: 'session', n, ok: false, error: String(err?.message ?? err).split('\n')[0], ms: Date.now() - start });
+		return false;
+	}
+}
+
+async function main() {
+	let opts;
+	try {
+		opts = parseArgs(process.argv.slice(2));
+	} catch (err) {
+		process.stderr.write(`client.mjs: ${err.message}\n`);
+		process.exit(2);
+	}
+	const total = opts.mode === 'run' ? opts.sessions : 1;
+	const start = Date.now();
+	let next = 1;
+	let ok = 0;
+	async function lane() {
+		while (next <= total) {
+			const n = next++;
+			if (await session(opts, n)) ok++;
+		}
+	}
+	await Promise.all(Array.from({ length: Math.min(opts.concurrency, total) }, lane));
+	emit({ event: 'summary', sessions: total, ok, failed: total - ok, ms: Date.now() - start });
+	process.exit(ok === total ? 0 : 1);
+}
+
+main();
