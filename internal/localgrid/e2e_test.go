@@ -1,0 +1,344 @@
+package localgrid
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// The end-to-end tests run the product as a user does: real Redis, real
+// grid-worker processes with real Chromium behind Playwright's browser
+// server, bin/caddy terminating TLS with its internal CA, and a real
+// playwright-core client that trusts only that CA.
+
+func requireParts(t *testing.T) {
+	t.Helper()
+	testenv.LookPath(t, "redis-server")
+	testenv.LookPath(t, "node")
+	if _, err := os.Stat("/usr/bin/chromium"); err != nil {
+		testenv.Missing(t, "/usr/bin/chromium not installed")
+	}
+	root := testenv.RepoRoot(t)
+	if _, err := os.Stat(filepath.Join(root, "playwright", "node_modules", "playwright-core")); err != nil {
+		testenv.Missing(t, "playwright-core not installed in playwright/ (run 'make deps')")
+	}
+	testenv.Bin(t, "caddy")
+	testenv.Bin(t, "grid-worker")
+}
+
+func startGrid(t *testing.T, cfg Config) *Grid {
+	t.Helper()
+	requireParts(t)
+	root := testenv.RepoRoot(t)
+	cfg.BinDir = filepath.Join(root, "bin")
+	cfg.PlaywrightDir = filepath.Join(root, "playwright")
+	cfg.Dir = t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	g, err := Start(ctx, cfg)
+	if err != nil {
+		if g != nil {
+			dumpLogs(t, g)
+		}
+		t.Fatalf("starting the local grid: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpLogs(t, g)
+		}
+		g.Stop()
+	})
+	return g
+}
+
+func dumpLogs(t *testing.T, g *Grid) {
+	files, _ := filepath.Glob(filepath.Join(g.Dir(), "logs", "*.log"))
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		s := string(b)
+		if len(s) > 3000 {
+			s = "…" + s[len(s)-3000:]
+		}
+		t.Logf("--- %s ---\n%s", filepath.Base(f), s)
+	}
+}
+
+// client runs playwright/client.mjs against the grid.
+func client(t *testing.T, g *Grid, args ...string) *exec.Cmd {
+	t.Helper()
+	root := testenv.RepoRoot(t)
+	cmd := exec.Command("node", append([]string{filepath.Join(root, "playwright", "client.mjs")}, args...)...)
+	cmd.Env = append(os.Environ(), "NODE_EXTRA_CA_CERTS="+g.RootCA())
+	return cmd
+}
+
+type sessionEvent struct {
+	Event  string `json:"event"`
+	N      int    `json:"n"`
+	OK     bool   `json:"ok"`
+	Title  string `json:"title"`
+	Answer int    `json:"answer"`
+	Error  string `json:"error"`
+}
+
+func parseEvents(t *testing.T, out []byte) []sessionEvent {
+	t.Helper()
+	var evs []sessionEvent
+	for _, line := range strings.Split(string(out), "\n") {
+		var ev sessionEvent
+		if json.Unmarshal([]byte(line), &ev) == nil && ev.Event == "session" {
+			evs = append(evs, ev)
+		}
+	}
+	return evs
+}
+
+func activeOf(t *testing.T, g *Grid, pool string) int {
+	t.Helper()
+	p, err := g.PoolStatus(context.Background(), pool)
+	if err != nil {
+		t.Fatalf("reading pool: %v", err)
+	}
+	n := 0
+	for _, w := range p.Workers {
+		n += w.Active
+	}
+	return n
+}
+
+// holdSession opens one session that stays open until the returned
+// function is called (or the process is killed).
+func holdSession(t *testing.T, g *Grid, mode, url string) (*exec.Cmd, io.WriteCloser, *bufio.Scanner) {
+	t.Helper()
+	cmd := client(t, g, mode, "--url", url)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting the Playwright client: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	sc := bufio.NewScanner(stdout)
+	ready := make(chan sessionEvent, 1)
+	go func() {
+		for sc.Scan() {
+			var ev sessionEvent
+			if json.Unmarshal(sc.Bytes(), &ev) == nil && (ev.Event == "ready" || ev.Event == "session") {
+				ready <- ev
+				return
+			}
+		}
+		close(ready)
+	}()
+	select {
+	case ev, ok := <-ready:
+		if !ok || ev.Event != "ready" {
+			t.Fatalf("the Playwright client did not open its session: %+v", ev)
+		}
+		if ev.Title != "grid session 1" {
+			t.Fatalf("page title read back through the grid = %q, want %q", ev.Title, "grid session 1")
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the Playwright client did not open its session within 60s")
+	}
+	return cmd, stdin, sc
+}
+
+func TestPlaywrightConnectsThroughCaddyOverTLS(t *testing.T) {
+	g := startGrid(t, Config{Workers: 1, MaxConcurrent: 2, MaxLifetime: 50})
+
+	cmd, stdin, sc := holdSession(t, g, "hold", g.URL())
+	if got := activeOf(t, g, "chromium"); got != 1 {
+		t.Fatalf("active sessions during the session = %d, want 1", got)
+	}
+	stdin.Close()
+	var last sessionEvent
+	for sc.Scan() {
+		if ev := parseEvents(t, sc.Bytes()); len(ev) > 0 {
+			last = ev[0]
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("client exited with %v (last event %+v)", err, last)
+	}
+	if !last.OK || last.Answer != 42 {
+		t.Fatalf("session result %+v, want ok with answer 42", last)
+	}
+	testenv.Eventually(t, 10*time.Second, "the slot to be released after the client closed", func() bool {
+		return activeOf(t, g, "chromium") == 0
+	})
+	p, _ := g.PoolStatus(context.Background(), "chromium")
+	if len(p.Workers) != 1 || p.Workers[0].Lifetime != 1 {
+		t.Fatalf("after one session the worker's figures are %+v, want lifetime 1", p.Workers)
+	}
+}
+
+func TestKilledClientReleasesItsSlot(t *testing.T) {
+	g := startGrid(t, Config{Workers: 1, MaxConcurrent: 2, MaxLifetime: 50})
+
+	cmd, _, _ := holdSession(t, g, "hold", g.URL())
+	if got := activeOf(t, g, "chromium"); got != 1 {
+		t.Fatalf("active sessions during the session = %d, want 1", got)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 15*time.Second, "the slot of a killed client to be released", func() bool {
+		return activeOf(t, g, "chromium") == 0
+	})
+}
+
+func TestConnectOverCDPThroughTheGrid(t *testing.T) {
+	g := startGrid(t, Config{Workers: 0, MaxConcurrent: 2, MaxLifetime: 50, Launcher: "playwright"})
+	// One CDP worker in the pool the /cdp/ route serves.
+	g.cfg.Launcher, g.cfg.Pool = "cdp", "chromium-cdp"
+	if err := g.StartWorker(1); err != nil {
+		t.Fatal(err)
+	}
+	g.cfg.Launcher, g.cfg.Pool = "playwright", "chromium"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := g.WaitPool(ctx, "chromium-cdp", 1); err != nil {
+		t.Fatal(err)
+	}
+	out, err := client(t, g, "cdp", "--url", g.CDPURL()).CombinedOutput()
+	evs := parseEvents(t, out)
+	if err != nil || len(evs) != 1 || !evs[0].OK {
+		t.Fatalf("connectOverCDP through the grid failed: %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 10*time.Second, "the CDP slot to be released", func() bool {
+		return activeOf(t, g, "chromium-cdp") == 0
+	})
+}
+
+// TestRecyclingUnderLoad is the grid's promise: workers reach their
+// lifetime, drain and are replaced one at a time, and no client sees it.
+func TestRecyclingUnderLoad(t *testing.T) {
+	const (
+		workers     = 3
+		maxLifetime = 5
+		sessions    = 40
+		clients     = 4
+	)
+	g := startGrid(t, Config{Workers: workers, MaxConcurrent: 2, MaxLifetime: maxLifetime})
+
+	rdb, err := registry.NewClient(g.RedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	reg := registry.New(rdb, registry.Options{})
+
+	// Watch the registry for the whole run.
+	var (
+		mu          sync.Mutex
+		maxDraining int
+		seen        = map[string]int{} // worker → highest lifetime
+		overLimit   []string
+	)
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		for watchCtx.Err() == nil {
+			info, err := reg.Inspect(watchCtx, "chromium")
+			if err == nil {
+				mu.Lock()
+				draining := 0
+				for _, w := range info.Workers {
+					if w.Status == "draining" {
+						draining++
+					}
+					if w.Lifetime > seen[w.ID] {
+						seen[w.ID] = w.Lifetime
+					}
+					if w.Lifetime > maxLifetime {
+						overLimit = append(overLimit, fmt.Sprintf("%s at %d", w.ID, w.Lifetime))
+					}
+				}
+				if draining > maxDraining {
+					maxDraining = draining
+				}
+				mu.Unlock()
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	out, err := client(t, g, "run", "--url", g.URL(), "--sessions", strconv.Itoa(sessions),
+		"--concurrency", strconv.Itoa(clients)).CombinedOutput()
+	evs := parseEvents(t, out)
+	failed := 0
+	for _, ev := range evs {
+		if !ev.OK {
+			failed++
+			t.Errorf("session %d failed: %s", ev.N, ev.Error)
+		}
+	}
+	if err != nil || len(evs) != sessions || failed > 0 {
+		t.Fatalf("client: %v; %d session results, %d failed, want %d all ok\n%s", err, len(evs), failed, sessions, out)
+	}
+	stopWatch()
+	<-watchDone
+
+	mu.Lock()
+	defer mu.Unlock()
+	if maxDraining > 1 {
+		t.Errorf("at some moment %d workers were draining at once, want at most 1", maxDraining)
+	}
+	if len(overLimit) > 0 {
+		t.Errorf("workers past max_lifetime %d: %v", maxLifetime, overLimit)
+	}
+	total, retired := 0, 0
+	for _, lt := range seen {
+		total += lt
+		if lt == maxLifetime {
+			retired++
+		}
+	}
+	if total != sessions {
+		t.Errorf("lifetimes seen add up to %d, want %d sessions (%v)", total, sessions, seen)
+	}
+	// 40 sessions at 5 per worker: at least 40/5 - 3 = 5 workers reached the
+	// limit and were replaced by new ones.
+	if want := sessions/maxLifetime - workers; retired < want {
+		t.Errorf("%d workers reached the limit of %d, want at least %d (%v)", retired, maxLifetime, want, seen)
+	}
+	if len(seen) < retired+1 {
+		t.Errorf("workers seen %d; every retired worker should have been replaced", len(seen))
+	}
+	testenv.Eventually(t, 20*time.Second, "every slot to be released and three workers to be available", func() bool {
+		p, err := g.PoolStatus(context.Background(), "chromium")
+		if err != nil {
+			return false
+		}
+		avail, active := 0, 0
+		for _, w := range p.Workers {
+			active += w.Active
+			if w.Status == "available" {
+				avail++
+			}
+		}
+		return active == 0 && avail == workers
+	})
+}
