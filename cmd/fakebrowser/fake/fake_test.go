@@ -1,0 +1,250 @@
+package fake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
+)
+
+// start runs a Server on a free port; exits records crash requests.
+func start(t *testing.T, b Behavior) (*Server, string, chan int) {
+	t.Helper()
+	exits := make(chan int, 4)
+	s, ep, err := Start("127.0.0.1:0", Options{Behavior: b, Exit: func(code int) { exits <- code }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, ep, exits
+}
+
+func dial(t *testing.T, ep string) *wsock.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, _, err := wsock.Dial(ctx, ep, nil)
+	if err != nil {
+		t.Fatalf("dialing %s: %v", ep, err)
+	}
+	t.Cleanup(func() { c.Abort() })
+	return c
+}
+
+func roundTrip(t *testing.T, c *wsock.Conn, msg string) {
+	t.Helper()
+	if err := c.WriteText(msg); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	op, got, err := c.ReadMessage()
+	if err != nil || op != wsock.OpText || string(got) != msg {
+		t.Fatalf("echo of %q: %v %q %v", msg, op, got, err)
+	}
+}
+
+func getStats(t *testing.T, ep string) Stats {
+	t.Helper()
+	u := strings.Replace(ep, "ws://", "http://", 1)
+	u = u[:strings.LastIndex(u, "/")] + "/stats"
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st Stats
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func TestEchoAndStats(t *testing.T) {
+	s, ep, _ := start(t, Behavior{})
+	if !strings.HasPrefix(ep, "ws://127.0.0.1:") || !strings.HasSuffix(ep, "/playwright") {
+		t.Fatalf("endpoint %q", ep)
+	}
+	a, b := dial(t, ep), dial(t, ep)
+	roundTrip(t, a, "one")
+	roundTrip(t, a, "two")
+	roundTrip(t, b, "three")
+	st := getStats(t, ep)
+	if st.Sessions != 2 || st.Active != 2 || st.PeakActive != 2 || st.Messages != 3 || st.Bytes != 11 || st.Endpoint != ep {
+		t.Fatalf("stats %+v", st)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "active to drop to 1", func() bool { return s.Stats().Active == 1 })
+	if st := s.Stats(); st.Sessions != 2 || st.PeakActive != 2 {
+		t.Fatalf("after close: %+v", st)
+	}
+}
+
+func TestRefuse(t *testing.T) {
+	s, ep, _ := start(t, Behavior{Refuse: 503})
+	_, _, err := wsock.Dial(context.Background(), ep, nil)
+	var he *wsock.HandshakeError
+	if !errors.As(err, &he) || he.StatusCode != 503 || he.Header.Get("Retry-After") == "" {
+		t.Fatalf("err = %v, want a 503 refusal with Retry-After", err)
+	}
+	if st := s.Stats(); st.Refused != 1 || st.Sessions != 0 || st.UpgradeRequests != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestHangHoldsTheUpgrade(t *testing.T) {
+	s, ep, _ := start(t, Behavior{Hang: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, _, err := wsock.Dial(ctx, ep, nil); err == nil || ctx.Err() == nil {
+		t.Fatalf("dial to a hanging server returned %v before the client gave up", err)
+	}
+	if st := s.Stats(); st.UpgradeRequests != 1 || st.Sessions != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestAcceptDelay(t *testing.T) {
+	_, ep, _ := start(t, Behavior{AcceptDelay: 300 * time.Millisecond})
+	start := time.Now()
+	c := dial(t, ep)
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Fatalf("upgrade answered after %s, before the 300ms accept delay", waited)
+	}
+	roundTrip(t, c, "late")
+}
+
+func TestCloseAfterMessages(t *testing.T) {
+	_, ep, _ := start(t, Behavior{CloseAfterMessages: 2})
+	c := dial(t, ep)
+	roundTrip(t, c, "a")
+	roundTrip(t, c, "b")
+	_, _, err := c.ReadMessage()
+	var ce *wsock.CloseError
+	if !errors.As(err, &ce) || ce.Code != wsock.CloseNormal || !strings.Contains(ce.Reason, "2 messages") {
+		t.Fatalf("after 2 messages: %v, want a normal close naming the count", err)
+	}
+}
+
+func TestCloseAfterDuration(t *testing.T) {
+	_, ep, _ := start(t, Behavior{CloseAfter: 100 * time.Millisecond})
+	c := dial(t, ep)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _, err := c.ReadMessage()
+	var ce *wsock.CloseError
+	if !errors.As(err, &ce) || ce.Code != wsock.CloseNormal || !strings.Contains(ce.Reason, "100ms") {
+		t.Fatalf("got %v, want a normal close after 100ms", err)
+	}
+}
+
+func TestCrashOnSession(t *testing.T) {
+	_, ep, exits := start(t, Behavior{CrashOnSession: 2})
+	roundTrip(t, dial(t, ep), "first is fine")
+	select {
+	case code := <-exits:
+		t.Fatalf("exited with %d after one session", code)
+	default:
+	}
+	dial(t, ep)
+	select {
+	case code := <-exits:
+		if code != ExitCrash {
+			t.Fatalf("exit code %d, want %d", code, ExitCrash)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no crash on the second session")
+	}
+}
+
+func TestCrashAfterSessions(t *testing.T) {
+	_, ep, exits := start(t, Behavior{CrashAfterSessions: 2})
+	for i := 0; i < 2; i++ {
+		c := dial(t, ep)
+		roundTrip(t, c, fmt.Sprint("session ", i))
+		if i == 0 {
+			c.Close()
+			select {
+			case code := <-exits:
+				t.Fatalf("exited with %d after one session", code)
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		c.Close()
+	}
+	select {
+	case code := <-exits:
+		if code != ExitCrash {
+			t.Fatalf("exit code %d", code)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no crash after two sessions ended")
+	}
+}
+
+func TestControlAndQueryOverrides(t *testing.T) {
+	s, ep, _ := start(t, Behavior{})
+	base := strings.Replace(ep, "ws://", "http://", 1)
+	base = base[:strings.LastIndex(base, "/")]
+
+	resp, err := http.PostForm(base+"/control", url.Values{"refuse": {"502"}, "echo-delay": {"1ms"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || s.Behavior().Refuse != 502 || s.Behavior().EchoDelay != time.Millisecond {
+		t.Fatalf("control answered %d, behavior now %+v", resp.StatusCode, s.Behavior())
+	}
+	var he *wsock.HandshakeError
+	if _, _, err := wsock.Dial(context.Background(), ep, nil); !errors.As(err, &he) || he.StatusCode != 502 {
+		t.Fatalf("after control: %v", err)
+	}
+	// A session may override the behavior for itself.
+	c := dial(t, ep+"?fb-refuse=0&fb-close-after-messages=1")
+	roundTrip(t, c, "only one")
+	if _, _, err := c.ReadMessage(); err == nil {
+		t.Fatal("the session override of close-after-messages was ignored")
+	}
+
+	for _, bad := range []url.Values{{"refuse": {"101"}}, {"echo-delay": {"-1s"}}, {"nonsense": {"1"}}} {
+		resp, err := http.PostForm(base+"/control", bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("control %v answered %d, want 400", bad, resp.StatusCode)
+		}
+	}
+	if _, _, err := wsock.Dial(context.Background(), ep+"?fb-refuse=abc", nil); !errors.As(err, &he) || he.StatusCode != 400 {
+		t.Fatalf("a bad session override: %v, want 400", err)
+	}
+	if resp, _ := http.Get(base + "/control"); resp == nil || resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatal("GET /control was not refused")
+	}
+}
+
+func TestCloseEndsSessionsWithGoingAway(t *testing.T) {
+	s, ep, _ := start(t, Behavior{})
+	c := dial(t, ep)
+	roundTrip(t, c, "x")
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var err error
+	go func() { defer wg.Done(); _, _, err = c.ReadMessage() }()
+	s.Close()
+	wg.Wait()
+	var ce *wsock.CloseError
+	if !errors.As(err, &ce) || ce.Code != wsock.CloseGoingAway {
+		t.Fatalf("client got %v, want 1001", err)
+	}
+}
