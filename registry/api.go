@@ -2,15 +2,16 @@
 // worker records, and the Lua scripts that register, heartbeat, select and
 // claim, release, undo and expire.
 //
-// CONTRACT STUB: the exported names and signatures below are what the
-// worker agent, the reaper and the Caddy modules build against. The
-// implementation replaces the panics; signatures change only together with
-// their callers.
+// The exported names and signatures below are the contract the worker
+// agent, the reaper and the Caddy modules build against; signatures change
+// only together with their callers. The methods delegate to the files
+// beside this one; the key schema is in keys.go and the Lua scripts in lua/.
 package registry
 
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/selection"
@@ -56,24 +57,36 @@ type Options struct {
 	// OnBadRecord, when set, is told about every worker record that does not
 	// parse; the record is skipped, never selected.
 	OnBadRecord func(pool, workerID string, err error)
+	// NoStaleExpiry stops claims from handing the stale workers they walk
+	// past to a background Expire with skip_if_fresh (seed 002's expire
+	// scheduler); the reaper then removes them. Default: false (expire).
+	NoStaleExpiry bool
+	// LeaseSweep is how many expired leases a claim or heartbeat frees
+	// before it does its own work, so that active counts heal without a
+	// reaper. Default: 64.
+	LeaseSweep int
 }
 
 // Registry talks to one Redis (single node, Sentinel or Cluster).
 type Registry struct {
 	rdb  redis.UniversalClient
 	opts Options
+	// expiring holds "pool\x00id" of workers being expired in the
+	// background (single flight per process); expireSlots bounds how many.
+	expiring    sync.Map
+	expireSlots chan struct{}
 }
 
 // New returns a Registry over rdb.
-func New(rdb redis.UniversalClient, opts Options) *Registry { panic("unimplemented") }
+func New(rdb redis.UniversalClient, opts Options) *Registry { return newRegistry(rdb, opts) }
 
 // NewClient connects to the Redis named by a URL: redis://, rediss:// (TLS),
 // with user:password and /db, or redis+cluster:// / rediss+cluster:// with
 // several host:port separated by commas for Redis Cluster.
-func NewClient(url string) (redis.UniversalClient, error) { panic("unimplemented") }
+func NewClient(url string) (redis.UniversalClient, error) { return newClient(url) }
 
 // RedactURL returns url with any password replaced, fit for logs.
-func RedactURL(url string) string { panic("unimplemented") }
+func RedactURL(url string) string { return redactURL(url) }
 
 // Registration is what a worker's agent writes when it starts.
 type Registration struct {
@@ -107,10 +120,16 @@ type WorkerInfo struct {
 	Durations             []time.Duration
 	// Command is the pending command, if any.
 	Command Command
+	// ExpiresAt is when the record lapses unless a heartbeat renews it
+	// (registration or last heartbeat + TTL).
+	ExpiresAt time.Time
+	// gen identifies the registration; leases of an older one move no
+	// counters.
+	gen string
 }
 
 // Snapshot converts the record to what the selection package works on.
-func (w WorkerInfo) Snapshot() selection.Worker { panic("unimplemented") }
+func (w WorkerInfo) Snapshot() selection.Worker { return w.snapshot() }
 
 // BadRecord is a worker record that could not be parsed.
 type BadRecord struct {
@@ -130,27 +149,34 @@ type PoolInfo struct {
 
 // Register writes (or rewrites) a worker's record, counters at zero, status
 // available, its ring positions, and adds the pool to the pool list.
-func (r *Registry) Register(ctx context.Context, reg Registration) error { panic("unimplemented") }
+func (r *Registry) Register(ctx context.Context, reg Registration) error { return r.register(ctx, reg) }
 
 // Heartbeat renews the record and its TTL, and returns the pending command
 // in the same round trip. ErrNotRegistered when the record is gone.
 func (r *Registry) Heartbeat(ctx context.Context, pool, id string, ttl time.Duration) (Command, error) {
-	panic("unimplemented")
+	return r.heartbeat(ctx, pool, id, ttl)
 }
 
 // SetDraining marks a worker draining: selection skips it from now on.
-func (r *Registry) SetDraining(ctx context.Context, pool, id string) error { panic("unimplemented") }
+func (r *Registry) SetDraining(ctx context.Context, pool, id string) error {
+	return r.update(ctx, pool, id, "draining")
+}
 
 // Deregister removes a worker's record and everything registration wrote.
-func (r *Registry) Deregister(ctx context.Context, pool, id string) error { panic("unimplemented") }
+func (r *Registry) Deregister(ctx context.Context, pool, id string) error {
+	_, err := r.expire(ctx, pool, id, 0)
+	return err
+}
 
 // Worker returns one worker's record. ErrNotRegistered when it is gone.
 func (r *Registry) Worker(ctx context.Context, pool, id string) (WorkerInfo, error) {
-	panic("unimplemented")
+	return r.worker(ctx, pool, id)
 }
 
 // Drain sets a worker's shutdown command (as an operator or the admin API).
-func (r *Registry) Drain(ctx context.Context, pool, id string) error { panic("unimplemented") }
+func (r *Registry) Drain(ctx context.Context, pool, id string) error {
+	return r.update(ctx, pool, id, "command")
+}
 
 // ClaimRequest asks for one session slot in a pool.
 type ClaimRequest struct {
@@ -194,36 +220,38 @@ func (e *NoWorkerError) Unwrap() error { return ErrNoWorker }
 
 // Claim selects and claims atomically: active +1, lifetime +1, a lease.
 func (r *Registry) Claim(ctx context.Context, req ClaimRequest) (*Claim, error) {
-	panic("unimplemented")
+	return r.claim(ctx, req)
 }
 
 // Pick returns what Claim would choose now, claiming nothing.
 func (r *Registry) Pick(ctx context.Context, req ClaimRequest) (WorkerInfo, selection.Decision, error) {
-	panic("unimplemented")
+	return r.pick(ctx, req)
 }
 
 // Release ends a session: active -1, duration recorded, lease deleted, and
 // waiters on the pool woken. Releasing an unknown lease is a no-op.
-func (r *Registry) Release(ctx context.Context, pool, leaseID string) error { panic("unimplemented") }
+func (r *Registry) Release(ctx context.Context, pool, leaseID string) error {
+	return r.endLease(ctx, pool, leaseID, "release", 0)
+}
 
 // Undo gives a claim back whose dial or upgrade failed: active -1 and
 // lifetime -1, the lease deleted, a shutdown command set by this claim
 // withdrawn, and the worker suspect for suspectFor (0: not suspect).
 func (r *Registry) Undo(ctx context.Context, pool, leaseID string, suspectFor time.Duration) error {
-	panic("unimplemented")
+	return r.endLease(ctx, pool, leaseID, "undo", suspectFor)
 }
 
 // RenewLeases extends the given leases of one pool to ttl from now in one
 // round trip and returns those that no longer exist.
 func (r *Registry) RenewLeases(ctx context.Context, pool string, leaseIDs []string, ttl time.Duration) ([]string, error) {
-	panic("unimplemented")
+	return r.renewLeases(ctx, pool, leaseIDs, ttl)
 }
 
 // Wakeups delivers a pool's name whenever a slot may have freed in it
 // (release, undo, registration), from any process sharing the Redis. The
 // channel closes when ctx ends.
 func (r *Registry) Wakeups(ctx context.Context, pools ...string) (<-chan string, error) {
-	panic("unimplemented")
+	return r.wakeups(ctx, pools)
 }
 
 // Expire removes a worker whose heartbeat is older than staleAfter (seed
@@ -231,19 +259,26 @@ func (r *Registry) Wakeups(ctx context.Context, pools ...string) (<-chan string,
 // entries, in one script. staleAfter 0 removes it unconditionally. Reports
 // whether it removed anything.
 func (r *Registry) Expire(ctx context.Context, pool, id string, staleAfter time.Duration) (bool, error) {
-	panic("unimplemented")
+	return r.expire(ctx, pool, id, staleAfter)
 }
 
 // ExpireLeases removes up to max expired leases of a pool and gives their
 // slots back; it returns how many it removed.
 func (r *Registry) ExpireLeases(ctx context.Context, pool string, max int) (int, error) {
-	panic("unimplemented")
+	return r.expireLeases(ctx, pool, max)
+}
+
+// Reconcile is the reaper's consistency pass over one pool (one script):
+// expired leases freed, active counts set to the live leases, indexes fixed,
+// orphaned ring and index entries and counters removed.
+func (r *Registry) Reconcile(ctx context.Context, pool string) (ReconcileResult, error) {
+	return r.reconcile(ctx, pool)
 }
 
 // Pools lists the pools that have (or had) workers.
-func (r *Registry) Pools(ctx context.Context) ([]string, error) { panic("unimplemented") }
+func (r *Registry) Pools(ctx context.Context) ([]string, error) { return r.pools(ctx) }
 
 // Inspect returns every worker of a pool with its figures.
 func (r *Registry) Inspect(ctx context.Context, pool string) (PoolInfo, error) {
-	panic("unimplemented")
+	return r.inspect(ctx, pool)
 }

@@ -1,0 +1,217 @@
+package registry
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/selection"
+	"github.com/zeebo/xxh3"
+)
+
+// globalRand is math/rand/v2's goroutine-safe source (seeded from the
+// runtime's random source).
+type globalRand struct{}
+
+func (globalRand) Uint64() uint64 { return rand.Uint64() }
+func (globalRand) IntN(n int) int { return rand.IntN(n) }
+
+// ringPositions returns a worker's V ring positions as 32 hex characters
+// each (seed 002: xxh3-128 of the id with seeds 0..V-1, big-endian).
+func ringPositions(id string, v int) []string {
+	out := make([]string, v)
+	for i := range v {
+		b := xxh3.Hash128Seed([]byte(id), uint64(i)).Bytes()
+		out[i] = hex.EncodeToString(b[:])
+	}
+	return out
+}
+
+// vnodeDraw is the randomness of one vnode decision, drawn in Go in the order
+// of contracts/selection.md so a test can replay it.
+type vnodeDraw struct {
+	pivots   []string
+	jitter   []int
+	tiebreak uint64
+}
+
+func drawVnode(k, jitter int, r selection.Rand) vnodeDraw {
+	d := vnodeDraw{pivots: make([]string, k), jitter: make([]int, k)}
+	for i := range k {
+		var b [16]byte
+		binary.BigEndian.PutUint64(b[:8], r.Uint64())
+		binary.BigEndian.PutUint64(b[8:], r.Uint64())
+		d.pivots[i] = hex.EncodeToString(b[:])
+	}
+	for i := range k {
+		if jitter > 0 {
+			d.jitter[i] = r.IntN(jitter)
+		}
+	}
+	d.tiebreak = r.Uint64()
+	return d
+}
+
+// outcome is claim.lua's reply, decoded.
+type outcome struct {
+	worker   WorkerInfo
+	decision selection.Decision
+	drain    bool
+}
+
+func (r *Registry) checkRequest(req *ClaimRequest) error {
+	if err := checkPool(req.Pool); err != nil {
+		return err
+	}
+	switch req.Policy {
+	case LifetimeFirst, Vnode, FairShare:
+	default:
+		return fmt.Errorf("unknown policy %q (want %s, %s or %s)", req.Policy, LifetimeFirst, Vnode, FairShare)
+	}
+	l := req.Limits
+	switch {
+	case l.MaxConcurrent < 0:
+		return fmt.Errorf("max_concurrent %d is negative", l.MaxConcurrent)
+	case l.MaxLifetime < 0:
+		return fmt.Errorf("max_lifetime %d is negative", l.MaxLifetime)
+	case l.StaleAfter < 0:
+		return fmt.Errorf("stale_after %s is negative", l.StaleAfter)
+	case l.MaxScan < 0:
+		return fmt.Errorf("max_scan %d is negative", l.MaxScan)
+	case req.LeaseTTL < 0:
+		return fmt.Errorf("lease TTL %s is negative", req.LeaseTTL)
+	}
+	if req.Policy == Vnode {
+		if req.Vnode.Samples == 0 {
+			req.Vnode.Samples = 2
+			if req.Vnode.SlotJitter == 0 {
+				req.Vnode.SlotJitter = 4
+			}
+		}
+		if req.Vnode.Samples < 1 || req.Vnode.Samples > 8 {
+			return fmt.Errorf("vnode samples %d out of range 1-8", req.Vnode.Samples)
+		}
+		if req.Vnode.SlotJitter < 0 || req.Vnode.SlotJitter > 64 {
+			return fmt.Errorf("vnode slot_jitter %d out of range 0-64", req.Vnode.SlotJitter)
+		}
+	}
+	if req.Policy == FairShare {
+		if req.FairShare.Window == 0 {
+			req.FairShare.Window = 20
+		}
+		if req.FairShare.Default == 0 {
+			req.FairShare.Default = 30 * time.Second
+		}
+		if req.FairShare.Window < 0 || req.FairShare.Default < 0 {
+			return fmt.Errorf("fair share window %d / default %s is negative", req.FairShare.Window, req.FairShare.Default)
+		}
+	}
+	if req.LeaseTTL == 0 {
+		req.LeaseTTL = defaultLeaseTTL
+	}
+	if req.Rand == nil {
+		req.Rand = globalRand{}
+	}
+	return nil
+}
+
+// decide runs claim.lua; dry selects without claiming.
+func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, leaseID string) (outcome, error) {
+	if err := r.checkRequest(&req); err != nil {
+		return outcome{}, err
+	}
+	d := 0
+	if dry {
+		d = 1
+	}
+	med := 0
+	if req.FairShare.Median {
+		med = 1
+	}
+	args := []any{string(req.Policy), d,
+		req.Limits.MaxConcurrent, req.Limits.MaxLifetime, ms(req.Limits.StaleAfter), req.Limits.MaxScan,
+		req.FairShare.Window, med, ms(req.FairShare.Default),
+		leaseID, ms(req.LeaseTTL), req.Holder, ms(r.opts.CommandTTL),
+		r.opts.DurationWindow, r.opts.LeaseSweep}
+	if req.Policy == Vnode {
+		k := req.Vnode.Samples
+		dr := drawVnode(k, req.Vnode.SlotJitter, req.Rand)
+		args = append(args, k)
+		for _, p := range dr.pivots {
+			args = append(args, p)
+		}
+		for _, j := range dr.jitter {
+			args = append(args, j)
+		}
+		for m := 1; m <= k; m++ {
+			args = append(args, dr.tiebreak%uint64(m))
+		}
+	} else {
+		args = append(args, 0)
+	}
+	res, err := r.run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	if err != nil {
+		return outcome{}, err
+	}
+	if len(res) != 15 {
+		return outcome{}, fmt.Errorf("unexpected reply of %d items", len(res))
+	}
+	n := func(i int) int64 { x, _ := res[i].(int64); return x }
+	s := func(i int) string { x, _ := res[i].(string); return x }
+	var o outcome
+	o.decision = selection.Decision{
+		Index:     -1,
+		Scanned:   int(n(7)),
+		Wraps:     int(n(10)),
+		Effective: int(n(11)),
+		Dedupes:   int(n(12)),
+		TiedMin:   n(13) == 1,
+	}
+	if st, _ := res[8].([]any); len(st) > 0 {
+		for _, v := range st {
+			id, _ := v.(string)
+			o.decision.Stale = append(o.decision.Stale, id)
+		}
+	}
+	r.badList(req.Pool, res[9])
+	if len(o.decision.Stale) > 0 && !r.opts.NoStaleExpiry && !dry {
+		r.expireInBackground(req.Pool, o.decision.Stale, req.Limits.StaleAfter)
+	}
+	if n(0) != 1 {
+		return o, &NoWorkerError{Decision: o.decision}
+	}
+	o.decision.OK = true
+	o.decision.ID = s(1)
+	o.drain = n(6) == 1
+	cmd := ""
+	if o.drain {
+		cmd = string(CommandShutdown) + "|" + fmt.Sprint(n(14)+ms(r.opts.CommandTTL))
+	}
+	raw := rawWorker{id: s(1), record: s(2), active: fmt.Sprint(n(3)), lifetime: fmt.Sprint(n(4)), durations: s(5), command: cmd}
+	w, err := decodeWorker(req.Pool, raw, n(14))
+	if err != nil {
+		return o, fmt.Errorf("decoding the chosen worker %q: %w", raw.id, err)
+	}
+	o.worker = w
+	return o, nil
+}
+
+func (r *Registry) claim(ctx context.Context, req ClaimRequest) (*Claim, error) {
+	lease := newToken(12)
+	o, err := r.decide(ctx, req, false, lease)
+	if err != nil {
+		return nil, fmt.Errorf("claiming a worker in pool %q: %w", req.Pool, err)
+	}
+	return &Claim{LeaseID: lease, Pool: req.Pool, Worker: o.worker, Drain: o.drain, Decision: o.decision}, nil
+}
+
+func (r *Registry) pick(ctx context.Context, req ClaimRequest) (WorkerInfo, selection.Decision, error) {
+	o, err := r.decide(ctx, req, true, "")
+	if err != nil {
+		return WorkerInfo{}, o.decision, fmt.Errorf("picking a worker in pool %q: %w", req.Pool, err)
+	}
+	return o.worker, o.decision, nil
+}

@@ -1,0 +1,84 @@
+package registry
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/selection"
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed testdata/put.lua
+var luaPut string
+
+var scriptPut = redis.NewScript(luaCommon + luaPut)
+
+// startRegistry starts a redis-server for the test and a Registry on it.
+func startRegistry(t testing.TB, opts Options) (*Registry, redis.UniversalClient) {
+	t.Helper()
+	srv := testenv.StartRedis(t)
+	rdb, err := NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return New(rdb, opts), rdb
+}
+
+// put writes a worker with chosen figures (the test hook): w's fields are
+// stored as they are, with its record TTL at expires (zero: far ahead).
+func put(t testing.TB, r *Registry, pool string, w selection.Worker, v int, expires time.Time) {
+	t.Helper()
+	if v == 0 {
+		v = defaultVirtualNodes
+	}
+	if expires.IsZero() {
+		expires = time.UnixMilli(1 << 50)
+	}
+	rec := map[string]any{
+		"id": w.ID, "browser": "chromium", "addr": "127.0.0.1:1", "path": "/playwright",
+		"status": string(w.Status), "gen": "g1", "capacity": w.Capacity, "vnodes": v,
+		"heartbeat": toMS(w.LastHeartbeat), "registered": toMS(w.LastHeartbeat), "expires": toMS(expires),
+		"suspect_until": toMS(w.SuspectUntil), "predicted_end": toMS(w.PredictedEnd),
+	}
+	b, _ := json.Marshal(rec)
+	var durs []string
+	for _, d := range w.Durations {
+		durs = append(durs, fmt.Sprint(d.Milliseconds()))
+	}
+	n, err := r.run(context.Background(), scriptPut, pool, 0, w.ID, string(b), w.Active, w.Lifetime,
+		strings.Join(durs, ","), strings.Join(ringPositions(w.ID, v), " ")).Int()
+	if err != nil || n != 1 {
+		t.Fatalf("put %s: %v (%d)", w.ID, err, n)
+	}
+}
+
+func register(t testing.TB, r *Registry, pool, id string, capacity int) {
+	t.Helper()
+	err := r.Register(context.Background(), Registration{
+		Pool: pool, ID: id, BrowserType: "chromium", Addr: "127.0.0.1:9" + fmt.Sprint(len(id)),
+		Path: "/playwright", Capacity: capacity, TTL: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func counts(t testing.TB, r *Registry, pool string) map[string][2]int {
+	t.Helper()
+	info, err := r.Inspect(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][2]int{}
+	for _, w := range info.Workers {
+		out[w.ID] = [2]int{w.Active, w.Lifetime}
+	}
+	return out
+}

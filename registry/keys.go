@@ -1,0 +1,88 @@
+package registry
+
+import (
+	"fmt"
+	"strings"
+	"unicode"
+)
+
+// The key schema. Every key of one pool shares the hash tag
+// "{<prefix>:<pool>}", so each script touches one Redis Cluster slot; the
+// pool list is the only key outside a pool. README.md ("Redis") shows how to
+// read them with redis-cli.
+const (
+	keyWorkers     = "workers"       // HASH id -> record (JSON)
+	keyActive      = "active"        // HASH id -> live sessions
+	keyLifetime    = "lifetime"      // HASH id -> sessions since registration
+	keyDurations   = "durations"     // HASH id -> "ms,ms,..." oldest first
+	keyCommands    = "commands"      // HASH id -> "shutdown|<expires ms>"
+	keyVnodes      = "vnodes"        // HASH id -> ring positions
+	keyLeases      = "leases"        // HASH lease id -> lease (JSON)
+	keyLeaseExpiry = "lease_expiry"  // ZSET lease id by expiry ms
+	keyConfig      = "config"        // HASH the pool's limits
+	keyIdxLifetime = "idx:lifetime"  // ZSET lifetime-first index
+	keyIdxRing     = "idx:ring"      // ZSET (lex) "<pos hex>:<id>"
+	keyIdxIdle     = "idx:fair_idle" // ZSET fair share, idle workers
+	keyIdxBusy     = "idx:fair_busy" // ZSET fair share, busy workers
+	keyIdxEnd      = "idx:fair_end"  // ZSET fair share, busy workers by predicted end
+	keyWakeup      = "wakeup"        // pub/sub channel
+	keyReaperLock  = "reaper_lock"   // STRING held while a reaper works on the pool
+)
+
+// poolKeyNames is the KEYS layout every script expects (lua/common.lua).
+var poolKeyNames = []string{
+	keyWorkers, keyActive, keyLifetime, keyDurations, keyCommands, keyVnodes,
+	keyLeases, keyLeaseExpiry, keyConfig,
+	keyIdxLifetime, keyIdxRing, keyIdxIdle, keyIdxBusy, keyIdxEnd,
+}
+
+// maxNameLen bounds pool names and worker IDs.
+const maxNameLen = 200
+
+// checkPool validates a pool name: letters, digits, '.', '_' and '-'.
+func checkPool(pool string) error {
+	if pool == "" {
+		return fmt.Errorf("%w: empty", ErrBadPool)
+	}
+	if len(pool) > maxNameLen {
+		return fmt.Errorf("%w: %d bytes, more than %d", ErrBadPool, len(pool), maxNameLen)
+	}
+	for _, c := range pool {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%w: %q has %q (allowed: letters, digits, '.', '_', '-')", ErrBadPool, pool, c)
+		}
+	}
+	return nil
+}
+
+// checkID validates a worker ID: printable, no spaces, at most maxNameLen bytes.
+func checkID(id string) error {
+	if id == "" {
+		return fmt.Errorf("invalid worker id: empty")
+	}
+	if len(id) > maxNameLen {
+		return fmt.Errorf("invalid worker id: %d bytes, more than %d", len(id), maxNameLen)
+	}
+	if i := strings.IndexFunc(id, func(c rune) bool { return !unicode.IsPrint(c) || unicode.IsSpace(c) }); i >= 0 {
+		return fmt.Errorf("invalid worker id %q: character %q at %d (no spaces or control characters)", id, id[i], i)
+	}
+	return nil
+}
+
+func (r *Registry) tag(pool string) string { return "{" + r.opts.Prefix + ":" + pool + "}" }
+
+// Key returns the full name of one of a pool's keys, e.g. Key("chromium",
+// "lifetime") == "{grid:chromium}:lifetime" (for redis-cli users and tests).
+func (r *Registry) Key(pool, name string) string { return r.tag(pool) + ":" + name }
+
+func (r *Registry) poolKeys(pool string) []string {
+	keys := make([]string, len(poolKeyNames))
+	for i, n := range poolKeyNames {
+		keys[i] = r.Key(pool, n)
+	}
+	return keys
+}
+
+func (r *Registry) channel(pool string) string { return r.Key(pool, keyWakeup) }
+
+func (r *Registry) poolsKey() string { return "{" + r.opts.Prefix + "}:pools" }

@@ -1,0 +1,306 @@
+-- claim.lua: select and claim a worker atomically (or only select: Pick).
+--
+-- Before selecting it frees a bounded number of expired leases (so counts
+-- are true), stores the pool's limits and, when they changed, rebuilds the
+-- indexes. Then the policy walks its index in preference order, as the
+-- selection package does over a snapshot (contracts/selection.md):
+--   lifetime_first: idx:lifetime by score (lifetime DESC, active ASC, id ASC),
+--     primary phase above the margin edge, then the fallback phase.
+--   vnode: for each of K pivots, idx:ring from the pivot (ZRANGEBYLEX), then
+--     from the start (wrap); power-of-K on active + jitter, random tiebreak.
+--   fair_share: a merge of idx:fair_idle (key now + estimate) and
+--     idx:fair_busy (key predicted end + estimate), key ASC then id ASC.
+-- Every walked entry that is not usable (missing, stale, suspect, bad, or
+-- index debris) costs one unit of the max_scan budget; stale and missing ones
+-- are reported for expiry, bad ones reported and dropped from the indexes.
+-- The chosen worker gets active +1, lifetime +1, a new predicted end, a lease
+-- with a TTL and, at the lifetime limit, a shutdown command.
+--
+-- KEYS: the pool keys (see common.lua).
+-- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool,
+--       4 policy (lifetime_first | vnode | fair_share), 5 dry (1: select only),
+--       6 max_concurrent, 7 max_lifetime, 8 stale_after ms, 9 max_scan,
+--       10 fair-share window, 11 median (0/1), 12 default estimate ms
+--          (10-12 are stored only by fair_share claims),
+--       13 lease id, 14 lease ttl ms, 15 holder, 16 command ttl ms,
+--       17 durations kept, 18 max expired leases to free first,
+--       19 K, then K pivots (32 hex), K jitters, K tiebreaks (tiebreak mod m for m = 1..K).
+-- Returns: {ok, id, record, active, lifetime, durations, drain, scanned,
+--           {stale ids}, {bad id, reason, ...}, wraps, effective, dedupes, tied, now}
+-- Complexity: O(log N + S) for S entries walked (S <= max_scan + K);
+--   vnode O(K (log NV + S)); plus amortised O(log N) index upkeep, plus
+--   O(N V) once when the pool's limits change.
+local now = now_ms(ARGV[1])
+local policy = ARGV[4]
+local dry = ARGV[5] == '1'
+local mc, ml = tonumber(ARGV[6]), tonumber(ARGV[7])
+local stale, maxscan = tonumber(ARGV[8]), tonumber(ARGV[9])
+local keep = tonumber(ARGV[17])
+
+local freed = expire_leases(now, tonumber(ARGV[18]), keep)
+if freed > 0 then wake() end
+
+-- Store the limits; rebuild the indexes when they changed.
+local cfg = load_cfg()
+local changed = false
+if cfg.mc ~= mc or cfg.ml ~= ml then
+  redis.call('HSET', K_CFG, 'max_concurrent', fmt(mc), 'max_lifetime', fmt(ml))
+  cfg.mc, cfg.ml = mc, ml
+  changed = true
+end
+if policy == 'fair_share' then
+  local win, med, def = tonumber(ARGV[10]), ARGV[11] == '1', tonumber(ARGV[12])
+  if cfg.win ~= win or cfg.med ~= med or cfg.def ~= def then
+    redis.call('HSET', K_CFG, 'fs_window', fmt(win), 'fs_median', ARGV[11], 'fs_default_ms', fmt(def))
+    cfg.win, cfg.med, cfg.def = win, med, def
+    changed = true
+  end
+end
+local stored = redis.call('HMGET', K_CFG, 'stale_after_ms', 'max_scan')
+if tonumber(stored[1]) ~= stale or tonumber(stored[2]) ~= maxscan then
+  redis.call('HSET', K_CFG, 'stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
+end
+
+local bad, bad_seen = {}, {}
+local function add_bad(id, why)
+  if not bad_seen[id] then
+    bad_seen[id] = true
+    bad[#bad + 1] = id
+    bad[#bad + 1] = why
+  end
+end
+if changed then
+  local b = rebuild(cfg, now)
+  for i = 1, #b, 2 do add_bad(b[i], b[i + 1]) end
+end
+
+-- The walk's bookkeeping.
+local budget = maxscan
+if budget == 0 then budget = -1 end
+local scanned = 0
+local stale_ids, stale_seen = {}, {}
+local debris = {}
+local loaded = {}
+
+local function get(id)
+  local c = loaded[id]
+  if c == nil then
+    local w, err = load_worker(id)
+    c = { w = w, err = err }
+    loaded[id] = c
+  end
+  return c.w, c.err
+end
+
+-- examine returns the worker when it is eligible; otherwise charges the
+-- budget and records why.
+local function examine(id)
+  scanned = scanned + 1
+  local w, err = get(id)
+  if not w then
+    if err == 'missing' then
+      if not stale_seen[id] then
+        stale_seen[id] = true
+        stale_ids[#stale_ids + 1] = id
+      end
+    else
+      add_bad(id, err)
+    end
+  elseif not fresh(w, now, stale) then
+    if not stale_seen[id] then
+      stale_seen[id] = true
+      stale_ids[#stale_ids + 1] = id
+    end
+  elseif not indexed(w, cfg) then
+    debris[#debris + 1] = id
+  elseif w.suspect_until > 0 and now < w.suspect_until then
+    -- suspect: walked past
+  else
+    return w
+  end
+  if budget > 0 then budget = budget - 1 end
+  return nil
+end
+
+local function exhausted()
+  return budget == 0
+end
+
+local BATCH = 32
+
+-- lf_walk walks idx:lifetime between two scores; returns id, worker or
+-- nil, stopped.
+local function lf_walk(min, max)
+  local off = 0
+  while true do
+    local batch = redis.call('ZRANGEBYSCORE', K_LF, min, max, 'LIMIT', off, BATCH)
+    for _, id in ipairs(batch) do
+      local w = examine(id)
+      if w then return id, w end
+      if exhausted() then return nil, true end
+    end
+    if #batch < BATCH then return nil, false end
+    off = off + #batch
+  end
+end
+
+-- ring_walk walks idx:ring between two lex bounds.
+local function ring_walk(min, max)
+  local off = 0
+  while true do
+    local batch = redis.call('ZRANGEBYLEX', K_RING, min, max, 'LIMIT', off, BATCH)
+    for _, m in ipairs(batch) do
+      local id = string.sub(m, 34)
+      local w = examine(id)
+      if w then return id, w end
+      if exhausted() then return nil, true end
+    end
+    if #batch < BATCH then return nil, false end
+    off = off + #batch
+  end
+end
+
+local chosen, cw
+local wraps, effective, dedupes, tied = 0, 0, 0, 0
+
+if policy == 'lifetime_first' then
+  if ml == 0 then
+    chosen, cw = lf_walk('-inf', '+inf')
+  else
+    local total = redis.call('HLEN', K_WORKERS)
+    local margin = 1
+    if total > 0 then margin = math.max(1, math.floor(ml / total)) end
+    local edge = fmt(-(ml - margin - 1) * LF_SCALE)
+    local id, r = lf_walk(edge, '+inf')
+    if id then
+      chosen, cw = id, r
+    elseif not r then
+      chosen, cw = lf_walk('-inf', '(' .. edge)
+    end
+  end
+elseif policy == 'vnode' then
+  local k = tonumber(ARGV[19])
+  local cands = {}
+  local cand_seen = {}
+  for i = 1, k do
+    local piv = ARGV[19 + i]
+    local id, r = ring_walk('[' .. piv, '+')
+    if not id and not r then
+      wraps = wraps + 1
+      id, r = ring_walk('-', '(' .. piv)
+    end
+    if id then
+      if cand_seen[id] then
+        dedupes = dedupes + 1
+      else
+        cand_seen[id] = true
+        cands[#cands + 1] = { id = id, w = r, slots = r.active + tonumber(ARGV[19 + k + i]) }
+      end
+    end
+    if not id and r then break end
+  end
+  effective = #cands
+  if #cands > 0 then
+    if k == 1 then
+      chosen, cw = cands[1].id, cands[1].w
+    else
+      local min = cands[1].slots
+      for _, c in ipairs(cands) do
+        if c.slots < min then min = c.slots end
+      end
+      local ties = {}
+      for _, c in ipairs(cands) do
+        if c.slots == min then ties[#ties + 1] = c end
+      end
+      if #ties >= 2 then tied = 1 end
+      local pick = ties[tonumber(ARGV[19 + 2 * k + #ties]) + 1]
+      chosen, cw = pick.id, pick.w
+    end
+  end
+elseif policy == 'fair_share' then
+  fs_migrate(now)
+  local ib, ii, ioff, idone = {}, 1, 0, false
+  local bb, bi, boff, bdone = {}, 1, 0, false
+  while true do
+    if ii > #ib and not idone then
+      ib = redis.call('ZRANGEBYSCORE', K_FSI, '-inf', '+inf', 'WITHSCORES', 'LIMIT', ioff, BATCH)
+      ioff, ii = ioff + #ib / 2, 1
+      if #ib == 0 then idone = true end
+    end
+    if bi > #bb and not bdone then
+      bb = redis.call('ZRANGEBYSCORE', K_FSB, '-inf', '+inf', 'WITHSCORES', 'LIMIT', boff, BATCH)
+      boff, bi = boff + #bb / 2, 1
+      if #bb == 0 then bdone = true end
+    end
+    local iid, ikey, bid, bkey
+    if ii <= #ib then iid, ikey = ib[ii], now + tonumber(ib[ii + 1]) end
+    if bi <= #bb then bid, bkey = bb[bi], tonumber(bb[bi + 1]) end
+    local id
+    if iid and bid then
+      if ikey < bkey or (ikey == bkey and bytes_less(iid, bid)) then
+        id, ii = iid, ii + 2
+      else
+        id, bi = bid, bi + 2
+      end
+    elseif iid then
+      id, ii = iid, ii + 2
+    elseif bid then
+      id, bi = bid, bi + 2
+    else
+      break
+    end
+    local w = examine(id)
+    if w then
+      chosen, cw = id, w
+      break
+    end
+    if exhausted() then break end
+  end
+else
+  return redis.error_reply('unknown policy ' .. tostring(policy))
+end
+
+-- Upkeep after the decision: drop bad records from the indexes, put index
+-- debris where its figures say it belongs.
+if not dry then
+  for i = 1, #bad, 2 do unindex(bad[i]) end
+  for _, id in ipairs(debris) do
+    local w = get(id)
+    if w then reindex(id, w, cfg, now) end
+  end
+end
+
+local drain = 0
+local record, durations = '', ''
+local active, lifetime = 0, 0
+if chosen then
+  if not dry then
+    cw.active = cw.active + 1
+    cw.lifetime = cw.lifetime + 1
+    redis.call('HSET', K_ACTIVE, chosen, fmt(cw.active))
+    redis.call('HSET', K_LIFETIME, chosen, fmt(cw.lifetime))
+    local est = estimate(cw.durations, cfg)
+    cw.predicted_end = math.max(now, cw.predicted_end) + est
+    store(chosen, cw)
+    reindex(chosen, cw, cfg, now)
+    if cfg.ml > 0 and cw.lifetime >= cfg.ml then
+      drain = 1
+      redis.call('HSET', K_CMD, chosen, 'shutdown|' .. fmt(now + tonumber(ARGV[16])))
+    end
+    local lid = ARGV[13]
+    redis.call('HSET', K_LEASES, lid, cjson.encode({
+      worker = chosen, gen = cw.gen, claimed = now, est = est, drain = drain, holder = ARGV[15],
+    }))
+    redis.call('ZADD', K_LEXP, fmt(now + tonumber(ARGV[14])), lid)
+  end
+  record = redis.call('HGET', K_WORKERS, chosen)
+  durations = redis.call('HGET', K_DUR, chosen) or ''
+  active, lifetime = cw.active, cw.lifetime
+else
+  chosen = ''
+end
+
+local ok = 0
+if chosen ~= '' then ok = 1 end
+return { ok, chosen, record, active, lifetime, durations, drain, scanned, stale_ids, bad,
+  wraps, effective, dedupes, tied, now }

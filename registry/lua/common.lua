@@ -1,0 +1,364 @@
+-- common.lua: helpers shared by every registry script. It is prepended to
+-- each script when the package loads, so every script sees the same KEYS
+-- layout and the same record rules.
+--
+-- KEYS (every script gets all of them, built by poolKeys in keys.go; all share
+-- the hash tag {<prefix>:<pool>} so a script touches one Cluster slot):
+--   1 workers        HASH id -> worker record (JSON object, see decode)
+--   2 active         HASH id -> live sessions (integer)
+--   3 lifetime       HASH id -> sessions claimed since registration (integer)
+--   4 durations      HASH id -> recent session durations in ms, "d1,d2,..." oldest first
+--   5 commands       HASH id -> "shutdown|<expires ms>"
+--   6 vnodes         HASH id -> the worker's ring positions, 32 hex chars each, space separated
+--   7 leases         HASH lease id -> lease (JSON object)
+--   8 lease_expiry   ZSET lease id, score = expiry (ms)
+--   9 config         HASH the pool's limits, as last written by a claim
+--  10 idx:lifetime   ZSET indexed workers, score = -lifetime * 2^21 + active
+--  11 idx:ring       ZSET (all scores 0) "<pos hex>:<id>" for every indexed worker
+--  12 idx:fair_idle  ZSET indexed workers whose predicted end has passed, score = estimate (ms)
+--  13 idx:fair_busy  ZSET the other indexed workers, score = predicted end + estimate (ms)
+--  14 idx:fair_end   ZSET the same workers as idx:fair_busy, score = predicted end (ms)
+--
+-- ARGV common to every script: 1 now in ms (0: Redis TIME), 2 the pool's
+-- wakeup channel, 3 the pool name. Script-specific arguments follow.
+--
+-- Invariant kept by every script: a worker is in idx:lifetime, in idx:ring
+-- (all V positions) and in exactly one of idx:fair_idle / idx:fair_busy
+-- exactly when it is "indexed" (status available, below its cap, below the
+-- lifetime limit) under the pool's stored config.
+
+local K_WORKERS, K_ACTIVE, K_LIFETIME, K_DUR, K_CMD, K_VPOS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local K_LEASES, K_LEXP, K_CFG = KEYS[7], KEYS[8], KEYS[9]
+local K_LF, K_RING, K_FSI, K_FSB, K_FSP = KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+
+-- Lifetime-first score: lifetime descending, then active ascending; members
+-- with equal scores sort by id bytes, which gives the ID ASC tiebreak.
+local LF_SCALE = 2097152
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+local function now_ms(arg)
+  local n = tonumber(arg)
+  if n and n > 0 then return n end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function is_count(n)
+  return type(n) == 'number' and n >= 0 and n == math.floor(n) and n < 9007199254740992
+end
+
+-- Byte-order string comparison (Lua's < uses strcoll, which follows the
+-- server's locale).
+local function bytes_less(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+local function load_cfg()
+  local v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms')
+  return {
+    mc = tonumber(v[1]) or 0,
+    ml = tonumber(v[2]) or 0,
+    win = tonumber(v[3]) or 20,
+    med = v[4] == '1',
+    def = tonumber(v[5]) or 30000,
+  }
+end
+
+local NUM_FIELDS = { 'capacity', 'vnodes', 'heartbeat', 'registered', 'expires', 'suspect_until', 'predicted_end' }
+local STR_FIELDS = { 'id', 'browser', 'addr', 'path', 'gen', 'status' }
+
+-- decode checks a raw record; returns the table or nil and why.
+local function decode(raw)
+  if not raw then return nil, 'missing' end
+  local ok, w = pcall(cjson.decode, raw)
+  if not ok or type(w) ~= 'table' then return nil, 'record is not a JSON object' end
+  for _, f in ipairs(NUM_FIELDS) do
+    if w[f] == nil then return nil, 'field ' .. f .. ' is missing' end
+    if not is_count(w[f]) then return nil, 'field ' .. f .. ' is not a whole number (' .. type(w[f]) .. ')' end
+  end
+  for _, f in ipairs(STR_FIELDS) do
+    if type(w[f]) ~= 'string' then return nil, 'field ' .. f .. ' is missing or not a string' end
+  end
+  if w.status ~= 'available' and w.status ~= 'draining' then
+    return nil, 'unknown status "' .. w.status .. '"'
+  end
+  return w
+end
+
+-- count reads a stored counter: decimal digits only (tonumber would also
+-- take " 5", "0x10" and "1e2").
+local function count(s)
+  if type(s) ~= 'string' or #s > 15 or not string.match(s, '^%d+$') then return nil end
+  return tonumber(s)
+end
+
+local function load_durations(id)
+  local raw = redis.call('HGET', K_DUR, id)
+  local d = {}
+  if not raw or raw == '' then return d end
+  for s in string.gmatch(raw, '[^,]+') do
+    local n = count(s)
+    if not n then return nil end
+    d[#d + 1] = n
+  end
+  return d
+end
+
+-- load_worker reads a worker's record, counters and durations. Returns the
+-- worker or nil and 'missing' / a reason the record is bad.
+local function load_worker(id)
+  local w, err = decode(redis.call('HGET', K_WORKERS, id))
+  if not w then return nil, err end
+  local a = count(redis.call('HGET', K_ACTIVE, id))
+  if not a then return nil, 'active count is missing or not a whole number' end
+  local l = count(redis.call('HGET', K_LIFETIME, id))
+  if not l then return nil, 'lifetime count is missing or not a whole number' end
+  local d = load_durations(id)
+  if not d then return nil, 'durations are not whole numbers' end
+  w.active, w.lifetime, w.durations = a, l, d
+  return w
+end
+
+local function store(id, w)
+  redis.call('HSET', K_WORKERS, id, cjson.encode({
+    id = w.id, browser = w.browser, addr = w.addr, path = w.path, status = w.status, gen = w.gen,
+    capacity = w.capacity, vnodes = w.vnodes, heartbeat = w.heartbeat, registered = w.registered,
+    expires = w.expires, suspect_until = w.suspect_until, predicted_end = w.predicted_end,
+  }))
+end
+
+-- Fair-share estimate (seed 001): moving mean (floor) or median of the
+-- last cfg.win durations; cfg.def without history.
+local function estimate(d, cfg)
+  local n = #d
+  if n == 0 then return cfg.def end
+  local first = 1
+  if cfg.win > 0 and n > cfg.win then first = n - cfg.win + 1 end
+  local xs = {}
+  for i = first, n do xs[#xs + 1] = d[i] end
+  local m = #xs
+  if cfg.med then
+    table.sort(xs)
+    if m % 2 == 1 then return xs[(m + 1) / 2] end
+    return math.floor((xs[m / 2] + xs[m / 2 + 1]) / 2)
+  end
+  local s = 0
+  for _, x in ipairs(xs) do s = s + x end
+  return math.floor(s / m)
+end
+
+local function cap_of(w, cfg)
+  local c, m = w.capacity, cfg.mc
+  if c == 0 then return m end
+  if m > 0 and m < c then return m end
+  return c
+end
+
+local function indexed(w, cfg)
+  if w.status ~= 'available' then return false end
+  local c = cap_of(w, cfg)
+  if c > 0 and w.active >= c then return false end
+  if cfg.ml > 0 and w.lifetime >= cfg.ml then return false end
+  return true
+end
+
+-- fresh: heartbeat within stale ms (0: always) and the record's own TTL
+-- not passed.
+local function fresh(w, now, stale)
+  if w.expires < now then return false end
+  return stale == 0 or now - w.heartbeat <= stale
+end
+
+local function lf_score(w)
+  local a = w.active
+  if a > LF_SCALE - 1 then a = LF_SCALE - 1 end
+  return -w.lifetime * LF_SCALE + a
+end
+
+local function ring_members(id)
+  local raw = redis.call('HGET', K_VPOS, id)
+  local t = {}
+  if raw then
+    for p in string.gmatch(raw, '%x+') do t[#t + 1] = p .. ':' .. id end
+  end
+  return t
+end
+
+local function ring_add(id)
+  local ms = ring_members(id)
+  if #ms == 0 then return end
+  local args = {}
+  for _, m in ipairs(ms) do
+    args[#args + 1] = 0
+    args[#args + 1] = m
+  end
+  redis.call('ZADD', K_RING, unpack(args))
+end
+
+local function ring_rem(id)
+  local ms = ring_members(id)
+  if #ms > 0 then redis.call('ZREM', K_RING, unpack(ms)) end
+end
+
+local function fs_place(id, w, est, now)
+  if w.predicted_end > now then
+    redis.call('ZADD', K_FSB, fmt(w.predicted_end + est), id)
+    redis.call('ZADD', K_FSP, fmt(w.predicted_end), id)
+    redis.call('ZREM', K_FSI, id)
+  else
+    redis.call('ZADD', K_FSI, fmt(est), id)
+    redis.call('ZREM', K_FSB, id)
+    redis.call('ZREM', K_FSP, id)
+  end
+end
+
+local function unindex(id)
+  redis.call('ZREM', K_LF, id)
+  redis.call('ZREM', K_FSI, id)
+  redis.call('ZREM', K_FSB, id)
+  redis.call('ZREM', K_FSP, id)
+  ring_rem(id)
+end
+
+-- reindex puts a worker where its current figures say it belongs.
+local function reindex(id, w, cfg, now)
+  if not indexed(w, cfg) then
+    unindex(id)
+    return
+  end
+  local was = redis.call('ZSCORE', K_LF, id)
+  redis.call('ZADD', K_LF, fmt(lf_score(w)), id)
+  if not was then ring_add(id) end
+  fs_place(id, w, estimate(w.durations, cfg), now)
+end
+
+-- fs_migrate moves busy workers whose predicted end has passed to the idle
+-- index. Every claim makes at most one worker busy, so this is amortised
+-- O(log N) per claim.
+local function fs_migrate(now)
+  local ids = redis.call('ZRANGEBYSCORE', K_FSP, '-inf', fmt(now), 'WITHSCORES')
+  for i = 1, #ids, 2 do
+    local id, pend = ids[i], tonumber(ids[i + 1])
+    local key = tonumber(redis.call('ZSCORE', K_FSB, id)) or pend
+    redis.call('ZREM', K_FSP, id)
+    redis.call('ZREM', K_FSB, id)
+    redis.call('ZADD', K_FSI, fmt(key - pend), id)
+  end
+end
+
+-- rebuild recomputes every index from the records (after a config change,
+-- or to clear debris). O(N * V). Returns the bad records seen as a flat
+-- list id, reason.
+local function rebuild(cfg, now)
+  redis.call('DEL', K_LF, K_RING, K_FSI, K_FSB, K_FSP)
+  local ids = redis.call('HKEYS', K_WORKERS)
+  local bad = {}
+  for _, id in ipairs(ids) do
+    local w, err = load_worker(id)
+    if w then
+      if indexed(w, cfg) then
+        redis.call('ZADD', K_LF, fmt(lf_score(w)), id)
+        ring_add(id)
+        fs_place(id, w, estimate(w.durations, cfg), now)
+      end
+    else
+      bad[#bad + 1] = id
+      bad[#bad + 1] = err
+    end
+  end
+  return bad
+end
+
+local function append_duration(id, w, ms, keep)
+  local d = w.durations
+  d[#d + 1] = ms
+  local first = 1
+  if keep > 0 and #d > keep then first = #d - keep + 1 end
+  local out = {}
+  for i = first, #d do out[#out + 1] = fmt(d[i]) end
+  local nd = {}
+  for i = first, #d do nd[#nd + 1] = d[i] end
+  w.durations = nd
+  redis.call('HSET', K_DUR, id, table.concat(out, ','))
+end
+
+-- lease_free ends a lease: mode 'release' (duration recorded), 'undo'
+-- (lifetime given back, shutdown withdrawn, worker suspect) or 'expire'
+-- (the holder stopped renewing). Counters move only when the lease belongs
+-- to the worker's current registration. Returns true when the lease existed.
+local function lease_free(lid, now, mode, suspect_ms, keep)
+  local raw = redis.call('HGET', K_LEASES, lid)
+  redis.call('ZREM', K_LEXP, lid)
+  if not raw then return false end
+  redis.call('HDEL', K_LEASES, lid)
+  local ok, l = pcall(cjson.decode, raw)
+  if not ok or type(l) ~= 'table' or type(l.worker) ~= 'string' then return true end
+  local id = l.worker
+  local w = load_worker(id)
+  if not w or w.gen ~= l.gen then return true end
+  local cfg = load_cfg()
+  if w.active > 0 then w.active = w.active - 1 end
+  redis.call('HSET', K_ACTIVE, id, fmt(w.active))
+  if mode == 'undo' then
+    if w.lifetime > 0 then w.lifetime = w.lifetime - 1 end
+    redis.call('HSET', K_LIFETIME, id, fmt(w.lifetime))
+    if l.drain == 1 then redis.call('HDEL', K_CMD, id) end
+    if suspect_ms > 0 then w.suspect_until = now + suspect_ms end
+    if type(l.est) == 'number' then
+      w.predicted_end = math.max(0, w.predicted_end - l.est)
+    end
+  else
+    if mode == 'release' and type(l.claimed) == 'number' then
+      append_duration(id, w, math.max(0, now - l.claimed), keep)
+    end
+    -- An idle worker has no queue left: its predicted end is now at most.
+    if w.active == 0 and w.predicted_end > now then w.predicted_end = now end
+  end
+  store(id, w)
+  reindex(id, w, cfg, now)
+  return true
+end
+
+-- expire_leases frees up to max leases whose expiry has passed.
+local function expire_leases(now, max, keep)
+  local ids = redis.call('ZRANGEBYSCORE', K_LEXP, '-inf', '(' .. fmt(now), 'LIMIT', 0, max)
+  local n = 0
+  for _, lid in ipairs(ids) do
+    if lease_free(lid, now, 'expire', 0, keep) then n = n + 1 end
+  end
+  return n
+end
+
+local function wake()
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+
+-- remove_worker deletes everything a registration wrote.
+local function remove_worker(id)
+  unindex(id)
+  local n = redis.call('HDEL', K_WORKERS, id)
+  n = n + redis.call('HDEL', K_ACTIVE, id) + redis.call('HDEL', K_LIFETIME, id)
+  n = n + redis.call('HDEL', K_DUR, id) + redis.call('HDEL', K_CMD, id) + redis.call('HDEL', K_VPOS, id)
+  return n
+end
+
+-- pending_command returns the worker's live command ('' when none),
+-- deleting an expired one.
+local function pending_command(id, now)
+  local c = redis.call('HGET', K_CMD, id)
+  if not c then return '' end
+  local name, exp = string.match(c, '^([^|]*)|(%d+)$')
+  if not name or tonumber(exp) < now then
+    redis.call('HDEL', K_CMD, id)
+    return ''
+  end
+  return name
+end

@@ -1,0 +1,26 @@
+-- expire.lua: remove a worker and everything its registration wrote (record,
+-- counters, durations, command, ring positions, index entries) in one step,
+-- so no selector sees half a worker (seed 002's expire invariant). With a
+-- stale threshold it first re-checks the heartbeat and keeps a fresh worker
+-- (seed 002's skip_if_fresh), so a heartbeat that lands between a
+-- selector's observation and this call wins. Leases of the worker are left
+-- to expire; they no longer move any counter.
+--
+-- KEYS: the pool keys (see common.lua).
+-- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id,
+--       5 stale threshold ms (0: only the record's TTL counts),
+--       6 '1' to keep a fresh worker (skip_if_fresh), '0' to remove it anyway.
+-- Returns: 1 when something was removed, 0 otherwise.
+-- Complexity: O(V log N).
+local now = now_ms(ARGV[1])
+local id = ARGV[4]
+local stale = tonumber(ARGV[5])
+if ARGV[6] == '1' then
+  local w = decode(redis.call('HGET', K_WORKERS, id))
+  -- A record that does not parse cannot prove it is fresh: it goes.
+  if w and fresh(w, now, stale) then return 0 end
+end
+local had = redis.call('ZSCORE', K_LF, id)
+local n = remove_worker(id)
+if n > 0 or had then return 1 end
+return 0

@@ -1,0 +1,445 @@
+package registry
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/selection"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of Options and of the figures a caller may leave at zero.
+const (
+	defaultPrefix         = "grid"
+	defaultCommandTTL     = 60 * time.Second
+	defaultDurationWindow = 20
+	defaultLeaseSweep     = 64
+	defaultRecordTTL      = 30 * time.Second
+	defaultVirtualNodes   = 8
+	maxVirtualNodes       = 64
+	defaultLeaseTTL       = 30 * time.Second
+	defaultExpireLeases   = 1000
+	// background expiries in flight per Registry (seed 002 uses 32 per process).
+	expireConcurrency = 8
+	expireTimeout     = 5 * time.Second
+)
+
+func newRegistry(rdb redis.UniversalClient, opts Options) *Registry {
+	if opts.Prefix == "" {
+		opts.Prefix = defaultPrefix
+	}
+	if opts.CommandTTL <= 0 {
+		opts.CommandTTL = defaultCommandTTL
+	}
+	if opts.DurationWindow <= 0 {
+		opts.DurationWindow = defaultDurationWindow
+	}
+	if opts.LeaseSweep <= 0 {
+		opts.LeaseSweep = defaultLeaseSweep
+	}
+	return &Registry{rdb: rdb, opts: opts, expireSlots: make(chan struct{}, expireConcurrency)}
+}
+
+// Client returns the Redis client the registry uses.
+func (r *Registry) Client() redis.UniversalClient { return r.rdb }
+
+// run executes a pool script with the common ARGV (now, channel, pool).
+func (r *Registry) run(ctx context.Context, s *redis.Script, pool string, now int64, args ...any) *redis.Cmd {
+	all := append([]any{now, r.channel(pool), pool}, args...)
+	return s.Run(ctx, r.rdb, r.poolKeys(pool), all...)
+}
+
+func ms(d time.Duration) int64 { return d.Milliseconds() }
+
+func (r *Registry) register(ctx context.Context, reg Registration) error {
+	if err := checkPool(reg.Pool); err != nil {
+		return fmt.Errorf("registering worker %q: %w", reg.ID, err)
+	}
+	if err := checkID(reg.ID); err != nil {
+		return fmt.Errorf("registering a worker in pool %q: %w", reg.Pool, err)
+	}
+	switch {
+	case reg.Addr == "":
+		return fmt.Errorf("registering worker %q in pool %q: Addr is empty (want host:port)", reg.ID, reg.Pool)
+	case reg.Capacity < 0:
+		return fmt.Errorf("registering worker %q in pool %q: Capacity %d is negative", reg.ID, reg.Pool, reg.Capacity)
+	case reg.TTL < 0:
+		return fmt.Errorf("registering worker %q in pool %q: TTL %s is negative", reg.ID, reg.Pool, reg.TTL)
+	case reg.VirtualNodes < 0 || reg.VirtualNodes > maxVirtualNodes:
+		return fmt.Errorf("registering worker %q in pool %q: VirtualNodes %d out of range 1-%d", reg.ID, reg.Pool, reg.VirtualNodes, maxVirtualNodes)
+	}
+	ttl := reg.TTL
+	if ttl == 0 {
+		ttl = defaultRecordTTL
+	}
+	v := reg.VirtualNodes
+	if v == 0 {
+		v = defaultVirtualNodes
+	}
+	pos := ringPositions(reg.ID, v)
+	if err := r.rdb.SAdd(ctx, r.poolsKey(), reg.Pool).Err(); err != nil {
+		return fmt.Errorf("registering worker %q in pool %q: adding the pool to %s: %w", reg.ID, reg.Pool, r.poolsKey(), err)
+	}
+	err := r.run(ctx, scriptRegister, reg.Pool, 0,
+		reg.ID, reg.BrowserType, reg.Addr, reg.Path, reg.Capacity, v, ms(ttl), newToken(8), strings.Join(pos, " ")).Err()
+	if err != nil {
+		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
+	}
+	return nil
+}
+
+func (r *Registry) heartbeat(ctx context.Context, pool, id string, ttl time.Duration) (Command, error) {
+	if err := checkPool(pool); err != nil {
+		return "", fmt.Errorf("heartbeat of worker %q: %w", id, err)
+	}
+	if ttl <= 0 {
+		ttl = defaultRecordTTL
+	}
+	res, err := r.run(ctx, scriptHeartbeat, pool, 0, id, ms(ttl), r.opts.LeaseSweep, r.opts.DurationWindow).Slice()
+	if err != nil {
+		return "", fmt.Errorf("heartbeat of worker %q in pool %q: %w", id, pool, err)
+	}
+	if len(res) != 2 {
+		return "", fmt.Errorf("heartbeat of worker %q in pool %q: unexpected reply %v", id, pool, res)
+	}
+	msg, _ := res[1].(string)
+	if n, _ := res[0].(int64); n != 1 {
+		if msg != "missing" && msg != "expired" {
+			r.bad(pool, id, msg)
+		}
+		return "", fmt.Errorf("heartbeat of worker %q in pool %q: record %s: %w", id, pool, msg, ErrNotRegistered)
+	}
+	return Command(msg), nil
+}
+
+func (r *Registry) update(ctx context.Context, pool, id, op string) error {
+	what := map[string]string{"draining": "marking worker %q of pool %q draining", "command": "draining worker %q of pool %q"}[op]
+	if err := checkPool(pool); err != nil {
+		return fmt.Errorf(what+": %w", id, pool, err)
+	}
+	res, err := r.run(ctx, scriptUpdate, pool, 0, id, op, string(CommandShutdown), ms(r.opts.CommandTTL)).Result()
+	if err != nil {
+		return fmt.Errorf(what+": %w", id, pool, err)
+	}
+	if s, ok := res.([]any); ok && len(s) == 2 {
+		msg, _ := s[1].(string)
+		if msg != "missing" {
+			r.bad(pool, id, msg)
+			return fmt.Errorf(what+": bad record (%s): %w", id, pool, msg, ErrNotRegistered)
+		}
+		return fmt.Errorf(what+": %w", id, pool, ErrNotRegistered)
+	}
+	return nil
+}
+
+func (r *Registry) expire(ctx context.Context, pool, id string, staleAfter time.Duration) (bool, error) {
+	return r.expireCheck(ctx, pool, id, staleAfter, staleAfter > 0)
+}
+
+// expireCheck runs expire.lua; check re-reads freshness (skip_if_fresh).
+func (r *Registry) expireCheck(ctx context.Context, pool, id string, staleAfter time.Duration, check bool) (bool, error) {
+	if err := checkPool(pool); err != nil {
+		return false, fmt.Errorf("expiring worker %q: %w", id, err)
+	}
+	c := 0
+	if check {
+		c = 1
+	}
+	n, err := r.run(ctx, scriptExpire, pool, 0, id, ms(staleAfter), c).Int()
+	if err != nil {
+		return false, fmt.Errorf("expiring worker %q of pool %q: %w", id, pool, err)
+	}
+	return n == 1, nil
+}
+
+// expireInBackground hands stale workers a claim walked past to Expire with
+// skip_if_fresh, once per worker at a time in this process and at most
+// expireConcurrency at once; more are dropped (a later claim or the reaper
+// sees them again). It never changes the outcome of a claim.
+func (r *Registry) expireInBackground(pool string, ids []string, staleAfter time.Duration) {
+	for _, id := range ids {
+		key := pool + "\x00" + id
+		if _, busy := r.expiring.LoadOrStore(key, struct{}{}); busy {
+			continue
+		}
+		select {
+		case r.expireSlots <- struct{}{}:
+		default:
+			r.expiring.Delete(key)
+			continue
+		}
+		go func() {
+			defer func() { <-r.expireSlots; r.expiring.Delete(key) }()
+			ctx, cancel := context.WithTimeout(context.Background(), expireTimeout)
+			defer cancel()
+			_, _ = r.expireCheck(ctx, pool, id, staleAfter, true)
+		}()
+	}
+}
+
+func (r *Registry) endLease(ctx context.Context, pool, leaseID, op string, suspectFor time.Duration) error {
+	what := map[string]string{"release": "releasing", "undo": "undoing"}[op]
+	if err := checkPool(pool); err != nil {
+		return fmt.Errorf("%s lease %q: %w", what, leaseID, err)
+	}
+	if suspectFor < 0 {
+		suspectFor = 0
+	}
+	if err := r.run(ctx, scriptLease, pool, 0, op, r.opts.DurationWindow, leaseID, ms(suspectFor)).Err(); err != nil {
+		return fmt.Errorf("%s lease %q of pool %q: %w", what, leaseID, pool, err)
+	}
+	return nil
+}
+
+func (r *Registry) renewLeases(ctx context.Context, pool string, ids []string, ttl time.Duration) ([]string, error) {
+	if err := checkPool(pool); err != nil {
+		return nil, fmt.Errorf("renewing leases: %w", err)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	if ttl <= 0 {
+		ttl = defaultLeaseTTL
+	}
+	args := []any{"renew", r.opts.DurationWindow, ms(ttl)}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	gone, err := r.run(ctx, scriptLease, pool, 0, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("renewing %d leases of pool %q: %w", len(ids), pool, err)
+	}
+	return gone, nil
+}
+
+func (r *Registry) expireLeases(ctx context.Context, pool string, max int) (int, error) {
+	if err := checkPool(pool); err != nil {
+		return 0, fmt.Errorf("expiring leases: %w", err)
+	}
+	if max <= 0 {
+		max = defaultExpireLeases
+	}
+	n, err := r.run(ctx, scriptLease, pool, 0, "expire", r.opts.DurationWindow, max).Int()
+	if err != nil {
+		return 0, fmt.Errorf("expiring leases of pool %q: %w", pool, err)
+	}
+	return n, nil
+}
+
+func (r *Registry) wakeups(ctx context.Context, pools []string) (<-chan string, error) {
+	if len(pools) == 0 {
+		return nil, errors.New("subscribing to wakeups: no pool given")
+	}
+	chans := make([]string, len(pools))
+	for i, p := range pools {
+		if err := checkPool(p); err != nil {
+			return nil, fmt.Errorf("subscribing to wakeups: %w", err)
+		}
+		chans[i] = r.channel(p)
+	}
+	sub := r.rdb.Subscribe(ctx, chans...)
+	// Wait for the subscription to be in place, so no wakeup published after
+	// this returns is missed.
+	for range chans {
+		if _, err := sub.Receive(ctx); err != nil {
+			sub.Close()
+			return nil, fmt.Errorf("subscribing to wakeups of %v: %w", pools, err)
+		}
+	}
+	out := make(chan string, 64)
+	msgs := sub.Channel()
+	go func() {
+		defer close(out)
+		defer sub.Close()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case m, ok := <-msgs:
+				if !ok {
+					return
+				}
+				// A wakeup is a hint: when the reader lags, drop it rather than
+				// block the subscription (waiters also poll slowly).
+				select {
+				case out <- m.Payload:
+				default:
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+func (r *Registry) pools(ctx context.Context) ([]string, error) {
+	ps, err := r.rdb.SMembers(ctx, r.poolsKey()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("listing pools in %s: %w", r.poolsKey(), err)
+	}
+	slices.Sort(ps)
+	return ps, nil
+}
+
+// read runs read.lua for one worker (id) or the whole pool (id "").
+func (r *Registry) read(ctx context.Context, pool, id string) (now int64, leases int, cfg map[string]string, rows []rawWorker, err error) {
+	res, err := r.run(ctx, scriptRead, pool, 0, id).Slice()
+	if err != nil {
+		return 0, 0, nil, nil, err
+	}
+	if len(res) != 4 {
+		return 0, 0, nil, nil, fmt.Errorf("unexpected reply of %d items", len(res))
+	}
+	now, _ = res[0].(int64)
+	l, _ := res[1].(int64)
+	cfg = map[string]string{}
+	flat, _ := res[2].([]any)
+	for i := 0; i+1 < len(flat); i += 2 {
+		k, _ := flat[i].(string)
+		v, _ := flat[i+1].(string)
+		cfg[k] = v
+	}
+	cells, _ := res[3].([]any)
+	for i := 0; i+5 < len(cells); i += 6 {
+		s := make([]string, 6)
+		for j := range s {
+			s[j], _ = cells[i+j].(string)
+		}
+		rows = append(rows, rawWorker{id: s[0], record: s[1], active: s[2], lifetime: s[3], durations: s[4], command: s[5]})
+	}
+	return now, int(l), cfg, rows, nil
+}
+
+func (r *Registry) worker(ctx context.Context, pool, id string) (WorkerInfo, error) {
+	if err := checkPool(pool); err != nil {
+		return WorkerInfo{}, fmt.Errorf("reading worker %q: %w", id, err)
+	}
+	now, _, _, rows, err := r.read(ctx, pool, id)
+	if err != nil {
+		return WorkerInfo{}, fmt.Errorf("reading worker %q of pool %q: %w", id, pool, err)
+	}
+	if len(rows) == 0 {
+		return WorkerInfo{}, fmt.Errorf("reading worker %q of pool %q: %w", id, pool, ErrNotRegistered)
+	}
+	w, err := decodeWorker(pool, rows[0], now)
+	if err != nil {
+		r.bad(pool, id, err.Error())
+		return WorkerInfo{}, fmt.Errorf("reading worker %q of pool %q: bad record: %w", id, pool, err)
+	}
+	return w, nil
+}
+
+func (r *Registry) inspect(ctx context.Context, pool string) (PoolInfo, error) {
+	if err := checkPool(pool); err != nil {
+		return PoolInfo{}, fmt.Errorf("inspecting pool: %w", err)
+	}
+	now, leases, cfg, rows, err := r.read(ctx, pool, "")
+	if err != nil {
+		return PoolInfo{}, fmt.Errorf("inspecting pool %q: %w", pool, err)
+	}
+	info := PoolInfo{Pool: pool, Leases: leases, Workers: []WorkerInfo{}}
+	atoi := func(k string) int { n, _ := strconv.Atoi(cfg[k]); return n }
+	info.Limits = selection.Limits{
+		MaxConcurrent: atoi("max_concurrent"),
+		MaxLifetime:   atoi("max_lifetime"),
+		StaleAfter:    time.Duration(atoi("stale_after_ms")) * time.Millisecond,
+		MaxScan:       atoi("max_scan"),
+	}
+	slices.SortFunc(rows, func(a, b rawWorker) int { return strings.Compare(a.id, b.id) })
+	for _, row := range rows {
+		w, err := decodeWorker(pool, row, now)
+		if err != nil {
+			info.BadRecords = append(info.BadRecords, BadRecord{ID: row.id, Err: err.Error()})
+			r.bad(pool, row.id, err.Error())
+			continue
+		}
+		info.Workers = append(info.Workers, w)
+	}
+	return info, nil
+}
+
+// ReconcileResult is what one Reconcile pass fixed.
+type ReconcileResult struct {
+	// LeasesFreed: expired leases whose slots were given back.
+	LeasesFreed int
+	// CountersFixed: workers whose active count or index membership was wrong.
+	CountersFixed int
+	// OrphansRemoved: index entries, ring positions and counters of no record.
+	OrphansRemoved int
+	// BadRecords seen (also passed to Options.OnBadRecord).
+	BadRecords []BadRecord
+}
+
+func (r *Registry) reconcile(ctx context.Context, pool string) (ReconcileResult, error) {
+	if err := checkPool(pool); err != nil {
+		return ReconcileResult{}, fmt.Errorf("reconciling pool: %w", err)
+	}
+	res, err := r.run(ctx, scriptReconcile, pool, 0, r.opts.DurationWindow, defaultExpireLeases).Slice()
+	if err != nil {
+		return ReconcileResult{}, fmt.Errorf("reconciling pool %q: %w", pool, err)
+	}
+	if len(res) != 4 {
+		return ReconcileResult{}, fmt.Errorf("reconciling pool %q: unexpected reply of %d items", pool, len(res))
+	}
+	var out ReconcileResult
+	n := func(v any) int { x, _ := v.(int64); return int(x) }
+	out.LeasesFreed, out.CountersFixed, out.OrphansRemoved = n(res[0]), n(res[1]), n(res[2])
+	out.BadRecords = r.badList(pool, res[3])
+	return out, nil
+}
+
+// ReaperLock takes the pool's reaper lock for at most ttl so that of many
+// reapers only one works on a pool at a time. ok is false when another holds
+// it; release gives it back early (only if still held by this caller).
+func (r *Registry) ReaperLock(ctx context.Context, pool string, ttl time.Duration) (release func(context.Context) error, ok bool, err error) {
+	if err := checkPool(pool); err != nil {
+		return nil, false, fmt.Errorf("locking pool for the reaper: %w", err)
+	}
+	key := r.Key(pool, keyReaperLock)
+	token := newToken(12)
+	ok, err = r.rdb.SetNX(ctx, key, token, ttl).Result()
+	if err != nil {
+		return nil, false, fmt.Errorf("locking pool %q for the reaper: %w", pool, err)
+	}
+	if !ok {
+		return nil, false, nil
+	}
+	return func(ctx context.Context) error {
+		if err := scriptUnlock.Run(ctx, r.rdb, []string{key}, token).Err(); err != nil {
+			return fmt.Errorf("unlocking pool %q after the reaper: %w", pool, err)
+		}
+		return nil
+	}, true, nil
+}
+
+// badList turns a flat {id, reason, ...} reply into BadRecords and reports them.
+func (r *Registry) badList(pool string, v any) []BadRecord {
+	flat, _ := v.([]any)
+	var out []BadRecord
+	for i := 0; i+1 < len(flat); i += 2 {
+		id, _ := flat[i].(string)
+		why, _ := flat[i+1].(string)
+		out = append(out, BadRecord{ID: id, Err: why})
+		r.bad(pool, id, why)
+	}
+	return out
+}
+
+func (r *Registry) bad(pool, id, why string) {
+	if r.opts.OnBadRecord != nil {
+		r.opts.OnBadRecord(pool, id, errors.New(why))
+	}
+}
+
+// newToken returns n random bytes as hex (lease IDs, generations, lock tokens).
+func newToken(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

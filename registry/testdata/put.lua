@@ -1,0 +1,22 @@
+-- put.lua (tests only): write a worker with chosen figures, as if its agent
+-- had registered and claims had run, and put it in the indexes its figures
+-- call for. Lets tests build any pool state, including ones the real
+-- scripts only reach over time.
+--
+-- KEYS: the pool keys (see common.lua).
+-- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id, 5 record (JSON),
+--       6 active, 7 lifetime, 8 durations ("ms,ms"), 9 ring positions.
+-- Returns: 1 when the worker parses and was indexed as its figures say, 0 if it does not parse.
+-- Complexity: O(V log N).
+local now = now_ms(ARGV[1])
+local id = ARGV[4]
+unindex(id)
+redis.call('HSET', K_WORKERS, id, ARGV[5])
+redis.call('HSET', K_ACTIVE, id, ARGV[6])
+redis.call('HSET', K_LIFETIME, id, ARGV[7])
+if ARGV[8] == '' then redis.call('HDEL', K_DUR, id) else redis.call('HSET', K_DUR, id, ARGV[8]) end
+redis.call('HSET', K_VPOS, id, ARGV[9])
+local w = load_worker(id)
+if not w then return 0 end
+reindex(id, w, load_cfg(), now)
+return 1
