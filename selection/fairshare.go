@@ -67,8 +67,9 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// estimateMS is Estimate in whole milliseconds.
-func (f FairShare) estimateMS(w *Worker) int64 {
+// estimateMS is Estimate in whole milliseconds. scratch, when not nil, is
+// reused for the median's sort.
+func (f FairShare) estimateMS(w *Worker, scratch *[]int64) int64 {
 	ds := w.Durations
 	if f.Window > 0 && len(ds) > f.Window {
 		ds = ds[len(ds)-f.Window:]
@@ -83,9 +84,15 @@ func (f FairShare) estimateMS(w *Worker) int64 {
 		}
 		return floorDiv(sum, int64(len(ds)))
 	}
-	sorted := make([]int64, len(ds))
-	for i, d := range ds {
-		sorted[i] = d.Milliseconds()
+	var sorted []int64
+	if scratch != nil {
+		sorted = (*scratch)[:0]
+	}
+	for _, d := range ds {
+		sorted = append(sorted, d.Milliseconds())
+	}
+	if scratch != nil {
+		*scratch = sorted
 	}
 	slices.Sort(sorted)
 	m := len(sorted) / 2
@@ -101,18 +108,18 @@ func (f FairShare) estimateMS(w *Worker) int64 {
 // mean, or with Median their middle value (an even count: the floor of the
 // mean of the two middle ones).
 func (f FairShare) Estimate(w *Worker) time.Duration {
-	return time.Duration(f.estimateMS(w)) * time.Millisecond
+	return time.Duration(f.estimateMS(w, nil)) * time.Millisecond
 }
 
 // keyMS is max(now, w.PredictedEnd) + Estimate(w), in Unix milliseconds.
-func (f FairShare) keyMS(w *Worker, now time.Time) int64 {
-	return max(ms(now), ms(w.PredictedEnd)) + f.estimateMS(w)
+func (f FairShare) keyMS(w *Worker, now time.Time, scratch *[]int64) int64 {
+	return max(ms(now), ms(w.PredictedEnd)) + f.estimateMS(w, scratch)
 }
 
 // Claimed is the worker's new PredictedEnd once it takes a session at now:
 // max(now, w.PredictedEnd) + Estimate(w), at millisecond precision.
 func (f FairShare) Claimed(w *Worker, now time.Time) time.Time {
-	return time.UnixMilli(f.keyMS(w, now))
+	return time.UnixMilli(f.keyMS(w, now, nil))
 }
 
 // Select picks the Indexed, Usable worker with the earliest predicted end
@@ -122,9 +129,10 @@ func (f FairShare) Select(ws []Worker, now time.Time) Decision {
 	s := newScan(f.Limits, now, &d)
 	keys := make([]int64, len(ws))
 	in := make([]bool, len(ws))
+	var scratch []int64
 	for i := range ws {
 		if in[i] = f.Indexed(&ws[i]); in[i] {
-			keys[i] = f.keyMS(&ws[i], now)
+			keys[i] = f.keyMS(&ws[i], now, &scratch)
 		}
 	}
 	less := func(a, b int) bool {

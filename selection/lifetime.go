@@ -31,6 +31,16 @@ import "time"
 //     decision is none. Workers walked past with an old heartbeat are listed
 //     in Decision.Stale. Decision.Scanned counts the workers examined, the
 //     chosen one included.
+//
+// When it staggers: a worker that reaches the limit is down for its drain
+// (its last session, which started at the claim that hit the limit) plus
+// its restart; the next worker in line sits at the margin edge and needs a
+// margin's worth of sessions to follow it. So at most one worker is down
+// at a time while margin sessions take longer to arrive than the longest
+// session plus a restart. The margin shrinks as 1/N while a pool's arrival
+// rate grows with N, so a large pool at a fixed MaxLifetime under heavy load
+// can have two or three down at once; still fewer than round robin (see
+// Simulate and the README's table).
 type LifetimeFirst struct{ Limits }
 
 // Margin is seed 000's safety margin, max(1, floor(maxLifetime/total)):

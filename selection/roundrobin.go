@@ -31,11 +31,7 @@ import (
 // It is safe for concurrent use; do not copy it after first use.
 type WeightedRoundRobin struct {
 	Limits
-
-	mu  sync.Mutex
-	cur string
-	has bool
-	n   int
+	t turns
 }
 
 // Weight is the worker's weight: its effective cap, or 1 with no cap.
@@ -48,16 +44,56 @@ func (p *WeightedRoundRobin) Weight(w *Worker) int {
 
 // Select picks the next worker in turn from ws and advances the turn.
 func (p *WeightedRoundRobin) Select(ws []Worker, now time.Time) Decision {
+	return p.t.next(p.Limits, ws, now, p.Weight)
+}
+
+// Reset forgets whose turn it is.
+func (p *WeightedRoundRobin) Reset() { p.t.reset() }
+
+// RoundRobin is plain round robin in ID order, one pick per worker per
+// turn: WeightedRoundRobin with every weight 1. It is the "naive round
+// robin" of seed 000's first picture, kept as the baseline lifetime-first
+// is measured against. Safe for concurrent use; do not copy after use.
+type RoundRobin struct {
+	Limits
+	t turns
+}
+
+// Select picks the next worker in ID order after the previous pick.
+func (p *RoundRobin) Select(ws []Worker, now time.Time) Decision {
+	return p.t.next(p.Limits, ws, now, func(*Worker) int { return 1 })
+}
+
+// Reset forgets whose turn it is.
+func (p *RoundRobin) Reset() { p.t.reset() }
+
+// turns is the state of a round robin: whose turn it is and how many
+// picks the turn has given.
+type turns struct {
+	mu  sync.Mutex
+	cur string
+	has bool
+	n   int
+}
+
+func (p *turns) reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cur, p.has, p.n = "", false, 0
+}
+
+// next is the walk WeightedRoundRobin documents, with the given weights.
+func (p *turns) next(l Limits, ws []Worker, now time.Time, weight func(*Worker) int) Decision {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	d := none()
-	s := newScan(p.Limits, now, &d)
+	s := newScan(l, now, &d)
 
 	first := -1 // cur's index, walked in step 1
 	if p.has {
 		for i := range ws {
 			if ws[i].ID == p.cur {
-				if p.Indexed(&ws[i]) && p.n < p.Weight(&ws[i]) {
+				if l.Indexed(&ws[i]) && p.n < weight(&ws[i]) {
 					first = i
 				}
 				break
@@ -87,7 +123,7 @@ func (p *WeightedRoundRobin) Select(ws []Worker, now time.Time) Decision {
 		}
 		return a < b
 	}
-	walkOrdered(len(ws), func(i int) bool { return i != first && p.Indexed(&ws[i]) }, less, func(i int) bool {
+	walkOrdered(len(ws), func(i int) bool { return i != first && l.Indexed(&ws[i]) }, less, func(i int) bool {
 		ok, exhausted := s.step(ws[i].ID, &ws[i])
 		if ok {
 			d.Index, d.ID, d.OK = i, ws[i].ID, true
@@ -99,11 +135,4 @@ func (p *WeightedRoundRobin) Select(ws []Worker, now time.Time) Decision {
 		p.cur, p.has, p.n = d.ID, true, 1
 	}
 	return d
-}
-
-// Reset forgets whose turn it is.
-func (p *WeightedRoundRobin) Reset() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cur, p.has, p.n = "", false, 0
 }

@@ -136,3 +136,21 @@ func TestWeightedRoundRobinConcurrent(t *testing.T) {
 		t.Fatalf("counts %v, want A 3000 and B 1000", count)
 	}
 }
+
+func TestRoundRobinIgnoresWeights(t *testing.T) {
+	ws := fleet(0, 0, 0)
+	ws[0].Capacity, ws[1].Capacity, ws[2].Capacity = 3, 1, 2
+	p := &RoundRobin{}
+	var got []string
+	for range 6 {
+		got = append(got, p.Select(ws, t0).ID)
+	}
+	if s := strings.Join(got, ""); s != "ABCABC" {
+		t.Fatalf("picks %s, want ABCABC", s)
+	}
+	p.Reset()
+	ws[0].Status = Draining
+	if d := p.Select(ws, t0); d.ID != "B" {
+		t.Fatalf("after Reset with A draining: %s, want B", d.ID)
+	}
+}

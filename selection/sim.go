@@ -10,7 +10,8 @@ import (
 )
 
 // Selector is a policy that decides over a plain snapshot. LifetimeFirst,
-// FairShare, *WeightedRoundRobin and *VnodeSelector are Selectors.
+// FairShare, *WeightedRoundRobin, *RoundRobin and *VnodeSelector are
+// Selectors.
 type Selector interface {
 	Select(ws []Worker, now time.Time) Decision
 }
@@ -294,11 +295,44 @@ func Simulate(cfg SimConfig) (SimResult, error) {
 	return res, nil
 }
 
+// RandomFleet is n available, fresh workers of a busy pool under l, with
+// every figure drawn from r: active below the cap, lifetime below the
+// limit, up to 20 recent session durations of 5-60 s and predicted ends up
+// to a minute ahead. Benchmarks and cmd/gridbench decide over it.
+func RandomFleet(n int, l Limits, r Rand, now time.Time) []Worker {
+	width := len(strconv.Itoa(max(n-1, 0)))
+	ws := make([]Worker, n)
+	for i := range ws {
+		w := Worker{
+			ID:            fmt.Sprintf("worker-%0*d", width, i),
+			Status:        Available,
+			LastHeartbeat: now.Add(-time.Duration(r.IntN(5000)) * time.Millisecond),
+			PredictedEnd:  now.Add(time.Duration(r.IntN(60000)) * time.Millisecond),
+		}
+		if c := l.Cap(&w); c > 0 {
+			w.Active = r.IntN(c)
+		} else {
+			w.Active = r.IntN(4)
+		}
+		if l.MaxLifetime > 0 {
+			w.Lifetime = r.IntN(l.MaxLifetime)
+		} else {
+			w.Lifetime = r.IntN(100)
+		}
+		for range r.IntN(21) {
+			w.Durations = append(w.Durations, time.Duration(5000+r.IntN(55001))*time.Millisecond)
+		}
+		ws[i] = w
+	}
+	return ws
+}
+
 // Interface guards.
 var (
 	_ Selector       = LifetimeFirst{}
 	_ Selector       = FairShare{}
 	_ Selector       = (*WeightedRoundRobin)(nil)
+	_ Selector       = (*RoundRobin)(nil)
 	_ Selector       = (*VnodeSelector)(nil)
 	_ heap.Interface = (*simQueue)(nil)
 )
