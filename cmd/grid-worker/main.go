@@ -1,0 +1,73 @@
+// Command grid-worker runs beside each browser of the grid: it launches a
+// browser server (Playwright's, Chromium with CDP, any command that prints
+// a ws:// endpoint, or fakebrowser), registers it in Redis, heartbeats,
+// drains on the shutdown command or SIGTERM, and exits 0 for its
+// supervisor to restart it (or respawns by itself with -respawn).
+//
+//	grid-worker -redis redis://redis:6379/0 -launcher playwright -host 0.0.0.0 -advertise worker-1
+//
+// Every flag also reads an environment variable (grid-worker -help lists
+// them). Exit codes: 0 after a drain or a signal, 1 when the agent gives
+// up (Redis unreachable at start, a browser that crashed without
+// -respawn), 2 for bad flags or timings. A second SIGTERM or SIGINT stops
+// waiting for sessions.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"go.uber.org/zap"
+
+	"github.com/browsergrid/caddy-browser-grid/workeragent"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stderr))
+}
+
+func run(args []string, getenv func(string) string, stderr io.Writer) int {
+	cfg, err := workeragent.ParseFlags(args, getenv, stderr)
+	if errors.Is(err, workeragent.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "grid-worker: %v\n", err)
+		return 2
+	}
+	log, err := workeragent.NewLogger(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "grid-worker: %v\n", err)
+		return 2
+	}
+	defer log.Sync()
+	agent, err := workeragent.New(cfg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "grid-worker: %v\n", err)
+		return 2
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		s := <-sigs
+		log.Info("signal received; draining", zap.String("signal", s.String()))
+		cancel()
+		s = <-sigs
+		log.Warn("second signal; not waiting for sessions", zap.String("signal", s.String()))
+		agent.Abort()
+	}()
+
+	if err := agent.Run(ctx); err != nil {
+		log.Error("grid-worker stopped", zap.Error(err))
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,462 @@
+// Package workeragent is the worker agent that runs beside each browser
+// (seed 003, "Worker Lifecycle"): it launches a browser server, connects
+// to Redis with retries, registers the browser in the grid's registry,
+// heartbeats and reads its command in the same round trip, drains on the
+// shutdown command or SIGTERM, then deregisters and closes the browser.
+// It exits 0 after a drain for a supervisor to restart it, or with
+// Respawn starts a fresh browser under a new worker ID itself, relaunching
+// a crashed browser with a backoff that doubles from 1s (seed 004).
+//
+// cmd/grid-worker is its thin main.
+package workeragent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// How long a single Redis call may take before the agent moves on.
+const redisCallTimeout = 5 * time.Second
+
+// stopGrace is how long a browser gets to close itself before SIGKILL.
+const stopGrace = 10 * time.Second
+
+// Agent runs the lifecycle of one worker slot: one browser at a time.
+type Agent struct {
+	cfg    Config
+	log    *zap.Logger
+	rdb    redis.UniversalClient
+	reg    *registry.Registry
+	launch LaunchFunc
+
+	abort     chan struct{}
+	abortOnce sync.Once
+}
+
+// New checks what the agent needs before anything starts: the Redis URL
+// parses, the launcher's files exist. Errors mean bad configuration.
+func New(cfg Config, log *zap.Logger) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rdb, err := registry.NewClient(cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("-redis %s: %w", registry.RedactURL(cfg.RedisURL), err)
+	}
+	launch, err := NewLauncher(cfg, log)
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	return &Agent{
+		cfg:    cfg,
+		log:    log,
+		rdb:    rdb,
+		reg:    registry.New(rdb, registry.Options{Prefix: cfg.KeyPrefix, CommandTTL: cfg.CommandTTL}),
+		launch: launch,
+		abort:  make(chan struct{}),
+	}, nil
+}
+
+// Abort stops a drain in progress without waiting for its sessions (a
+// second SIGTERM): the agent deregisters and closes the browser at once.
+func (a *Agent) Abort() { a.abortOnce.Do(func() { close(a.abort) }) }
+
+// lifeEnd says how one browser's life ended.
+type lifeEnd int
+
+const (
+	endSignal  lifeEnd = iota // ctx ended: drained (or never started), the agent exits
+	endDrained                // the shutdown command: drained
+	endCrashed                // the browser exited, failed its probe, or did not start
+)
+
+// Run runs browsers until ctx ends (SIGTERM: drain, then return nil) or,
+// without Respawn, until the first drain (nil) or crash (an error).
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.rdb.Close()
+	if err := a.connect(ctx); err != nil {
+		return err
+	}
+	const firstBackoff = time.Second
+	backoff := firstBackoff
+	for {
+		started := time.Now()
+		end, err := a.life(ctx)
+		switch end {
+		case endSignal:
+			return nil
+		case endDrained:
+			if !a.cfg.Respawn {
+				a.log.Info("drained; exiting for the supervisor to restart the worker")
+				return nil
+			}
+			backoff = firstBackoff
+			a.log.Info("drained; respawning a fresh browser")
+			continue
+		}
+		// Crashed.
+		if !a.cfg.Respawn {
+			return err
+		}
+		// A browser that ran longer than the cap was healthy: start over.
+		if time.Since(started) > a.cfg.RespawnMaxBackoff {
+			backoff = firstBackoff
+		}
+		a.log.Warn("browser down; relaunching after backoff", zap.Error(err), zap.Duration("backoff", backoff))
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			a.log.Info("stopping while waiting to relaunch the browser")
+			return nil
+		}
+		backoff = min(2*backoff, a.cfg.RespawnMaxBackoff)
+	}
+}
+
+// connect pings Redis until it answers, up to RedisRetryAttempts tries
+// with a doubling delay (seed 003: "If Redis isn't available, the worker
+// retries").
+func (a *Agent) connect(ctx context.Context) error {
+	delay := a.cfg.RedisRetryDelay
+	var err error
+	for attempt := 1; attempt <= a.cfg.RedisRetryAttempts; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
+		err = a.rdb.Ping(cctx).Err()
+		cancel()
+		if err == nil {
+			a.log.Info("connected to redis", zap.String("redis", registry.RedactURL(a.cfg.RedisURL)), zap.Int("attempt", attempt))
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("connecting to redis at %s: stopped: %w", registry.RedactURL(a.cfg.RedisURL), ctx.Err())
+		}
+		if attempt == a.cfg.RedisRetryAttempts {
+			break
+		}
+		a.log.Warn("redis not reachable; retrying",
+			zap.String("redis", registry.RedactURL(a.cfg.RedisURL)), zap.Int("attempt", attempt),
+			zap.Int("attempts", a.cfg.RedisRetryAttempts), zap.Duration("retry_in", delay), zap.Error(err))
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("connecting to redis at %s: stopped: %w", registry.RedactURL(a.cfg.RedisURL), ctx.Err())
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+	return fmt.Errorf("connecting to redis at %s: no answer after %d attempts: %w",
+		registry.RedactURL(a.cfg.RedisURL), a.cfg.RedisRetryAttempts, err)
+}
+
+// NewID returns a worker ID unique per launch: <prefix>-<pid>-<random>, so
+// a respawned browser registers as a new worker.
+func NewID(prefix string) string {
+	if prefix == "" {
+		prefix, _ = os.Hostname()
+		if prefix == "" {
+			prefix = "worker"
+		}
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+}
+
+// advertised computes the host:port proxies dial for a browser endpoint.
+func (a *Agent) advertised(b *Browser) string {
+	host, port := b.Endpoint.Hostname(), b.Endpoint.Port()
+	if port == "" {
+		port = "80"
+		if b.Endpoint.Scheme == "wss" {
+			port = "443"
+		}
+	}
+	if adv := a.cfg.Advertise; adv != "" {
+		if h, p, err := net.SplitHostPort(adv); err == nil {
+			return net.JoinHostPort(h, p)
+		}
+		return net.JoinHostPort(adv, port)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			host = h
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// rctx is a context for one Redis call. It does not derive from Run's ctx:
+// SIGTERM must not cut the calls that drain and deregister.
+func rctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), redisCallTimeout)
+}
+
+// life runs one browser from launch to exit.
+func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
+	a.log.Info("launching browser", zap.String("launcher", a.cfg.Launcher), zap.String("browser_type", a.cfg.BrowserType))
+	b, err := a.launch(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return endSignal, nil
+		}
+		return endCrashed, fmt.Errorf("launching the browser (%s launcher): %w", a.cfg.Launcher, err)
+	}
+	defer func() {
+		if err := b.Stop(stopGrace); err != nil {
+			a.log.Error("stopping the browser", zap.Error(err))
+		}
+	}()
+
+	reg := registry.Registration{
+		Pool:         a.cfg.Pool,
+		ID:           NewID(a.cfg.IDPrefix),
+		BrowserType:  a.cfg.BrowserType,
+		Addr:         a.advertised(b),
+		Path:         b.Endpoint.EscapedPath(),
+		Capacity:     a.cfg.MaxConcurrent,
+		TTL:          a.cfg.KeyTTL,
+		VirtualNodes: a.cfg.VirtualNodes,
+	}
+	if reg.Path == "" {
+		reg.Path = "/"
+	}
+	log := a.log.With(zap.String("worker_id", reg.ID), zap.String("pool", reg.Pool))
+	log.Info("browser listening", zap.String("endpoint", b.Endpoint.String()), zap.Int("pid", b.Pid))
+
+	// Register; keep trying while Redis is away (it answered at start).
+	for attempt := 1; ; attempt++ {
+		cctx, cancel := rctx()
+		err := a.reg.Register(cctx, reg)
+		cancel()
+		if err == nil {
+			break
+		}
+		log.Warn("registering failed; retrying", zap.Int("attempt", attempt), zap.Error(err))
+		t := time.NewTimer(min(a.cfg.HeartbeatInterval, 2*time.Second))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return endSignal, nil
+		case <-b.Done():
+			t.Stop()
+			return endCrashed, fmt.Errorf("the browser exited before it could be registered (%v)", b.ExitError())
+		}
+	}
+	log.Info("worker registered",
+		zap.String("addr", reg.Addr), zap.String("path", reg.Path), zap.String("browser_type", reg.BrowserType),
+		zap.Int("capacity", reg.Capacity), zap.Duration("key_ttl", reg.TTL), zap.Duration("heartbeat_interval", a.cfg.HeartbeatInterval))
+
+	lifeCtx, stopProbe := context.WithCancel(context.Background())
+	defer stopProbe()
+	probeFailed := a.startProber(lifeCtx, b)
+
+	tick := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			a.drain(log, b, reg, "signal")
+			a.exit(log, b, reg)
+			return endSignal, nil
+		case <-b.Done():
+			// Deregister at once: no proxy should pick a dead browser until
+			// its record's TTL runs out.
+			log.Error("browser exited", zap.Int("pid", b.Pid), zap.NamedError("exit", b.ExitError()), zap.String("last_output", b.Output()))
+			a.deregister(log, reg)
+			return endCrashed, fmt.Errorf("the browser exited: %v", b.ExitError())
+		case err := <-probeFailed:
+			log.Error("browser failed its probe; restarting it", zap.Error(err))
+			a.deregister(log, reg)
+			return endCrashed, fmt.Errorf("the browser stopped answering: %w", err)
+		case <-tick.C:
+			cctx, cancel := rctx()
+			cmd, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
+			cancel()
+			switch {
+			case errors.Is(err, registry.ErrNotRegistered):
+				log.Warn("worker record gone (expired, reaped or redis restarted); registering again")
+				cctx, cancel := rctx()
+				if err := a.reg.Register(cctx, reg); err != nil {
+					log.Warn("registering again failed; will retry at the next heartbeat", zap.Error(err))
+				} else {
+					log.Info("worker registered again", zap.String("addr", reg.Addr))
+				}
+				cancel()
+			case err != nil:
+				log.Warn("heartbeat failed; still serving, will retry", zap.Error(err))
+			case cmd == registry.CommandShutdown:
+				a.drain(log, b, reg, "shutdown command")
+				a.exit(log, b, reg)
+				return endDrained, nil
+			case cmd != "":
+				log.Warn("ignoring unknown command", zap.String("command", string(cmd)))
+			}
+		}
+	}
+}
+
+// startProber checks the browser every heartbeat interval; the returned
+// channel receives the first failure.
+func (a *Agent) startProber(ctx context.Context, b *Browser) <-chan error {
+	failed := make(chan error, 1)
+	if a.cfg.ProbeTimeout <= 0 {
+		return failed
+	}
+	go func() {
+		t := time.NewTicker(a.cfg.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-b.Done():
+				return // the lifecycle loop sees the exit itself
+			case <-t.C:
+			}
+			if err := b.Probe(ctx, a.cfg.ProbeTimeout); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				select {
+				case <-b.Done():
+					return
+				default:
+				}
+				failed <- err
+				return
+			}
+		}
+	}()
+	return failed
+}
+
+// drain marks the worker draining and waits until its active sessions
+// reach 0, up to DrainTimeout (seed 003, "Phase 3: Drain"). It keeps
+// heartbeating meanwhile so the record outlives a long drain.
+func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, reason string) {
+	log.Info("draining", zap.String("reason", reason), zap.Duration("drain_timeout", a.cfg.DrainTimeout))
+	start := time.Now()
+	cctx, cancel := rctx()
+	err := a.reg.SetDraining(cctx, reg.Pool, reg.ID)
+	cancel()
+	if errors.Is(err, registry.ErrNotRegistered) {
+		log.Info("worker record already gone; nothing to drain")
+		return
+	} else if err != nil {
+		log.Warn("marking the worker draining failed; waiting for its sessions anyway", zap.Error(err))
+	}
+	deadline := time.NewTimer(a.cfg.DrainTimeout)
+	defer deadline.Stop()
+	poll := time.NewTicker(min(250*time.Millisecond, a.cfg.HeartbeatInterval))
+	defer poll.Stop()
+	hb := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer hb.Stop()
+	active := -1
+	for {
+		cctx, cancel := rctx()
+		w, err := a.reg.Worker(cctx, reg.Pool, reg.ID)
+		cancel()
+		switch {
+		case err == nil:
+			if w.Active != active {
+				active = w.Active
+				log.Info("waiting for active sessions", zap.Int("active", active))
+			}
+			if active <= 0 {
+				log.Info("drained", zap.Duration("took", time.Since(start)))
+				return
+			}
+		case errors.Is(err, registry.ErrNotRegistered):
+			log.Warn("worker record gone while draining; stopping now")
+			return
+		default:
+			log.Warn("reading active sessions failed", zap.Error(err))
+		}
+		select {
+		case <-poll.C:
+		case <-hb.C:
+			cctx, cancel := rctx()
+			if _, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL); err != nil && !errors.Is(err, registry.ErrNotRegistered) {
+				log.Warn("heartbeat while draining failed", zap.Error(err))
+			}
+			cancel()
+		case <-deadline.C:
+			log.Warn("drain timeout; closing the browser with sessions still open",
+				zap.Int("active", active), zap.Duration("drain_timeout", a.cfg.DrainTimeout))
+			return
+		case <-a.abort:
+			log.Warn("drain aborted; closing the browser with sessions still open", zap.Int("active", active))
+			return
+		case <-b.Done():
+			log.Warn("browser exited while draining", zap.NamedError("exit", b.ExitError()))
+			return
+		}
+	}
+}
+
+// exit removes the worker from Redis, then closes the browser (seed 003,
+// "Phase 4: Exit").
+func (a *Agent) exit(log *zap.Logger, b *Browser, reg registry.Registration) {
+	a.deregister(log, reg)
+	if err := b.Stop(stopGrace); err != nil {
+		log.Error("stopping the browser", zap.Error(err))
+	} else {
+		log.Info("browser closed")
+	}
+}
+
+func (a *Agent) deregister(log *zap.Logger, reg registry.Registration) {
+	for attempt := 1; attempt <= 3; attempt++ {
+		cctx, cancel := rctx()
+		err := a.reg.Deregister(cctx, reg.Pool, reg.ID)
+		cancel()
+		if err == nil || errors.Is(err, registry.ErrNotRegistered) {
+			log.Info("worker deregistered")
+			return
+		}
+		log.Warn("deregistering failed", zap.Int("attempt", attempt), zap.Error(err))
+	}
+	log.Error("could not deregister; the reaper will remove the record once it is stale")
+}
+
+// NewLogger builds the agent's zap logger on stderr in cfg's format and
+// level.
+func NewLogger(cfg Config) (*zap.Logger, error) {
+	var zc zap.Config
+	if cfg.LogFormat == "console" {
+		zc = zap.NewDevelopmentConfig()
+		zc.DisableStacktrace = true
+	} else {
+		zc = zap.NewProductionConfig()
+		zc.Sampling = nil
+		zc.EncoderConfig.TimeKey = "ts"
+		zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	}
+	lvl, err := zapcore.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		return nil, fmt.Errorf("-log-level %q: %w", cfg.LogLevel, err)
+	}
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.OutputPaths = []string{"stderr"}
+	zc.ErrorOutputPaths = []string{"stderr"}
+	return zc.Build()
+}

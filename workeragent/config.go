@@ -1,0 +1,429 @@
+package workeragent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Launcher names.
+const (
+	LauncherPlaywright = "playwright"
+	LauncherCDP        = "cdp"
+	LauncherExec       = "exec"
+	LauncherFake       = "fake"
+)
+
+// Config is everything the agent needs. ParseFlags fills it from the
+// command line and the environment; Validate checks it.
+type Config struct {
+	// RedisURL names the Redis (see registry.NewClient for the forms).
+	// Default: "redis://127.0.0.1:6379/0".
+	RedisURL string
+	// KeyPrefix is the registry's key prefix; it must match the Caddy
+	// side's. Default: "grid".
+	KeyPrefix string
+	// Pool the worker registers in. Default: BrowserType.
+	Pool string
+	// BrowserType is chromium, firefox or webkit. Default: "chromium".
+	BrowserType string
+	// Launcher is playwright, cdp, exec or fake. Default: "playwright".
+	Launcher string
+	// Advertise is the host or host:port a proxy dials to reach the
+	// browser (for containers whose bind address is not reachable). A
+	// bare host takes the browser's port. Default: the endpoint the browser
+	// printed (with the machine's hostname when it listens on all
+	// addresses).
+	Advertise string
+	// Host is the address the browser server binds. Default: "127.0.0.1".
+	Host string
+	// Port is the browser server's port. Default: 0 (a free port).
+	Port int
+	// WSPath is the WebSocket path of the playwright and fake launchers
+	// (the cdp launcher registers Chromium's /devtools/browser/<id>).
+	// Default: "/playwright".
+	WSPath string
+	// MaxConcurrent is the worker's own session capacity, registered with
+	// it. Default: 0 (no limit of its own; the grid's max_concurrent
+	// applies).
+	MaxConcurrent int
+	// VirtualNodes is the worker's ring positions for the vnode policy.
+	// Default: 0 (the registry's default, 8).
+	VirtualNodes int
+
+	// HeartbeatInterval is how often the agent renews its record and reads
+	// its command. Default: 10s.
+	HeartbeatInterval time.Duration
+	// KeyTTL is the TTL of the worker's record. Default: 30s.
+	KeyTTL time.Duration
+	// StaleThreshold is the reaper's heartbeat age limit (as configured on
+	// the Caddy side); used only to check the timing rules. Default: 30s.
+	StaleThreshold time.Duration
+	// CommandTTL is how long a shutdown command lives (as configured on the
+	// Caddy side); used only to check the timing rules. Default: 60s.
+	CommandTTL time.Duration
+	// DrainTimeout bounds the wait for active sessions to end. Default: 30s.
+	DrainTimeout time.Duration
+	// ProbeTimeout bounds each health probe of the browser, run every
+	// heartbeat; a failed probe restarts the browser. 0 disables probes
+	// (process exit is still noticed at once). Default: 5s.
+	ProbeTimeout time.Duration
+	// StartTimeout bounds the wait for a launched browser to print its
+	// endpoint. Default: 60s.
+	StartTimeout time.Duration
+
+	// RedisRetryAttempts is how many times the agent tries Redis at start
+	// before it gives up (seed 003's REDIS_RETRY_ATTEMPTS). Default: 10.
+	RedisRetryAttempts int
+	// RedisRetryDelay is the first wait between those attempts; it doubles
+	// up to 5s. Default: 1s.
+	RedisRetryDelay time.Duration
+
+	// Respawn makes the agent start a fresh browser and register anew after
+	// a drain or a crash, instead of exiting. Default: false.
+	Respawn bool
+	// RespawnMaxBackoff caps the wait before relaunching a browser that
+	// crashed; the wait starts at 1s and doubles. Default: 30s.
+	RespawnMaxBackoff time.Duration
+
+	// Executable is the browser binary. Default: /usr/bin/chromium for
+	// chromium, Playwright's own build for firefox and webkit.
+	Executable string
+	// Node is the node binary of the playwright launcher. Default: "node".
+	Node string
+	// LaunchScript is playwright/launch-server.mjs. Default: found beside
+	// the grid-worker binary (../playwright/ or ./playwright/) or in the
+	// working directory.
+	LaunchScript string
+	// Exec is the command (run by /bin/sh -c) of the exec launcher; it
+	// must print its ws:// endpoint on stdout.
+	Exec string
+	// Fakebrowser is the fakebrowser binary of the fake launcher. Default:
+	// beside the grid-worker binary, else on PATH.
+	Fakebrowser string
+	// FakeArgs are extra fakebrowser flags, space-separated (e.g.
+	// "-echo-delay 100ms").
+	FakeArgs string
+
+	// IDPrefix starts every worker ID (<prefix>-<pid>-<random>).
+	// Default: the hostname.
+	IDPrefix string
+	// LogFormat is json or console. Default: "json".
+	LogFormat string
+	// LogLevel is debug, info, warn or error. Default: "info".
+	LogLevel string
+}
+
+// Defaults returns a Config with every default filled in.
+func Defaults() Config {
+	return Config{
+		RedisURL:           "redis://127.0.0.1:6379/0",
+		KeyPrefix:          "grid",
+		BrowserType:        "chromium",
+		Launcher:           LauncherPlaywright,
+		Host:               "127.0.0.1",
+		WSPath:             "/playwright",
+		HeartbeatInterval:  10 * time.Second,
+		KeyTTL:             30 * time.Second,
+		StaleThreshold:     30 * time.Second,
+		CommandTTL:         60 * time.Second,
+		DrainTimeout:       30 * time.Second,
+		ProbeTimeout:       5 * time.Second,
+		StartTimeout:       60 * time.Second,
+		RedisRetryAttempts: 10,
+		RedisRetryDelay:    time.Second,
+		RespawnMaxBackoff:  30 * time.Second,
+		Node:               "node",
+		LogFormat:          "json",
+		LogLevel:           "info",
+	}
+}
+
+// Option describes one setting: its flag, environment variable, default
+// and meaning (the README's table is generated from the same list).
+type Option struct {
+	Flag, Env, Default, Usage string
+}
+
+// binding ties an Option to the Config field it sets.
+type binding struct {
+	Option
+	set func(c *Config, v string) error
+}
+
+func bindings() []binding {
+	d := Defaults()
+	str := func(p func(*Config) *string) func(*Config, string) error {
+		return func(c *Config, v string) error { *p(c) = v; return nil }
+	}
+	num := func(p func(*Config) *int) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("not a whole number")
+			}
+			*p(c) = n
+			return nil
+		}
+	}
+	dur := func(p func(*Config) *time.Duration) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			x, err := ParseDuration(v)
+			if err != nil {
+				return err
+			}
+			*p(c) = x
+			return nil
+		}
+	}
+	return []binding{
+		{Option{"redis", "REDIS_URL", d.RedisURL, "Redis URL: redis://, rediss://, redis+cluster://host:port,host:port"}, str(func(c *Config) *string { return &c.RedisURL })},
+		{Option{"key-prefix", "GRID_KEY_PREFIX", d.KeyPrefix, "registry key prefix; must match the Caddy side"}, str(func(c *Config) *string { return &c.KeyPrefix })},
+		{Option{"pool", "POOL", "the browser type", "pool to register in"}, str(func(c *Config) *string { return &c.Pool })},
+		{Option{"browser-type", "BROWSER_TYPE", d.BrowserType, "chromium, firefox or webkit"}, str(func(c *Config) *string { return &c.BrowserType })},
+		{Option{"launcher", "LAUNCHER", d.Launcher, "playwright, cdp, exec or fake"}, str(func(c *Config) *string { return &c.Launcher })},
+		{Option{"advertise", "PRIVATE_HOSTNAME", "the browser's endpoint", "host or host:port proxies dial (a bare host takes the browser's port)"}, str(func(c *Config) *string { return &c.Advertise })},
+		{Option{"host", "BROWSER_HOST", d.Host, "address the browser server binds (0.0.0.0 in containers)"}, str(func(c *Config) *string { return &c.Host })},
+		{Option{"port", "BROWSER_PORT", "0", "browser server port (0: a free port)"}, num(func(c *Config) *int { return &c.Port })},
+		{Option{"ws-path", "WS_PATH", d.WSPath, "WebSocket path (playwright and fake launchers)"}, str(func(c *Config) *string { return &c.WSPath })},
+		{Option{"max-concurrent", "MAX_CONCURRENT_SESSIONS", "0", "sessions the worker takes at once, registered as its capacity (0: no limit of its own)"}, num(func(c *Config) *int { return &c.MaxConcurrent })},
+		{Option{"virtual-nodes", "VIRTUAL_NODES", "0", "ring positions for the vnode policy (0: the registry's default, 8)"}, num(func(c *Config) *int { return &c.VirtualNodes })},
+		{Option{"heartbeat-interval", "HEARTBEAT_INTERVAL", "10s", "how often to heartbeat and read the command"}, dur(func(c *Config) *time.Duration { return &c.HeartbeatInterval })},
+		{Option{"key-ttl", "REDIS_KEY_TTL", "30s", "TTL of the worker's record, renewed by every heartbeat"}, dur(func(c *Config) *time.Duration { return &c.KeyTTL })},
+		{Option{"stale-threshold", "STALE_THRESHOLD", "30s", "the reaper's stale threshold (Caddy side), checked against the heartbeat"}, dur(func(c *Config) *time.Duration { return &c.StaleThreshold })},
+		{Option{"command-ttl", "SHUTDOWN_COMMAND_TTL", "60s", "the shutdown command's TTL (Caddy side), checked against the heartbeat"}, dur(func(c *Config) *time.Duration { return &c.CommandTTL })},
+		{Option{"drain-timeout", "DRAIN_TIMEOUT", "30s", "longest wait for active sessions when draining"}, dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
+		{Option{"probe-timeout", "PROBE_TIMEOUT", "5s", "timeout of the browser probe run every heartbeat (0: no probe)"}, dur(func(c *Config) *time.Duration { return &c.ProbeTimeout })},
+		{Option{"start-timeout", "START_TIMEOUT", "60s", "longest wait for a launched browser's endpoint"}, dur(func(c *Config) *time.Duration { return &c.StartTimeout })},
+		{Option{"redis-retry-attempts", "REDIS_RETRY_ATTEMPTS", "10", "tries to reach Redis at start before giving up"}, num(func(c *Config) *int { return &c.RedisRetryAttempts })},
+		{Option{"redis-retry-delay", "REDIS_RETRY_DELAY", "1s", "first wait between those tries (doubles up to 5s)"}, dur(func(c *Config) *time.Duration { return &c.RedisRetryDelay })},
+		{Option{"respawn", "RESPAWN", "false", "after a drain or a crash start a fresh browser and register anew instead of exiting"}, func(c *Config, v string) error {
+			b, err := strconv.ParseBool(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("not a boolean (true or false)")
+			}
+			c.Respawn = b
+			return nil
+		}},
+		{Option{"respawn-max-backoff", "RESPAWN_MAX_BACKOFF", "30s", "cap of the crash backoff (starts at 1s, doubles)"}, dur(func(c *Config) *time.Duration { return &c.RespawnMaxBackoff })},
+		{Option{"executable", "BROWSER_EXECUTABLE", "/usr/bin/chromium for chromium", "browser binary (firefox, webkit: Playwright's own build)"}, str(func(c *Config) *string { return &c.Executable })},
+		{Option{"node", "NODE", d.Node, "node binary for the playwright launcher"}, str(func(c *Config) *string { return &c.Node })},
+		{Option{"launch-script", "PLAYWRIGHT_LAUNCH_SCRIPT", "playwright/launch-server.mjs beside the binary", "the playwright launcher's script"}, str(func(c *Config) *string { return &c.LaunchScript })},
+		{Option{"exec", "EXEC_COMMAND", "", "command for the exec launcher (sh -c); prints its ws:// endpoint"}, str(func(c *Config) *string { return &c.Exec })},
+		{Option{"fakebrowser", "FAKEBROWSER", "beside the binary, else PATH", "fakebrowser binary for the fake launcher"}, str(func(c *Config) *string { return &c.Fakebrowser })},
+		{Option{"fake-args", "FAKEBROWSER_ARGS", "", "extra fakebrowser flags, space-separated"}, str(func(c *Config) *string { return &c.FakeArgs })},
+		{Option{"id-prefix", "WORKER_ID_PREFIX", "the hostname", "start of every worker ID (<prefix>-<pid>-<random>)"}, str(func(c *Config) *string { return &c.IDPrefix })},
+		{Option{"log-format", "LOG_FORMAT", d.LogFormat, "json or console"}, str(func(c *Config) *string { return &c.LogFormat })},
+		{Option{"log-level", "LOG_LEVEL", d.LogLevel, "debug, info, warn or error"}, str(func(c *Config) *string { return &c.LogLevel })},
+	}
+}
+
+// Options lists every setting with its flag, environment variable, default
+// and meaning, in the order of -help.
+func Options() []Option {
+	bs := bindings()
+	out := make([]Option, len(bs))
+	for i, b := range bs {
+		out[i] = b.Option
+	}
+	return out
+}
+
+// ParseDuration reads a Go duration ("500ms", "1m30s") or a bare number of
+// seconds ("10", as the seed's environment variables are written).
+func ParseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("not a duration (like 10s, 500ms, or a number of seconds)")
+	}
+	return d, nil
+}
+
+// flagValue adapts a binding to flag.Value.
+type flagValue struct {
+	c *Config
+	b binding
+}
+
+func (f flagValue) String() string { return "" }
+func (f flagValue) Set(v string) error {
+	return f.b.set(f.c, v)
+}
+
+type boolFlag struct{ flagValue }
+
+func (boolFlag) IsBoolFlag() bool { return true }
+
+// ErrHelp is returned by ParseFlags when -help was asked for.
+var ErrHelp = flag.ErrHelp
+
+// ParseFlags builds a Config from defaults, then environment variables
+// (getenv, usually os.Getenv), then flags, and validates it. Usage and
+// errors go to out. Any error means "exit 2".
+func ParseFlags(args []string, getenv func(string) string, out io.Writer) (Config, error) {
+	c := Defaults()
+	bs := bindings()
+	for _, b := range bs {
+		if v := getenv(b.Env); v != "" {
+			if err := b.set(&c, v); err != nil {
+				return c, fmt.Errorf("environment variable %s=%q: %w", b.Env, v, err)
+			}
+		}
+	}
+	fs := flag.NewFlagSet("grid-worker", flag.ContinueOnError)
+	fs.SetOutput(out)
+	for _, b := range bs {
+		usage := fmt.Sprintf("%s (env %s, default %s)", b.Usage, b.Env, b.Default)
+		if b.Default == "" {
+			usage = fmt.Sprintf("%s (env %s)", b.Usage, b.Env)
+		}
+		if b.Flag == "respawn" {
+			fs.Var(boolFlag{flagValue{&c, b}}, b.Flag, usage)
+			continue
+		}
+		fs.Var(flagValue{&c, b}, b.Flag, usage)
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: grid-worker [flags]\n\nLaunches a browser server, registers it in the grid's Redis, heartbeats,\ndrains on the shutdown command or SIGTERM, and exits (or respawns).\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q (every setting is a -flag)", fs.Args())
+	}
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// Validate checks the configuration, seed 003's timing relationships first;
+// each error names the rule and the values.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"heartbeat-interval", c.HeartbeatInterval}, {"key-ttl", c.KeyTTL}, {"stale-threshold", c.StaleThreshold}, {"command-ttl", c.CommandTTL}, {"drain-timeout", c.DrainTimeout}, {"start-timeout", c.StartTimeout}, {"redis-retry-delay", c.RedisRetryDelay}, {"respawn-max-backoff", c.RespawnMaxBackoff}} {
+		if d.v <= 0 {
+			add("-%s must be positive, got %s", d.name, d.v)
+		}
+	}
+	if c.ProbeTimeout < 0 {
+		add("-probe-timeout must not be negative, got %s", c.ProbeTimeout)
+	}
+	if c.HeartbeatInterval > 0 {
+		// Seed 003, "Timing Relationships".
+		if c.KeyTTL > 0 && c.HeartbeatInterval >= c.KeyTTL {
+			add("timing rule 'heartbeat interval < key TTL' broken: heartbeat-interval %s >= key-ttl %s (the record would expire while the worker is healthy)", c.HeartbeatInterval, c.KeyTTL)
+		}
+		if c.StaleThreshold > 0 && c.HeartbeatInterval >= c.StaleThreshold {
+			add("timing rule 'heartbeat interval < stale threshold' broken: heartbeat-interval %s >= stale-threshold %s (the reaper would remove healthy workers)", c.HeartbeatInterval, c.StaleThreshold)
+		}
+		if c.CommandTTL > 0 && c.HeartbeatInterval >= c.CommandTTL {
+			add("timing rule 'heartbeat interval < shutdown command TTL' broken: heartbeat-interval %s >= command-ttl %s (shutdown commands would expire before they are seen)", c.HeartbeatInterval, c.CommandTTL)
+		}
+	}
+
+	switch c.BrowserType {
+	case "chromium", "firefox", "webkit":
+	default:
+		add("-browser-type must be chromium, firefox or webkit, got %q", c.BrowserType)
+	}
+	switch c.Launcher {
+	case LauncherPlaywright, LauncherFake:
+	case LauncherCDP:
+		if c.BrowserType != "chromium" {
+			add("-launcher cdp runs Chromium only, but -browser-type is %q", c.BrowserType)
+		}
+	case LauncherExec:
+		if strings.TrimSpace(c.Exec) == "" {
+			add("-launcher exec needs -exec (the command that prints its ws:// endpoint)")
+		}
+	default:
+		add("-launcher must be playwright, cdp, exec or fake, got %q", c.Launcher)
+	}
+	if c.Pool == "" {
+		c.Pool = c.BrowserType
+	}
+	if !validName(c.Pool) {
+		add("-pool %q: use letters, digits, '.', '_' and '-' only", c.Pool)
+	}
+	if c.IDPrefix != "" && strings.ContainsFunc(c.IDPrefix, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		add("-id-prefix %q must not contain spaces or control characters", c.IDPrefix)
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		add("-port must be 0..65535, got %d", c.Port)
+	}
+	if !strings.HasPrefix(c.WSPath, "/") {
+		add("-ws-path must start with '/', got %q", c.WSPath)
+	}
+	if c.MaxConcurrent < 0 {
+		add("-max-concurrent must not be negative, got %d", c.MaxConcurrent)
+	}
+	if c.VirtualNodes < 0 {
+		add("-virtual-nodes must not be negative, got %d", c.VirtualNodes)
+	}
+	if c.RedisRetryAttempts < 1 {
+		add("-redis-retry-attempts must be at least 1, got %d", c.RedisRetryAttempts)
+	}
+	if c.Advertise != "" {
+		host, port, err := net.SplitHostPort(c.Advertise)
+		if err != nil {
+			host, port = c.Advertise, ""
+			if strings.ContainsAny(c.Advertise, "/ ") {
+				add("-advertise %q: want host or host:port", c.Advertise)
+			}
+		}
+		if host == "" {
+			add("-advertise %q has no host", c.Advertise)
+		}
+		if port != "" {
+			if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+				add("-advertise %q: port must be 1..65535", c.Advertise)
+			}
+		}
+	}
+	switch c.LogFormat {
+	case "json", "console":
+	default:
+		add("-log-format must be json or console, got %q", c.LogFormat)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		add("-log-level must be debug, info, warn or error, got %q", c.LogLevel)
+	}
+	if c.RedisURL == "" {
+		add("-redis is required")
+	}
+	if c.KeyPrefix == "" {
+		add("-key-prefix must not be empty")
+	}
+	return errors.Join(errs...)
+}
+
+func validName(s string) bool {
+	if s == "" || len(s) > 200 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,213 @@
+package workeragent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+)
+
+// ChromiumFlags are the flags every Chromium the agent starts gets: they
+// keep it working on a machine without internet access (DESIGN.md, "Real
+// parts"); without them Chromium keeps dialing Google's services.
+var ChromiumFlags = []string{
+	"--headless",
+	"--no-sandbox",
+	"--disable-gpu",
+	"--disable-background-networking",
+	"--disable-component-update",
+	"--disable-sync",
+	"--no-first-run",
+}
+
+// DefaultChromium is Debian's Chromium.
+const DefaultChromium = "/usr/bin/chromium"
+
+// LaunchFunc starts one browser server.
+type LaunchFunc func(ctx context.Context) (*Browser, error)
+
+// NewLauncher returns the launch function cfg.Launcher names. It resolves
+// the files it needs (node script, fakebrowser, Chromium) now, so a missing
+// part is reported before anything starts.
+func NewLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
+	switch cfg.Launcher {
+	case LauncherPlaywright:
+		return playwrightLauncher(cfg, log)
+	case LauncherCDP:
+		return cdpLauncher(cfg, log)
+	case LauncherExec:
+		return execLauncher(cfg, log), nil
+	case LauncherFake:
+		return fakeLauncher(cfg, log)
+	}
+	return nil, fmt.Errorf("unknown launcher %q", cfg.Launcher)
+}
+
+// exeDir is the directory of the running binary.
+func exeDir() string {
+	p, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		p = r
+	}
+	return filepath.Dir(p)
+}
+
+// findLaunchScript finds playwright/launch-server.mjs: where the flag says,
+// else beside the binary (bin/../playwright, ./playwright) or in the
+// working directory.
+func findLaunchScript(flagValue string) (string, error) {
+	if flagValue != "" {
+		if _, err := os.Stat(flagValue); err != nil {
+			return "", fmt.Errorf("launch script: %w", err)
+		}
+		return filepath.Abs(flagValue)
+	}
+	var tried []string
+	dirs := []string{}
+	if d := exeDir(); d != "" {
+		dirs = append(dirs, filepath.Join(d, "..", "playwright"), filepath.Join(d, "playwright"))
+	}
+	if wd, err := os.Getwd(); err == nil {
+		dirs = append(dirs, filepath.Join(wd, "playwright"))
+	}
+	for _, d := range dirs {
+		p := filepath.Join(d, "launch-server.mjs")
+		tried = append(tried, p)
+		if _, err := os.Stat(p); err == nil {
+			return filepath.Clean(p), nil
+		}
+	}
+	return "", fmt.Errorf("playwright/launch-server.mjs not found (tried %s); set -launch-script", strings.Join(tried, ", "))
+}
+
+func playwrightLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
+	script, err := findLaunchScript(cfg.LaunchScript)
+	if err != nil {
+		return nil, err
+	}
+	node, err := exec.LookPath(cfg.Node)
+	if err != nil {
+		return nil, fmt.Errorf("the playwright launcher needs node: %w", err)
+	}
+	exe := cfg.Executable
+	if exe == "" && cfg.BrowserType == "chromium" {
+		exe = DefaultChromium
+	}
+	if exe != "" {
+		if _, err := os.Stat(exe); err != nil {
+			return nil, fmt.Errorf("browser executable: %w", err)
+		}
+	}
+	args := []string{script, "--browser", cfg.BrowserType, "--host", cfg.Host, "--port", strconv.Itoa(cfg.Port), "--ws-path", cfg.WSPath}
+	if exe != "" {
+		args = append(args, "--executable", exe)
+	}
+	return func(ctx context.Context) (*Browser, error) {
+		return startProcess(ctx, log, startOptions{
+			name:    node,
+			args:    args,
+			timeout: cfg.StartTimeout,
+			// Playwright's server answers plain HTTP requests with "Running".
+			probe: func(u *url.URL) probe { return probe{httpURL: "http://" + dialAddr(u) + "/"} },
+		})
+	}, nil
+}
+
+func cdpLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
+	exe := cfg.Executable
+	if exe == "" {
+		exe = DefaultChromium
+	}
+	if _, err := exec.LookPath(exe); err != nil {
+		return nil, fmt.Errorf("the cdp launcher needs Chromium: %w", err)
+	}
+	return func(ctx context.Context) (*Browser, error) {
+		// A fresh profile for every launch: nothing carries over from the
+		// previous browser's sessions.
+		dir, err := os.MkdirTemp("", "grid-worker-cdp-")
+		if err != nil {
+			return nil, fmt.Errorf("creating the browser profile directory: %w", err)
+		}
+		args := append(append([]string(nil), ChromiumFlags...),
+			"--remote-debugging-address="+cfg.Host,
+			"--remote-debugging-port="+strconv.Itoa(cfg.Port),
+			"--user-data-dir="+dir,
+			"about:blank",
+		)
+		// Chromium prints "DevTools listening on ws://HOST:PORT/devtools/browser/<id>"
+		// on stderr; that path is what clients (and the grid) connect to.
+		return startProcess(ctx, log, startOptions{
+			name:    exe,
+			args:    args,
+			timeout: cfg.StartTimeout,
+			probe: func(u *url.URL) probe {
+				return probe{httpURL: "http://" + dialAddr(u) + "/json/version"}
+			},
+			cleanup: []func(){func() { os.RemoveAll(dir) }},
+		})
+	}, nil
+}
+
+func execLauncher(cfg Config, log *zap.Logger) LaunchFunc {
+	return func(ctx context.Context) (*Browser, error) {
+		return startProcess(ctx, log, startOptions{
+			name: "/bin/sh",
+			args: []string{"-c", cfg.Exec},
+			env: []string{
+				"BROWSER_TYPE=" + cfg.BrowserType,
+				"BROWSER_HOST=" + cfg.Host,
+				"BROWSER_PORT=" + strconv.Itoa(cfg.Port),
+				"WS_PATH=" + cfg.WSPath,
+				"BROWSER_EXECUTABLE=" + cfg.Executable,
+			},
+			timeout: cfg.StartTimeout,
+			probe:   func(u *url.URL) probe { return probe{addr: dialAddr(u)} },
+		})
+	}
+}
+
+// findFakebrowser looks beside the grid-worker binary, then on PATH.
+func findFakebrowser(flagValue string) (string, error) {
+	if flagValue != "" {
+		return exec.LookPath(flagValue)
+	}
+	if d := exeDir(); d != "" {
+		p := filepath.Join(d, "fakebrowser")
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("fakebrowser")
+	if err != nil {
+		return "", errors.New("fakebrowser not found beside grid-worker nor on PATH; set -fakebrowser")
+	}
+	return p, nil
+}
+
+func fakeLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
+	bin, err := findFakebrowser(cfg.Fakebrowser)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"-addr", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)), "-path", cfg.WSPath}
+	args = append(args, strings.Fields(cfg.FakeArgs)...)
+	return func(ctx context.Context) (*Browser, error) {
+		return startProcess(ctx, log, startOptions{
+			name:    bin,
+			args:    args,
+			timeout: cfg.StartTimeout,
+			probe:   func(u *url.URL) probe { return probe{httpURL: "http://" + dialAddr(u) + "/health"} },
+		})
+	}, nil
+}
