@@ -183,9 +183,14 @@ type ClaimRequest struct {
 	Pool   string
 	Policy Policy
 	// Limits apply to every policy; they are also written to the pool so
-	// that release and heartbeat scripts keep the indexes consistent.
+	// that release and heartbeat scripts keep the indexes consistent. All
+	// claims on a pool should use the same MaxConcurrent and MaxLifetime: a
+	// claim that brings different ones rebuilds the pool's indexes (O(N)).
 	Limits selection.Limits
-	// Vnode and FairShare carry the policy's parameters when it is chosen.
+	// Vnode and FairShare carry the policy's parameters when it is chosen;
+	// zero fields take selection's defaults (SetDefaults). The Limits
+	// embedded in them are ignored, except that a vnode claim whose
+	// Limits.MaxScan is 0 uses Vnode.MaxScan (default 16), seed 002's knob.
 	Vnode     selection.Vnode
 	FairShare selection.FairShare
 	// Rand supplies the random inputs (vnode pivots, jitter, tiebreak).

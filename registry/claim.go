@@ -2,14 +2,10 @@ package registry
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
-	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/selection"
-	"github.com/zeebo/xxh3"
 )
 
 // globalRand is math/rand/v2's goroutine-safe source (seeded from the
@@ -22,37 +18,12 @@ func (globalRand) IntN(n int) int { return rand.IntN(n) }
 // ringPositions returns a worker's V ring positions as 32 hex characters
 // each (seed 002: xxh3-128 of the id with seeds 0..V-1, big-endian).
 func ringPositions(id string, v int) []string {
-	out := make([]string, v)
-	for i := range v {
-		b := xxh3.Hash128Seed([]byte(id), uint64(i)).Bytes()
-		out[i] = hex.EncodeToString(b[:])
+	ps := selection.Positions(id, v)
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
 	}
 	return out
-}
-
-// vnodeDraw is the randomness of one vnode decision, drawn in Go in the order
-// of contracts/selection.md so a test can replay it.
-type vnodeDraw struct {
-	pivots   []string
-	jitter   []int
-	tiebreak uint64
-}
-
-func drawVnode(k, jitter int, r selection.Rand) vnodeDraw {
-	d := vnodeDraw{pivots: make([]string, k), jitter: make([]int, k)}
-	for i := range k {
-		var b [16]byte
-		binary.BigEndian.PutUint64(b[:8], r.Uint64())
-		binary.BigEndian.PutUint64(b[8:], r.Uint64())
-		d.pivots[i] = hex.EncodeToString(b[:])
-	}
-	for i := range k {
-		if jitter > 0 {
-			d.jitter[i] = r.IntN(jitter)
-		}
-	}
-	d.tiebreak = r.Uint64()
-	return d
 }
 
 // outcome is claim.lua's reply, decoded.
@@ -84,29 +55,24 @@ func (r *Registry) checkRequest(req *ClaimRequest) error {
 	case req.LeaseTTL < 0:
 		return fmt.Errorf("lease TTL %s is negative", req.LeaseTTL)
 	}
-	if req.Policy == Vnode {
-		if req.Vnode.Samples == 0 {
-			req.Vnode.Samples = 2
-			if req.Vnode.SlotJitter == 0 {
-				req.Vnode.SlotJitter = 4
-			}
+	switch req.Policy {
+	case Vnode:
+		// Seed 002's max_scan is a vnode knob: it applies when the request's
+		// Limits leave MaxScan at 0.
+		if req.Limits.MaxScan == 0 {
+			req.Limits.MaxScan = req.Vnode.MaxScan
 		}
-		if req.Vnode.Samples < 1 || req.Vnode.Samples > 8 {
-			return fmt.Errorf("vnode samples %d out of range 1-8", req.Vnode.Samples)
+		req.Vnode.Limits = req.Limits
+		req.Vnode.SetDefaults()
+		if err := req.Vnode.Validate(); err != nil {
+			return fmt.Errorf("vnode: %w", err)
 		}
-		if req.Vnode.SlotJitter < 0 || req.Vnode.SlotJitter > 64 {
-			return fmt.Errorf("vnode slot_jitter %d out of range 0-64", req.Vnode.SlotJitter)
-		}
-	}
-	if req.Policy == FairShare {
-		if req.FairShare.Window == 0 {
-			req.FairShare.Window = 20
-		}
-		if req.FairShare.Default == 0 {
-			req.FairShare.Default = 30 * time.Second
-		}
-		if req.FairShare.Window < 0 || req.FairShare.Default < 0 {
-			return fmt.Errorf("fair share window %d / default %s is negative", req.FairShare.Window, req.FairShare.Default)
+		req.Limits.MaxScan = req.Vnode.MaxScan
+	case FairShare:
+		req.FairShare.Limits = req.Limits
+		req.FairShare.SetDefaults()
+		if err := req.FairShare.Validate(); err != nil {
+			return fmt.Errorf("fair share: %w", err)
 		}
 	}
 	if req.LeaseTTL == 0 {
@@ -138,16 +104,18 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 		r.opts.DurationWindow, r.opts.LeaseSweep}
 	if req.Policy == Vnode {
 		k := req.Vnode.Samples
-		dr := drawVnode(k, req.Vnode.SlotJitter, req.Rand)
+		dr := req.Vnode.Draw(req.Rand)
 		args = append(args, k)
-		for _, p := range dr.pivots {
-			args = append(args, p)
+		for _, p := range dr.Pivots {
+			args = append(args, p.String())
 		}
-		for _, j := range dr.jitter {
+		for _, j := range dr.Jitter {
 			args = append(args, j)
 		}
+		// Lua numbers are doubles: pass Tiebreak % m for every tie count m
+		// rather than the 64-bit value.
 		for m := 1; m <= k; m++ {
-			args = append(args, dr.tiebreak%uint64(m))
+			args = append(args, dr.Tiebreak%uint64(m))
 		}
 	} else {
 		args = append(args, 0)

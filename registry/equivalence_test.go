@@ -1,0 +1,277 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/selection"
+	"github.com/redis/go-redis/v9"
+)
+
+// poolState is one random pool: workers with chosen figures and the limits
+// and policy parameters a claim brings.
+type poolState struct {
+	ws     []selection.Worker
+	v      map[string]int
+	limits selection.Limits
+	fs     selection.FairShare
+	vn     selection.Vnode
+	// storeCfg writes the limits before the workers, so the indexes are
+	// built incrementally (otherwise the first pick rebuilds them).
+	storeCfg bool
+}
+
+func randomState(rng *rand.Rand, now time.Time) poolState {
+	var st poolState
+	st.limits = selection.Limits{MaxConcurrent: rng.IntN(5), MaxScan: rng.IntN(7)}
+	if rng.IntN(4) > 0 {
+		st.limits.MaxLifetime = 3 + rng.IntN(30)
+	}
+	if rng.IntN(3) > 0 {
+		st.limits.StaleAfter = 10 * time.Second
+	}
+	st.fs = selection.FairShare{Window: 1 + rng.IntN(6), Median: rng.IntN(2) == 0, Default: time.Duration(1+rng.IntN(5000)) * time.Millisecond}
+	st.vn = selection.Vnode{Samples: 1 + rng.IntN(4), SlotJitter: []int{-1, 1, 2, 4}[rng.IntN(4)]}
+	st.storeCfg = rng.IntN(2) == 0
+	n := rng.IntN(14)
+	if rng.IntN(10) == 0 {
+		n = 20 + rng.IntN(40)
+	}
+	st.v = map[string]int{}
+	coarse := rng.IntN(2) == 0
+	if coarse {
+		st.fs.Default = time.Duration(1+rng.IntN(3)) * time.Second
+	}
+	for i := range n {
+		w := selection.Worker{ID: fmt.Sprintf("w%02d", rng.IntN(100)), Status: selection.Available}
+		if i%3 == 0 {
+			// ids with a shared prefix and odd bytes exercise the ID tiebreak
+			w.ID = fmt.Sprintf("w%d-%c", i, "aAz_~"[rng.IntN(5)])
+		}
+		if slices.ContainsFunc(st.ws, func(x selection.Worker) bool { return x.ID == w.ID }) {
+			continue
+		}
+		if rng.IntN(6) == 0 {
+			w.Status = selection.Draining
+		}
+		w.Capacity = rng.IntN(5)
+		w.Active = rng.IntN(6)
+		w.Lifetime = rng.IntN(35)
+		if rng.IntN(4) == 0 && st.limits.MaxLifetime > 0 {
+			w.Lifetime = st.limits.MaxLifetime - rng.IntN(3) // at, or just below, the limit
+		}
+		w.LastHeartbeat = now.Add(-time.Duration(rng.IntN(3000)) * time.Millisecond)
+		switch rng.IntN(5) {
+		case 0:
+			w.LastHeartbeat = now.Add(-time.Duration(10000+rng.IntN(3)) * time.Millisecond) // stale edge
+		case 1:
+			w.LastHeartbeat = now.Add(-time.Duration(20000+rng.IntN(50000)) * time.Millisecond)
+		}
+		switch rng.IntN(6) {
+		case 0:
+			w.SuspectUntil = now.Add(time.Duration(1+rng.IntN(5000)) * time.Millisecond)
+		case 1:
+			w.SuspectUntil = now.Add(-time.Duration(rng.IntN(5000)) * time.Millisecond) // suspicion over (or exactly now)
+		}
+		// Coarse values (whole seconds) in half the states make fair-share
+		// keys tie across the idle and busy indexes, so the ID tiebreak runs.
+		grain := 1
+		if coarse {
+			grain = 1000
+		}
+		for range rng.IntN(8) {
+			w.Durations = append(w.Durations, time.Duration(rng.IntN(4000/grain)*grain)*time.Millisecond)
+		}
+		switch rng.IntN(3) {
+		case 0:
+			w.PredictedEnd = now.Add(time.Duration(rng.IntN(8000/grain)*grain) * time.Millisecond)
+		case 1:
+			w.PredictedEnd = now.Add(-time.Duration(grain+rng.IntN(8000/grain)*grain) * time.Millisecond)
+		}
+		st.v[w.ID] = 1 + rng.IntN(6)
+		st.ws = append(st.ws, w)
+	}
+	return st
+}
+
+// write replaces the pool with the state.
+func (st poolState) write(t testing.TB, r *Registry, pool string, now time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	if err := r.rdb.Del(ctx, r.poolKeys(pool)...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := []any{"fs_window", st.fs.Window, "fs_median", map[bool]int{true: 1}[st.fs.Median], "fs_default_ms", st.fs.Default.Milliseconds()}
+	if st.storeCfg {
+		cfg = append(cfg, "max_concurrent", st.limits.MaxConcurrent, "max_lifetime", st.limits.MaxLifetime)
+	}
+	if err := r.rdb.HSet(ctx, r.Key(pool, keyConfig), cfg...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := scriptPut.Load(ctx, r.rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pipe := r.rdb.Pipeline()
+	var cmds []*redis.Cmd
+	for _, w := range st.ws {
+		cmds = append(cmds, putCmd(ctx, pipe, r, pool, w, st.v[w.ID], now))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatalf("writing the pool state: %v", err)
+	}
+	for _, c := range cmds {
+		if n, _ := c.Int(); n != 1 {
+			t.Fatalf("a worker did not parse: %v", c)
+		}
+	}
+}
+
+func putCmd(ctx context.Context, c redis.Scripter, r *Registry, pool string, w selection.Worker, v int, now time.Time) *redis.Cmd {
+	rec := map[string]any{
+		"id": w.ID, "browser": "chromium", "addr": "127.0.0.1:1", "path": "/p",
+		"status": string(w.Status), "gen": "g", "capacity": w.Capacity, "vnodes": v,
+		"heartbeat": toMS(w.LastHeartbeat), "registered": 1, "expires": int64(1) << 50,
+		"suspect_until": toMS(w.SuspectUntil), "predicted_end": toMS(w.PredictedEnd),
+	}
+	b, _ := json.Marshal(rec)
+	var durs []string
+	for _, d := range w.Durations {
+		durs = append(durs, fmt.Sprint(d.Milliseconds()))
+	}
+	args := []any{toMS(now), r.channel(pool), pool, w.ID, string(b), w.Active, w.Lifetime,
+		strings.Join(durs, ","), strings.Join(ringPositions(w.ID, v), " ")}
+	return scriptPut.EvalSha(ctx, c, r.poolKeys(pool), args...)
+}
+
+// expected is what the selection package decides on the same state.
+func (st poolState) expected(policy Policy, now time.Time, seed uint64) selection.Decision {
+	switch policy {
+	case LifetimeFirst:
+		return selection.LifetimeFirst{Limits: st.limits}.Select(st.ws, now)
+	case FairShare:
+		f := st.fs
+		f.Limits = st.limits
+		return f.Select(st.ws, now)
+	}
+	vn := st.vn
+	vn.Limits = st.limits
+	vn.SetDefaults()
+	ring := selection.NewRing()
+	byID := map[string]*selection.Worker{}
+	for i := range st.ws {
+		w := &st.ws[i]
+		byID[w.ID] = w
+		// The registry's ring holds the indexed workers (contract: the
+		// per-pool selection indexes keep exactly those).
+		if st.limits.Indexed(w) {
+			ring.Add(w.ID, st.v[w.ID])
+		}
+	}
+	draw := vn.Draw(rand.New(rand.NewPCG(seed, seed)))
+	return vn.Select(ring, func(id string) (*selection.Worker, bool) { w, ok := byID[id]; return w, ok }, draw, now)
+}
+
+func (st poolState) request(pool string, policy Policy, now time.Time, seed uint64) ClaimRequest {
+	return ClaimRequest{
+		Pool: pool, Policy: policy, Limits: st.limits, Vnode: st.vn, FairShare: st.fs,
+		Rand: rand.New(rand.NewPCG(seed, seed)), Now: now, LeaseTTL: time.Minute, Holder: "equivalence",
+	}
+}
+
+func sameDecision(a, b selection.Decision) bool {
+	return a.ID == b.ID && a.OK == b.OK && slices.Equal(a.Stale, b.Stale) && a.Scanned == b.Scanned &&
+		a.Wraps == b.Wraps && a.Effective == b.Effective && a.Dedupes == b.Dedupes && a.TiedMin == b.TiedMin
+}
+
+func describe(st poolState, now time.Time) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "limits %+v fs %+v vnode %+v storeCfg %v\n", st.limits, st.fs, st.vn, st.storeCfg)
+	for _, w := range st.ws {
+		fmt.Fprintf(&b, "  %s %s cap=%d active=%d life=%d hbAge=%dms suspect=%dms pend=%dms durs=%v v=%d\n",
+			w.ID, w.Status, w.Capacity, w.Active, w.Lifetime, now.Sub(w.LastHeartbeat).Milliseconds(),
+			ms(w.SuspectUntil.Sub(now)), ms(w.PredictedEnd.Sub(now)), w.Durations, st.v[w.ID])
+	}
+	return b.String()
+}
+
+// For thousands of random pool states the scripts choose exactly what the
+// selection package chooses, with the same scan figures, and a claim moves
+// the chosen worker's figures as the contract says.
+func TestEquivalenceWithSelection(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{NoStaleExpiry: true})
+	states := 2000
+	if testing.Short() {
+		states = 300
+	}
+	rng := rand.New(rand.NewPCG(42, 7))
+	now := time.UnixMilli(1_700_000_000_000)
+	policies := []Policy{LifetimeFirst, Vnode, FairShare}
+	tally := map[string]int{}
+	for i := range states {
+		st := randomState(rng, now)
+		st.write(t, r, "eq", now)
+		for _, p := range policies {
+			seed := rng.Uint64()
+			want := st.expected(p, now, seed)
+			_, got, err := r.Pick(ctx, st.request("eq", p, now, seed))
+			if err != nil && want.OK {
+				t.Fatalf("state %d %s: Pick error %v, selection chose %+v\n%s", i, p, err, want, describe(st, now))
+			}
+			if !sameDecision(got, want) {
+				t.Fatalf("state %d %s:\n registry  %+v\n selection %+v\n%s", i, p, got, want, describe(st, now))
+			}
+			tally[fmt.Sprintf("%s ok=%v", p, want.OK)]++
+			if len(want.Stale) > 0 {
+				tally[string(p)+" stale reported"]++
+			}
+			if want.TiedMin {
+				tally["vnode tied"]++
+			}
+		}
+		// Claim with one policy and check its effects.
+		p := policies[i%3]
+		seed := rng.Uint64()
+		want := st.expected(p, now, seed)
+		c, err := r.Claim(ctx, st.request("eq", p, now, seed))
+		if !want.OK {
+			if err == nil {
+				t.Fatalf("state %d %s: claimed %s where selection found none", i, p, c.Worker.ID)
+			}
+			continue
+		}
+		if err != nil || !sameDecision(c.Decision, want) {
+			t.Fatalf("state %d %s: claim %+v %v, selection %+v\n%s", i, p, c, err, want, describe(st, now))
+		}
+		w := st.ws[slices.IndexFunc(st.ws, func(x selection.Worker) bool { return x.ID == want.ID })]
+		fs := st.fs
+		wantEnd := fs.Claimed(&w, now)
+		drain := st.limits.MaxLifetime > 0 && w.Lifetime+1 >= st.limits.MaxLifetime
+		got, err := r.Worker(ctx, "eq", want.ID)
+		// The command's expiry is claim time (the test's clock) + CommandTTL.
+		cmd, _ := r.rdb.HGet(ctx, r.Key("eq", keyCommands), want.ID).Result()
+		wantCmd := ""
+		if drain {
+			wantCmd = fmt.Sprintf("shutdown|%d", now.Add(defaultCommandTTL).UnixMilli())
+		}
+		if err != nil || got.Active != w.Active+1 || got.Lifetime != w.Lifetime+1 || !got.PredictedEnd.Equal(wantEnd) ||
+			c.Drain != drain || cmd != wantCmd || c.Worker.Active != w.Active+1 {
+			t.Fatalf("state %d %s: after the claim %+v (drain %v), want active %d lifetime %d end %s drain %v\n%s",
+				i, p, got, c.Drain, w.Active+1, w.Lifetime+1, wantEnd, drain, describe(st, now))
+		}
+		tally["claims checked"]++
+	}
+	t.Logf("%d states: %v", states, tally)
+	for _, k := range []string{"lifetime_first ok=true", "lifetime_first ok=false", "vnode ok=true", "vnode ok=false",
+		"fair_share ok=true", "fair_share ok=false", "vnode tied", "lifetime_first stale reported", "claims checked"} {
+		if tally[k] == 0 {
+			t.Errorf("the random states never produced %q: the test does not cover it", k)
+		}
+	}
+}
