@@ -1,0 +1,314 @@
+package caddygrid
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/browsergrid/caddy-browser-grid/selection"
+)
+
+func init() {
+	caddy.RegisterModule(AdminAPI{})
+}
+
+// adminTimeout bounds the Redis work of one admin request.
+const adminTimeout = 5 * time.Second
+
+// AdminAPI serves the grid's routes on Caddy's admin endpoint:
+//
+//	GET  /grid/pools                          every pool with its totals
+//	GET  /grid/pools/{pool}                   every worker of a pool
+//	POST /grid/pools/{pool}/workers/{id}/drain  set a worker's shutdown command
+//	GET  /grid/pools/{pool}/pick[?policy=…]   what a claim would choose now (claims nothing)
+//
+// Errors are caddy.APIError JSON ({"error": "…"}).
+type AdminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (AdminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.grid",
+		New: func() caddy.Module { return new(AdminAPI) },
+	}
+}
+
+// Routes returns the admin routes of the grid.
+func (AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: "/grid/", Handler: caddy.AdminHandlerFunc(serveAdmin)}}
+}
+
+// PoolSummary is one pool in GET /grid/pools.
+type PoolSummary struct {
+	Pool string `json:"pool"`
+	// Workers registered, and how many of them are available or draining.
+	Workers   int `json:"workers"`
+	Available int `json:"available"`
+	Draining  int `json:"draining"`
+	// Active is the sum of the workers' live sessions.
+	Active int `json:"active"`
+	// Capacity is the sum of the available workers' caps (the smaller of
+	// max_concurrent and the worker's capacity); Uncapped counts
+	// available workers without any cap (not in Capacity).
+	Capacity int `json:"capacity"`
+	Uncapped int `json:"uncapped,omitempty"`
+	// Leases is the number of live leases in Redis (all Caddy instances).
+	Leases int `json:"leases"`
+	// QueueDepth is the number of requests waiting in this instance.
+	QueueDepth int `json:"queue_depth"`
+	// LocalSessions is the number of live sessions this instance holds.
+	LocalSessions int `json:"local_sessions"`
+}
+
+// WorkerStatus is one worker in GET /grid/pools/{pool}.
+type WorkerStatus struct {
+	ID       string `json:"id"`
+	Endpoint string `json:"endpoint"`
+	Addr     string `json:"addr"`
+	Path     string `json:"path"`
+	Status   string `json:"status"`
+	Active   int    `json:"active"`
+	Lifetime int    `json:"lifetime"`
+	// Capacity is the worker's own registered capacity (0: none).
+	Capacity int `json:"capacity"`
+	// HeartbeatAge is the time since the last heartbeat, e.g. "1.2s";
+	// HeartbeatAgeMS the same in milliseconds.
+	HeartbeatAge   string `json:"heartbeat_age"`
+	HeartbeatAgeMS int64  `json:"heartbeat_age_ms"`
+	SuspectUntil   string `json:"suspect_until,omitempty"`
+	Command        string `json:"command,omitempty"`
+}
+
+// PoolDetail is GET /grid/pools/{pool}.
+type PoolDetail struct {
+	PoolSummary
+	MaxConcurrent  int            `json:"max_concurrent"`
+	MaxLifetime    int            `json:"max_lifetime"`
+	WorkerStatuses []WorkerStatus `json:"workers"`
+	BadRecords     []BadRecordOut `json:"bad_records,omitempty"`
+}
+
+// BadRecordOut is a worker record that does not parse.
+type BadRecordOut struct {
+	ID    string `json:"id"`
+	Error string `json:"error"`
+}
+
+// PickResult is GET /grid/pools/{pool}/pick.
+type PickResult struct {
+	Pool   string        `json:"pool"`
+	Policy string        `json:"policy"`
+	Worker *WorkerStatus `json:"worker"`
+	// Scanned, Stale: what the decision walked past.
+	Scanned int      `json:"scanned"`
+	Stale   []string `json:"stale,omitempty"`
+}
+
+func apiError(code int, err error) error {
+	return caddy.APIError{HTTPStatus: code, Err: err}
+}
+
+func serveAdmin(w http.ResponseWriter, r *http.Request) error {
+	a := current.Load()
+	if a == nil || a.backend == nil {
+		return apiError(http.StatusServiceUnavailable, errors.New("no grid app is running"))
+	}
+	parts := strings.Split(strings.Trim(strings.TrimPrefix(r.URL.Path, "/grid/"), "/"), "/")
+	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
+	defer cancel()
+	switch {
+	case len(parts) == 1 && parts[0] == "pools":
+		if r.Method != http.MethodGet {
+			return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use GET", r.Method))
+		}
+		return a.adminPools(ctx, w)
+	case len(parts) >= 2 && parts[0] == "pools":
+		pool := parts[1]
+		if !validPoolName(pool) {
+			return apiError(http.StatusBadRequest, fmt.Errorf("invalid pool name %q", pool))
+		}
+		switch {
+		case len(parts) == 2:
+			if r.Method != http.MethodGet {
+				return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use GET", r.Method))
+			}
+			return a.adminPool(ctx, w, pool)
+		case len(parts) == 3 && parts[2] == "pick":
+			if r.Method != http.MethodGet {
+				return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use GET", r.Method))
+			}
+			return a.adminPick(ctx, w, pool, r.URL.Query().Get("policy"))
+		case len(parts) == 5 && parts[2] == "workers" && parts[4] == "drain":
+			if r.Method != http.MethodPost {
+				return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use POST", r.Method))
+			}
+			return a.adminDrain(ctx, w, pool, parts[3])
+		}
+	}
+	return apiError(http.StatusNotFound, fmt.Errorf("no grid admin route %s %s", r.Method, r.URL.Path))
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func redisError(what string, err error) error {
+	metrics.redisErrors.WithLabelValues("admin").Inc()
+	return apiError(http.StatusServiceUnavailable, fmt.Errorf("%s: %w", what, err))
+}
+
+// summarize totals a pool.
+func (a *App) summarize(info registry.PoolInfo) PoolSummary {
+	s := PoolSummary{Pool: info.Pool, Workers: len(info.Workers), Leases: info.Leases,
+		QueueDepth: a.backend.queueDepth(info.Pool), LocalSessions: a.backend.liveLeases()[info.Pool]}
+	for _, w := range info.Workers {
+		s.Active += w.Active
+		switch w.Status {
+		case selection.Available:
+			s.Available++
+			snap := w.Snapshot()
+			if c := info.Limits.Cap(&snap); c > 0 {
+				s.Capacity += c
+			} else {
+				s.Uncapped++
+			}
+		case selection.Draining:
+			s.Draining++
+		}
+	}
+	return s
+}
+
+func (a *App) adminPools(ctx context.Context, w http.ResponseWriter) error {
+	pools, err := a.backend.reg.Pools(ctx)
+	if err != nil {
+		return redisError("listing pools", err)
+	}
+	out := make([]PoolSummary, 0, len(pools))
+	for _, p := range pools {
+		info, err := a.backend.reg.Inspect(ctx, p)
+		if err != nil {
+			return redisError(fmt.Sprintf("reading pool %q", p), err)
+		}
+		out = append(out, a.summarize(info))
+	}
+	return writeJSON(w, out)
+}
+
+func workerStatus(wi registry.WorkerInfo, now time.Time) WorkerStatus {
+	age := now.Sub(wi.LastHeartbeat)
+	if wi.LastHeartbeat.IsZero() || age < 0 {
+		age = 0
+	}
+	ws := WorkerStatus{
+		ID: wi.ID, Addr: wi.Addr, Path: wi.Path, Endpoint: "ws://" + wi.Addr + wi.Path,
+		Status: string(wi.Status), Active: wi.Active, Lifetime: wi.Lifetime, Capacity: wi.Capacity,
+		HeartbeatAge: age.Round(time.Millisecond).String(), HeartbeatAgeMS: age.Milliseconds(),
+		Command: string(wi.Command),
+	}
+	if wi.SuspectUntil.After(now) {
+		ws.SuspectUntil = wi.SuspectUntil.UTC().Format(time.RFC3339Nano)
+	}
+	return ws
+}
+
+func (a *App) adminPool(ctx context.Context, w http.ResponseWriter, pool string) error {
+	info, err := a.backend.reg.Inspect(ctx, pool)
+	if err != nil {
+		return redisError(fmt.Sprintf("reading pool %q", pool), err)
+	}
+	if len(info.Workers) == 0 && len(info.BadRecords) == 0 {
+		pools, err := a.backend.reg.Pools(ctx)
+		if err != nil {
+			return redisError("listing pools", err)
+		}
+		known := false
+		for _, p := range pools {
+			known = known || p == pool
+		}
+		if !known {
+			return apiError(http.StatusNotFound, fmt.Errorf("pool %q has no workers and never had any", pool))
+		}
+	}
+	now := time.Now()
+	d := PoolDetail{
+		PoolSummary:    a.summarize(info),
+		MaxConcurrent:  info.Limits.MaxConcurrent,
+		MaxLifetime:    info.Limits.MaxLifetime,
+		WorkerStatuses: make([]WorkerStatus, 0, len(info.Workers)),
+	}
+	for _, wi := range info.Workers {
+		d.WorkerStatuses = append(d.WorkerStatuses, workerStatus(wi, now))
+	}
+	for _, b := range info.BadRecords {
+		d.BadRecords = append(d.BadRecords, BadRecordOut{ID: b.ID, Error: b.Err})
+	}
+	return writeJSON(w, d)
+}
+
+func (a *App) adminDrain(ctx context.Context, w http.ResponseWriter, pool, id string) error {
+	if err := a.backend.reg.Drain(ctx, pool, id); err != nil {
+		if errors.Is(err, registry.ErrNotRegistered) {
+			return apiError(http.StatusNotFound, fmt.Errorf("worker %q is not registered in pool %q", id, pool))
+		}
+		return redisError(fmt.Sprintf("draining worker %q of pool %q", id, pool), err)
+	}
+	a.logger.Info("worker told to drain through the admin API",
+		zap.String("pool", pool), zap.String("worker_id", id))
+	return writeJSON(w, map[string]string{"pool": pool, "worker_id": id, "command": string(registry.CommandShutdown)})
+}
+
+// adminPick asks the registry what a claim would choose now, with the
+// request of this instance's last claim in the pool (its policy and
+// limits), or lifetime_first with the pool's stored limits.
+func (a *App) adminPick(ctx context.Context, w http.ResponseWriter, pool, policy string) error {
+	a.backend.mu.Lock()
+	req, ok := a.backend.lastPick[pool]
+	a.backend.mu.Unlock()
+	if !ok {
+		info, err := a.backend.reg.Inspect(ctx, pool)
+		if err != nil {
+			return redisError(fmt.Sprintf("reading pool %q", pool), err)
+		}
+		req = registry.ClaimRequest{Pool: pool, Policy: registry.LifetimeFirst, Limits: info.Limits}
+		req.Limits.StaleAfter = time.Duration(a.StaleThreshold)
+	}
+	switch policy {
+	case "":
+	case policyLifetimeFirst, policyVnode, policyFairShare:
+		if registry.Policy(policy) != req.Policy {
+			req.Policy = registry.Policy(policy)
+			req.Vnode = selection.Vnode{Limits: req.Limits}
+			req.Vnode.SetDefaults()
+			req.FairShare = selection.FairShare{Limits: req.Limits}
+			req.FairShare.SetDefaults()
+		}
+	default:
+		return apiError(http.StatusBadRequest, fmt.Errorf("unknown policy %q: use lifetime_first, vnode or fair_share", policy))
+	}
+	wi, dec, err := a.backend.reg.Pick(ctx, req)
+	out := PickResult{Pool: pool, Policy: string(req.Policy), Scanned: dec.Scanned, Stale: dec.Stale}
+	switch {
+	case err == nil:
+		ws := workerStatus(wi, time.Now())
+		out.Worker = &ws
+	case errors.Is(err, registry.ErrNoWorker):
+	default:
+		return redisError(fmt.Sprintf("picking in pool %q", pool), err)
+	}
+	return writeJSON(w, out)
+}
+
+// Interface guards
+var _ caddy.AdminRouter = (*AdminAPI)(nil)

@@ -1,0 +1,286 @@
+package caddygrid
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"go.uber.org/zap"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+func init() {
+	caddy.RegisterModule(new(App))
+	httpcaddyfile.RegisterGlobalOption("grid", parseGlobalOption)
+}
+
+// Defaults of the grid app.
+const (
+	// DefaultRedis is the Redis the grid uses when none is configured.
+	DefaultRedis = "redis://127.0.0.1:6379/0"
+	// defaultLeaseTTL is how long a session's lease lives unless renewed.
+	defaultLeaseTTL = 30 * time.Second
+	// DefaultStaleThreshold is the heartbeat age past which a worker is
+	// neither selected nor kept (seed 003: 30s).
+	DefaultStaleThreshold = 30 * time.Second
+	// DefaultReaperInterval is how often each Caddy instance's reaper runs.
+	DefaultReaperInterval = 10 * time.Second
+)
+
+// current is the grid app of the running config, for the admin API (whose
+// routes are set up before the apps of a new config are provisioned).
+var current atomic.Pointer[App]
+
+// App is the grid app (`grid` global option). It owns the Redis client,
+// shared with every other grid app naming the same Redis through a
+// caddy.UsagePool so that it survives config reloads; it renews the
+// leases of this instance's live sessions, runs the reaper, and serves
+// the admin routes. The browser_grid handler and the grid selection
+// policies load it; a config that uses them without a `grid` option gets
+// the defaults.
+type App struct {
+	// Redis is the URL of the grid's Redis: redis://[user:password@]host:port/db,
+	// rediss:// for TLS, redis+cluster://host1:port1,host2:port2 for Redis
+	// Cluster, unix:///path. Placeholders such as {env.REDIS_URL} are
+	// expanded when the config loads. Default: redis://127.0.0.1:6379/0.
+	Redis string `json:"redis,omitempty"`
+	// Prefix of every Redis key of the grid. Default: "grid".
+	Prefix string `json:"prefix,omitempty"`
+	// LeaseTTL is how long a live session's lease lasts unless renewed;
+	// this instance renews its leases every lease_ttl/3. When a Caddy
+	// instance dies, its sessions' slots free themselves after at most
+	// this long. Default: 30s.
+	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
+	// StaleThreshold is the heartbeat age past which a worker is not
+	// selected and the reaper removes it. Keep it above the workers'
+	// heartbeat interval. Default: 30s.
+	StaleThreshold caddy.Duration `json:"stale_threshold,omitempty"`
+	// ReaperInterval is how often this instance's reaper removes stale
+	// workers and expired leases. Reapers on many instances are safe.
+	// Default: 10s.
+	ReaperInterval caddy.Duration `json:"reaper_interval,omitempty"`
+	// DisableReaper turns this instance's reaper off (another process
+	// runs one). Default: false.
+	DisableReaper bool `json:"disable_reaper,omitempty"`
+
+	backend *backend
+	logger  *zap.Logger
+
+	mu         sync.Mutex
+	stopReaper context.CancelFunc
+	reaperDone chan struct{}
+}
+
+// CaddyModule returns the Caddy module information.
+func (*App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "grid",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// gridApp returns the grid app of the config being provisioned, loading
+// it with the defaults when the config has no `grid` option.
+func gridApp(ctx caddy.Context) (*App, error) {
+	v, err := ctx.App("grid")
+	if err != nil {
+		return nil, fmt.Errorf("loading the grid app: %w", err)
+	}
+	return v.(*App), nil
+}
+
+// Provision fills the defaults, expands placeholders in the Redis URL,
+// and takes a reference on the backend for that Redis (creating the
+// client does no network I/O; `caddy validate` runs this too).
+func (a *App) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger()
+	if a.Redis == "" {
+		a.Redis = DefaultRedis
+	}
+	if a.Prefix == "" {
+		a.Prefix = "grid"
+	}
+	if a.LeaseTTL == 0 {
+		a.LeaseTTL = caddy.Duration(defaultLeaseTTL)
+	}
+	if a.StaleThreshold == 0 {
+		a.StaleThreshold = caddy.Duration(DefaultStaleThreshold)
+	}
+	if a.ReaperInterval == 0 {
+		a.ReaperInterval = caddy.Duration(DefaultReaperInterval)
+	}
+	if err := a.validate(); err != nil {
+		return err
+	}
+	url := caddy.NewReplacer().ReplaceAll(a.Redis, "")
+	if strings.TrimSpace(url) == "" {
+		return fmt.Errorf("grid: redis URL %q is empty after expanding placeholders", a.Redis)
+	}
+	b, err := loadBackend(backendKey{url: url, prefix: a.Prefix}, a.logger)
+	if err != nil {
+		return fmt.Errorf("grid: %w", err)
+	}
+	a.backend = b
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("grid: registering metrics: %w", err)
+	}
+	return nil
+}
+
+func (a *App) validate() error {
+	switch {
+	case a.LeaseTTL < caddy.Duration(time.Second):
+		return fmt.Errorf("grid: lease_ttl %s: must be at least 1s", time.Duration(a.LeaseTTL))
+	case a.StaleThreshold < 0:
+		return fmt.Errorf("grid: stale_threshold %s: must be more than 0", time.Duration(a.StaleThreshold))
+	case a.ReaperInterval < 0:
+		return fmt.Errorf("grid: reaper_interval %s: must be more than 0", time.Duration(a.ReaperInterval))
+	}
+	return nil
+}
+
+// Start begins the background work: the lease keeper of the backend (once
+// per Redis, for as long as anything uses it) and this app's reaper.
+func (a *App) Start() error {
+	a.backend.configure(time.Duration(a.LeaseTTL))
+	a.backend.start()
+	if !a.DisableReaper {
+		a.startReaper()
+	}
+	current.Store(a)
+	a.logger.Info("grid started",
+		zap.String("redis", a.backend.redacted),
+		zap.String("prefix", a.Prefix),
+		zap.Duration("lease_ttl", time.Duration(a.LeaseTTL)),
+		zap.Duration("stale_threshold", time.Duration(a.StaleThreshold)),
+		zap.Bool("reaper", !a.DisableReaper))
+	return nil
+}
+
+// Stop ends this app's reaper. Live sessions are not touched: their
+// leases stay with the backend, which the next config's app (or the
+// sessions themselves) keep alive.
+func (a *App) Stop() error {
+	current.CompareAndSwap(a, nil)
+	a.mu.Lock()
+	stop, done := a.stopReaper, a.reaperDone
+	a.stopReaper, a.reaperDone = nil, nil
+	a.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
+	return nil
+}
+
+// Cleanup gives back the app's reference on the backend.
+func (a *App) Cleanup() error {
+	if a.backend != nil {
+		a.backend.drop()
+		a.backend = nil
+	}
+	return nil
+}
+
+// Registry is the registry over the app's Redis (for the admin API and
+// the 'caddy grid' command).
+func (a *App) Registry() *registry.Registry { return a.backend.reg }
+
+// parseGlobalOption sets up the grid app from the `grid` global option.
+// Syntax:
+//
+//	grid {
+//	    redis           <url>
+//	    prefix          <prefix>
+//	    lease_ttl       <duration>
+//	    stale_threshold <duration>
+//	    reaper_interval <duration>|off
+//	}
+func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	if existing != nil {
+		return nil, d.Err("grid option already specified")
+	}
+	a := new(App)
+	if err := a.UnmarshalCaddyfile(d); err != nil {
+		return nil, err
+	}
+	return httpcaddyfile.App{Name: "grid", Value: caddyconfig.JSON(a, nil)}, nil
+}
+
+// UnmarshalCaddyfile sets up the app from Caddyfile tokens (the body of
+// the `grid` global option).
+func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume option name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if seen[name] {
+			return d.Errf("%s already specified", name)
+		}
+		seen[name] = true
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		val := d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		switch name {
+		case "redis":
+			if !strings.Contains(val, "{") && !strings.Contains(val, "://") {
+				return d.Errf("invalid redis '%s': want a URL such as redis://host:6379/0", registry.RedactURL(val))
+			}
+			a.Redis = val
+		case "prefix":
+			if strings.ContainsAny(val, "{}: ") {
+				return d.Errf("invalid prefix '%s': must not contain braces, colons or spaces", val)
+			}
+			a.Prefix = val
+		case "lease_ttl", "stale_threshold", "reaper_interval":
+			if name == "reaper_interval" && val == "off" {
+				a.DisableReaper = true
+				continue
+			}
+			dur, err := caddy.ParseDuration(val)
+			if err != nil {
+				return d.Errf("invalid %s '%s': %v", name, val, err)
+			}
+			if dur <= 0 {
+				return d.Errf("invalid %s '%s': must be more than 0", name, val)
+			}
+			if name == "lease_ttl" && dur < time.Second {
+				return d.Errf("invalid lease_ttl '%s': must be at least 1s", val)
+			}
+			switch name {
+			case "lease_ttl":
+				a.LeaseTTL = caddy.Duration(dur)
+			case "stale_threshold":
+				a.StaleThreshold = caddy.Duration(dur)
+			default:
+				a.ReaperInterval = caddy.Duration(dur)
+			}
+		default:
+			return d.Errf("unrecognized grid option '%s'", name)
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.App             = (*App)(nil)
+	_ caddy.Provisioner     = (*App)(nil)
+	_ caddy.CleanerUpper    = (*App)(nil)
+	_ caddyfile.Unmarshaler = (*App)(nil)
+)

@@ -1,0 +1,479 @@
+package caddygrid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// backends holds one backend per Redis URL and key prefix. Every grid app
+// that names the same Redis, and every live session claimed through it,
+// holds a reference, so a config reload (Caddy provisions the new config
+// before it stops the old one) keeps the same Redis client, the same live
+// leases and the same waiters, and a session that outlives its config can
+// still release its claim.
+var backends = caddy.NewUsagePool()
+
+// backendKey identifies a backend. url holds credentials: never log it.
+type backendKey struct {
+	url    string
+	prefix string
+}
+
+// errBackendGone is what a session gets when it tries to take a reference
+// on a backend that has already been destroyed.
+var errBackendGone = errors.New("grid backend no longer in use")
+
+// Timing of the work a backend does in the background.
+const (
+	// safetyPoll is how often the head of a queue tries again without a
+	// wake-up, for the slots no event announces (a suspect worker's
+	// penalty ending, a heartbeat making a worker fresh again, a lost
+	// pub/sub message while Redis restarted).
+	safetyPoll = time.Second
+	// suspectFor is how long a worker that failed a dial or an upgrade is
+	// skipped by every Caddy instance.
+	suspectFor = 5 * time.Second
+	// redisCallTimeout bounds a release, undo, renewal or expiry call.
+	redisCallTimeout = 5 * time.Second
+	// claimCallTimeout bounds one select-and-claim call, so that an
+	// unreachable Redis answers 503 quickly rather than at select_timeout.
+	claimCallTimeout = 2 * time.Second
+)
+
+// backend is everything one Redis gives the grid inside this process: the
+// client, the registry over it, the leases of the sessions this process
+// holds, the queues of waiting requests and their wake-up subscriptions.
+type backend struct {
+	key      backendKey
+	redacted string
+	rdb      redis.UniversalClient
+	reg      *registry.Registry
+	holder   string
+	logger   *zap.Logger
+
+	// leaseTTL (nanoseconds) is the lease_ttl of the most recently
+	// started grid app using this backend.
+	leaseTTL atomic.Int64
+
+	mu       sync.Mutex
+	leases   map[string]map[string]struct{} // pool → lease IDs held by this process
+	queues   map[string]*waitQueue
+	watching map[string]bool // pools with a wake-up subscription
+	recent   map[string]time.Time
+	lastPick map[string]registry.ClaimRequest // pool → the last claim's request, for admin picks
+
+	// ctx ends when the last reference goes (Destruct); the background
+	// work started by start runs until then.
+	ctx      context.Context
+	cancel   context.CancelFunc
+	startMu sync.Once
+	wg      sync.WaitGroup
+}
+
+// loadBackend returns the backend for key, creating it (no network I/O:
+// the Redis client connects lazily) when this is its first user. Every
+// successful call must be matched by one backends.Delete(key).
+func loadBackend(key backendKey, logger *zap.Logger) (*backend, error) {
+	v, _, err := backends.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return newBackend(key, logger)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*backend), nil
+}
+
+func newBackend(key backendKey, logger *zap.Logger) (*backend, error) {
+	rdb, err := registry.NewClient(key.url)
+	if err != nil {
+		return nil, fmt.Errorf("creating Redis client for %s: %w", registry.RedactURL(key.url), err)
+	}
+	host, _ := os.Hostname()
+	b := &backend{
+		key:      key,
+		redacted: registry.RedactURL(key.url),
+		rdb:      rdb,
+		holder:   host + ":" + strconv.Itoa(os.Getpid()) + ":" + strconv.FormatUint(rand.Uint64()&0xffffff, 16),
+		logger:   logger.With(zap.String("redis", registry.RedactURL(key.url))),
+		leases:   map[string]map[string]struct{}{},
+		queues:   map[string]*waitQueue{},
+		watching: map[string]bool{},
+		recent:   map[string]time.Time{},
+		lastPick: map[string]registry.ClaimRequest{},
+	}
+	b.reg = registry.New(rdb, registry.Options{Prefix: key.prefix, OnBadRecord: b.badRecord})
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.leaseTTL.Store(int64(defaultLeaseTTL))
+	return b, nil
+}
+
+// retain takes one more reference on the backend for a live session and
+// returns the backend to use: the same one, or, when this one was already
+// destroyed and a new config created another for the same Redis, that one.
+func (b *backend) retain() (*backend, error) {
+	v, _, err := backends.LoadOrNew(b.key, func() (caddy.Destructor, error) { return nil, errBackendGone })
+	if err != nil {
+		return nil, err
+	}
+	return v.(*backend), nil
+}
+
+// drop gives back a reference taken by loadBackend or retain.
+func (b *backend) drop() {
+	if _, err := backends.Delete(b.key); err != nil {
+		b.logger.Error("closing grid backend", zap.Error(err))
+	}
+}
+
+// Destruct closes the client when the last user is gone.
+func (b *backend) Destruct() error {
+	b.cancel()
+	b.wg.Wait()
+	if err := b.rdb.Close(); err != nil {
+		return fmt.Errorf("closing Redis client for %s: %w", b.redacted, err)
+	}
+	return nil
+}
+
+// configure adopts the lease TTL of the grid app that was started last.
+func (b *backend) configure(leaseTTL time.Duration) {
+	b.leaseTTL.Store(int64(leaseTTL))
+}
+
+// start launches the lease keeper once per backend (from an app's Start,
+// never from Provision); it stops when the backend is destroyed. Stale
+// workers a claim walks past are expired by the registry itself.
+func (b *backend) start() {
+	b.startMu.Do(func() {
+		b.wg.Add(1)
+		go b.keepLeases()
+	})
+}
+
+// badRecord reports a worker record that does not parse, at most once a
+// minute per worker.
+func (b *backend) badRecord(pool, id string, err error) {
+	k := pool + "\x00" + id
+	b.mu.Lock()
+	last, seen := b.recent[k]
+	now := time.Now()
+	if seen && now.Sub(last) < time.Minute {
+		b.mu.Unlock()
+		return
+	}
+	if len(b.recent) > 10000 {
+		clear(b.recent)
+	}
+	b.recent[k] = now
+	b.mu.Unlock()
+	b.logger.Warn("skipping a worker record that does not parse",
+		zap.String("pool", pool), zap.String("worker_id", id), zap.Error(err))
+}
+
+// claim runs one select-and-claim and keeps the books: the lease joins
+// those this process renews, and the metrics count the decision.
+func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples int) (*registry.Claim, error) {
+	policy := string(req.Policy)
+	req.Holder = b.holder
+	req.LeaseTTL = time.Duration(b.leaseTTL.Load())
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
+	c, err := b.reg.Claim(cctx, req)
+	cancel()
+	metrics.selectDuration.WithLabelValues(req.Pool, policy).Observe(time.Since(start).Seconds())
+	var nw *registry.NoWorkerError
+	switch {
+	case err == nil:
+		metrics.selections.WithLabelValues(req.Pool, policy).Inc()
+		metrics.activeSessions.WithLabelValues(req.Pool).Inc()
+		observeDecision(req.Pool, policy, samples, c.Decision)
+		b.mu.Lock()
+		ls := b.leases[req.Pool]
+		if ls == nil {
+			ls = map[string]struct{}{}
+			b.leases[req.Pool] = ls
+		}
+		ls[c.LeaseID] = struct{}{}
+		b.lastPick[req.Pool] = req
+		b.mu.Unlock()
+		if c.Drain {
+			metrics.drains.WithLabelValues(req.Pool).Inc()
+			b.logger.Info("worker reached max_lifetime; shutdown command set",
+				zap.String("pool", req.Pool), zap.String("worker_id", c.Worker.ID),
+				zap.Int("lifetime", c.Worker.Lifetime))
+		}
+		return c, nil
+	case errors.As(err, &nw):
+		metrics.noWorker.WithLabelValues(req.Pool, policy).Inc()
+		observeDecision(req.Pool, policy, samples, nw.Decision)
+		b.mu.Lock()
+		b.lastPick[req.Pool] = req
+		b.mu.Unlock()
+		return nil, err
+	case errors.Is(err, registry.ErrNoWorker):
+		metrics.noWorker.WithLabelValues(req.Pool, policy).Inc()
+		return nil, err
+	default:
+		metrics.redisErrors.WithLabelValues("claim").Inc()
+		return nil, err
+	}
+}
+
+// finish ends a claim: Release when the session was served (the lifetime
+// it used stays counted), Undo when it never started (active and lifetime
+// given back; suspect marks the worker as failing for a few seconds).
+// A failed call is logged and not retried: this process stops renewing
+// the lease, so Redis frees the slot within one lease TTL anyway.
+func (b *backend) finish(c *registry.Claim, served, suspect bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
+	defer cancel()
+	var err error
+	outcome := "released"
+	if served {
+		err = b.reg.Release(ctx, c.Pool, c.LeaseID)
+	} else {
+		outcome = "undone"
+		var d time.Duration
+		if suspect {
+			d = suspectFor
+		}
+		err = b.reg.Undo(ctx, c.Pool, c.LeaseID, d)
+	}
+	b.mu.Lock()
+	delete(b.leases[c.Pool], c.LeaseID)
+	b.mu.Unlock()
+	metrics.activeSessions.WithLabelValues(c.Pool).Dec()
+	metrics.releases.WithLabelValues(c.Pool, outcome).Inc()
+	if err != nil {
+		op := "release"
+		if !served {
+			op = "undo"
+		}
+		metrics.redisErrors.WithLabelValues(op).Inc()
+		b.logger.Error("could not end claim; its lease expires by itself",
+			zap.String("op", op), zap.String("pool", c.Pool), zap.String("worker_id", c.Worker.ID),
+			zap.Duration("lease_ttl", time.Duration(b.leaseTTL.Load())), zap.Error(err))
+		return
+	}
+	if ce := b.logger.Check(zapcore.DebugLevel, "claim ended"); ce != nil {
+		ce.Write(zap.String("outcome", outcome), zap.String("pool", c.Pool),
+			zap.String("worker_id", c.Worker.ID))
+	}
+}
+
+// liveLeases counts the leases this process holds, by pool.
+func (b *backend) liveLeases() map[string]int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make(map[string]int, len(b.leases))
+	for pool, ls := range b.leases {
+		out[pool] = len(ls)
+	}
+	return out
+}
+
+// keepLeases renews every live lease of this process every lease_ttl/3,
+// one batched call per pool, so a session lives as long as its socket and
+// a crashed Caddy's sessions free their slots within one lease TTL.
+func (b *backend) keepLeases() {
+	defer b.wg.Done()
+	for {
+		ttl := time.Duration(b.leaseTTL.Load())
+		t := time.NewTimer(ttl / 3)
+		select {
+		case <-b.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		b.renewAll(ttl)
+	}
+}
+
+func (b *backend) renewAll(ttl time.Duration) {
+	b.mu.Lock()
+	batch := make(map[string][]string, len(b.leases))
+	for pool, ls := range b.leases {
+		for id := range ls {
+			batch[pool] = append(batch[pool], id)
+		}
+	}
+	b.mu.Unlock()
+	for pool, ids := range batch {
+		if len(ids) == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(b.ctx, redisCallTimeout)
+		gone, err := b.reg.RenewLeases(ctx, pool, ids, ttl)
+		cancel()
+		if err != nil {
+			metrics.redisErrors.WithLabelValues("renew").Inc()
+			b.logger.Error("renewing leases of live sessions", zap.String("pool", pool),
+				zap.Int("leases", len(ids)), zap.Error(err))
+			continue
+		}
+		if len(gone) == 0 {
+			continue
+		}
+		metrics.leasesLost.WithLabelValues(pool).Add(float64(len(gone)))
+		b.logger.Warn("leases of live sessions are gone from Redis; their slots no longer count",
+			zap.String("pool", pool), zap.Strings("lease_ids", gone))
+	}
+}
+
+// queue returns the pool's wait queue.
+func (b *backend) queue(pool string) *waitQueue {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q := b.queues[pool]
+	if q == nil {
+		q = &waitQueue{}
+		b.queues[pool] = q
+	}
+	return q
+}
+
+// queueDepth is how many requests wait for a worker of pool here.
+func (b *backend) queueDepth(pool string) int {
+	b.mu.Lock()
+	q := b.queues[pool]
+	b.mu.Unlock()
+	if q == nil {
+		return 0
+	}
+	return q.depth()
+}
+
+// watch makes sure a wake-up subscription for pool runs: a release, undo
+// or registration in the pool, by any process sharing the Redis, wakes the
+// head of this pool's queue. Pools come only from configuration (a fixed
+// name or the browsers list), so the subscriptions are few.
+func (b *backend) watch(pool string) {
+	b.mu.Lock()
+	if b.watching[pool] || b.ctx.Err() != nil {
+		b.mu.Unlock()
+		return
+	}
+	b.watching[pool] = true
+	b.mu.Unlock()
+	ch, err := b.reg.Wakeups(b.ctx, pool)
+	if err != nil {
+		b.mu.Lock()
+		b.watching[pool] = false
+		b.mu.Unlock()
+		metrics.redisErrors.WithLabelValues("subscribe").Inc()
+		b.logger.Error("subscribing to wake-ups; waiting requests poll instead",
+			zap.String("pool", pool), zap.Error(err))
+		return
+	}
+	q := b.queue(pool)
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		for range ch {
+			q.wakeHead()
+		}
+		b.mu.Lock()
+		b.watching[pool] = false
+		b.mu.Unlock()
+	}()
+}
+
+// outcome says how a request that got no worker ended.
+type outcome int
+
+const (
+	outcomeNone      outcome = iota
+	outcomeQueueFull         // 429: the queue of the pool was full
+	outcomeTimeout           // 503: no worker within select_timeout
+	outcomeRedis             // 503: Redis unreachable or failing
+	outcomeCanceled          // the client went away while waiting
+	outcomeBadPool           // 400: the pool is not allowed
+	outcomeNoSource          // 503: the policy runs without the browser_grid upstream source
+)
+
+// acquire claims a worker for the session, waiting in the pool's queue
+// (at most queueSize waiters here) until deadline when none is free.
+func (b *backend) acquire(ctx context.Context, req registry.ClaimRequest, samples, queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
+	c, err := b.claim(ctx, req, samples)
+	if err == nil {
+		return c, outcomeNone, nil
+	}
+	if !errors.Is(err, registry.ErrNoWorker) {
+		return nil, b.redisFailure(ctx, req.Pool, err), err
+	}
+	if !time.Now().Before(deadline) {
+		return nil, outcomeTimeout, err
+	}
+	q := b.queue(req.Pool)
+	w, ok := q.join(queueSize)
+	if !ok {
+		return nil, outcomeQueueFull, err
+	}
+	metrics.queueDepth.WithLabelValues(req.Pool).Inc()
+	waitStart := time.Now()
+	defer func() {
+		metrics.queueDepth.WithLabelValues(req.Pool).Dec()
+		metrics.queueWait.WithLabelValues(req.Pool).Observe(time.Since(waitStart).Seconds())
+	}()
+	b.watch(req.Pool)
+
+	timeout := time.NewTimer(time.Until(deadline))
+	defer timeout.Stop()
+	poll := time.NewTicker(safetyPoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-w.wake:
+		case <-poll.C:
+			if !q.isHead(w) {
+				continue
+			}
+		case <-timeout.C:
+			q.leave(w)
+			return nil, outcomeTimeout, registry.ErrNoWorker
+		case <-ctx.Done():
+			q.leave(w)
+			return nil, outcomeCanceled, ctx.Err()
+		}
+		c, err := b.claim(ctx, req, samples)
+		if err == nil {
+			q.leave(w)
+			q.wakeHead() // pass the wake-up on: another slot may be free too
+			return c, outcomeNone, nil
+		}
+		if !errors.Is(err, registry.ErrNoWorker) {
+			q.leave(w)
+			q.wakeHead()
+			return nil, b.redisFailure(ctx, req.Pool, err), err
+		}
+	}
+}
+
+// redisFailure classifies a claim that failed for another reason than "no
+// worker": the client leaving, or Redis failing (logged).
+func (b *backend) redisFailure(ctx context.Context, pool string, err error) outcome {
+	if ctx.Err() != nil {
+		return outcomeCanceled
+	}
+	b.logger.Error("Redis unreachable or failing while claiming a worker; answering 503",
+		zap.String("pool", pool), zap.Error(err))
+	return outcomeRedis
+}
+
+// Interface guards
+var _ caddy.Destructor = (*backend)(nil)

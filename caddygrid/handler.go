@@ -1,0 +1,450 @@
+package caddygrid
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+	httpcaddyfile.RegisterHandlerDirective("browser_grid", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("browser_grid", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// Defaults of the browser_grid handler.
+const (
+	// DefaultDialRetries is how many other workers a session tries after a
+	// dial or upgrade failure.
+	DefaultDialRetries = 2
+	// DefaultUpgradeTimeout is how long a worker may take to answer the
+	// WebSocket upgrade.
+	DefaultUpgradeTimeout = 10 * time.Second
+	// DefaultStreamCloseDelay is how long live sessions of a replaced
+	// config keep running after a reload, when max_session is not set.
+	DefaultStreamCloseDelay = time.Hour
+	// dialTimeout bounds the TCP connect to a worker.
+	dialTimeout = 3 * time.Second
+	// retryMatchExpr makes a refused upgrade (any answer but 101) a
+	// retryable response for reverse_proxy, so the session moves to
+	// another worker instead of failing; dial errors are always retried.
+	retryMatchExpr = "{http.reverse_proxy.status_code} != 101"
+)
+
+// Handler is the browser_grid HTTP handler: the one-line form of the grid.
+// It answers what is not a WebSocket upgrade with 426 and an unknown pool
+// with 400, then runs Caddy's own reverse_proxy, which it configures
+// itself: the browser_grid upstream source, the chosen grid policy (one
+// atomic select-and-claim in Redis), dial_retries retries that also cover
+// a refused upgrade, the worker's own Host, max_session as the stream
+// timeout, and a stream_close_delay so a config reload does not cut live
+// sessions. When no worker was claimed it answers 429 (queue full) or 503
+// (none free within select_timeout, or Redis unreachable) with
+// Retry-After. The claim is released when the socket closes.
+type Handler struct {
+	// Pool names the pool of workers; placeholders are expanded per
+	// request, e.g. "{http.request.uri.query.browser}". Default: the
+	// ?browser= query parameter, else the last path segment
+	// (wss://host/playwright/chromium → chromium).
+	Pool string `json:"pool,omitempty"`
+	// Browsers lists the pools a request may name when the pool comes
+	// from the request; another name gets 400. Default: chromium, firefox,
+	// webkit (or just Pool when it is a fixed name).
+	Browsers []string `json:"browsers,omitempty"`
+	// PolicyRaw is the grid selection policy: lifetime_first, vnode or
+	// fair_share, with its own options. Default: lifetime_first.
+	PolicyRaw json.RawMessage `json:"policy,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
+
+	// ClaimOptions (max_concurrent, max_lifetime, select_timeout,
+	// queue_size) apply to the policy unless its own block sets them.
+	ClaimOptions
+
+	// MaxSession is the longest a session may live; the socket is closed
+	// then. 0: no limit. Default: 0.
+	MaxSession caddy.Duration `json:"max_session,omitempty"`
+	// DialRetries is how many other workers a session tries after the
+	// chosen one could not be dialed or refused the upgrade; each failed
+	// claim is given back (lifetime too) and the worker is skipped for
+	// 5s. Default: 2.
+	DialRetries *int `json:"dial_retries,omitempty"`
+	// UpgradeTimeout is how long a worker may take to answer the
+	// WebSocket upgrade before the attempt counts as failed. Default: 10s.
+	UpgradeTimeout caddy.Duration `json:"upgrade_timeout,omitempty"`
+	// StreamCloseDelay is how long the live sessions of a replaced config
+	// keep running after a reload before they are closed (each one's
+	// claim is released then, exactly once). Default: max_session, or 1h
+	// when max_session is 0.
+	StreamCloseDelay caddy.Duration `json:"stream_close_delay,omitempty"`
+
+	spec          poolSpec
+	policyName    string
+	selectTimeout time.Duration
+	proxy      *reverseproxy.Handler
+	logger     *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.browser_grid",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision fills the defaults and provisions the inner reverse_proxy.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	h.spec = poolSpec{pool: h.Pool, browsers: h.Browsers}
+	if h.DialRetries == nil {
+		n := DefaultDialRetries
+		h.DialRetries = &n
+	}
+	if h.UpgradeTimeout == 0 {
+		h.UpgradeTimeout = caddy.Duration(DefaultUpgradeTimeout)
+	}
+	if h.StreamCloseDelay == 0 {
+		h.StreamCloseDelay = h.MaxSession
+		if h.StreamCloseDelay == 0 {
+			h.StreamCloseDelay = caddy.Duration(DefaultStreamCloseDelay)
+		}
+	}
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	policy, err := h.loadPolicy()
+	if err != nil {
+		return err
+	}
+	h.selectTimeout = time.Duration(policy.claimOptions().SelectTimeout)
+	if h.selectTimeout == 0 {
+		h.selectTimeout = DefaultSelectTimeout
+	}
+
+	upstreams := &UpstreamSource{Pool: h.Pool, Browsers: h.Browsers}
+	transport := &reverseproxy.HTTPTransport{
+		DialTimeout:           caddy.Duration(dialTimeout),
+		ResponseHeaderTimeout: h.UpgradeTimeout,
+	}
+	inner := reverseproxy.Handler{
+		TransportRaw:        caddyconfig.JSONModuleObject(transport, "protocol", "http", nil),
+		DynamicUpstreamsRaw: caddyconfig.JSONModuleObject(upstreams, "source", "browser_grid", nil),
+		LoadBalancing: &reverseproxy.LoadBalancing{
+			SelectionPolicyRaw: caddyconfig.JSONModuleObject(policy, "policy", h.policyName, nil),
+			Retries:            *h.DialRetries,
+			RetryMatchRaw: caddyhttp.RawMatcherSets{
+				caddy.ModuleMap{"expression": caddyconfig.JSON(retryMatchExpr, nil)},
+			},
+		},
+		// Browsers' debugging endpoints accept only an IP or localhost
+		// as Host (DNS rebinding protection), so send the worker's own.
+		Headers: &headers.Handler{Request: &headers.HeaderOps{
+			Set: http.Header{"Host": []string{"{http.reverse_proxy.upstream.hostport}"}},
+		}},
+		StreamTimeout:    h.MaxSession,
+		StreamCloseDelay: h.StreamCloseDelay,
+	}
+	raw, err := json.Marshal(inner)
+	if err != nil {
+		return fmt.Errorf("browser_grid: encoding the reverse_proxy config: %w", err)
+	}
+	mod, err := ctx.LoadModuleByID("http.handlers.reverse_proxy", raw)
+	if err != nil {
+		return fmt.Errorf("browser_grid: loading reverse_proxy: %w", err)
+	}
+	h.proxy = mod.(*reverseproxy.Handler)
+	return nil
+}
+
+// loadPolicy decodes the configured policy (lifetime_first by default)
+// and gives it the handler's shared options it does not set itself.
+func (h *Handler) loadPolicy() (gridPolicy, error) {
+	name := policyLifetimeFirst
+	var fields map[string]json.RawMessage
+	if len(h.PolicyRaw) > 0 {
+		if err := json.Unmarshal(h.PolicyRaw, &fields); err != nil {
+			return nil, fmt.Errorf("browser_grid: decoding policy: %w", err)
+		}
+		if v, ok := fields["policy"]; ok {
+			if err := json.Unmarshal(v, &name); err != nil {
+				return nil, fmt.Errorf("browser_grid: decoding policy name: %w", err)
+			}
+			delete(fields, "policy")
+		}
+	}
+	mi, err := caddy.GetModule("http.reverse_proxy.selection_policies." + name)
+	if err != nil {
+		return nil, fmt.Errorf("browser_grid: unknown policy %q: use lifetime_first, vnode or fair_share", name)
+	}
+	policy, ok := mi.New().(gridPolicy)
+	if !ok {
+		return nil, fmt.Errorf("browser_grid: policy %q is not a grid policy: use lifetime_first, vnode or fair_share", name)
+	}
+	if len(fields) > 0 {
+		rest, _ := json.Marshal(fields)
+		dec := json.NewDecoder(bytes.NewReader(rest))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(policy); err != nil {
+			return nil, fmt.Errorf("browser_grid: policy %s: %w", name, err)
+		}
+	}
+	policy.claimOptions().merge(h.ClaimOptions)
+	h.policyName = name
+	return policy, nil
+}
+
+// Validate checks the handler's own options (the policy checks its own
+// when the inner reverse_proxy provisions it).
+func (h *Handler) Validate() error {
+	if err := h.spec.validate(); err != nil {
+		return fmt.Errorf("browser_grid: %w", err)
+	}
+	if err := h.ClaimOptions.validate(); err != nil {
+		return fmt.Errorf("browser_grid: %w", err)
+	}
+	switch {
+	case h.DialRetries != nil && (*h.DialRetries < 0 || *h.DialRetries > 10):
+		return fmt.Errorf("browser_grid: dial_retries %d: must be 0-10", *h.DialRetries)
+	case h.MaxSession < 0:
+		return fmt.Errorf("browser_grid: max_session %s: must be 0 (no limit) or more", time.Duration(h.MaxSession))
+	case h.UpgradeTimeout < 0:
+		return fmt.Errorf("browser_grid: upgrade_timeout %s: must be more than 0", time.Duration(h.UpgradeTimeout))
+	case h.StreamCloseDelay < 0:
+		return fmt.Errorf("browser_grid: stream_close_delay %s: must be 0 or more", time.Duration(h.StreamCloseDelay))
+	}
+	return nil
+}
+
+// ServeHTTP checks the request, proxies it to a claimed worker, and
+// releases the claim when the socket closes.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if !isWebSocket(r) {
+		w.Header().Set("Upgrade", "websocket")
+		w.Header().Set("Connection", "Upgrade")
+		return h.reject(w, r, http.StatusUpgradeRequired, "",
+			"this endpoint serves browser sessions over WebSocket only: connect with a WebSocket client, e.g. Playwright's connect()")
+	}
+	pool, err := h.spec.resolve(r)
+	if err != nil {
+		return h.reject(w, r, http.StatusBadRequest, "", err.Error())
+	}
+	s := newSession(r, pool)
+	proxyErr := h.proxy.ServeHTTP(w, r, next)
+	// The socket is closed (or the session never started): end the claim
+	// now. A cancelled request context means the client went away.
+	s.finish(r.Context().Err() != nil)
+
+	o, retry := s.getOutcome()
+	switch o {
+	case outcomeQueueFull:
+		w.Header().Set("Retry-After", retryAfterSeconds(retry))
+		return h.reject(w, r, http.StatusTooManyRequests, pool,
+			fmt.Sprintf("too many clients waiting for a %s browser; retry later", pool))
+	case outcomeTimeout:
+		w.Header().Set("Retry-After", retryAfterSeconds(retry))
+		return h.reject(w, r, http.StatusServiceUnavailable, pool,
+			fmt.Sprintf("no %s browser became free within %s; retry later", pool, h.selectTimeout))
+	case outcomeRedis:
+		w.Header().Set("Retry-After", retryAfterSeconds(retry))
+		return h.reject(w, r, http.StatusServiceUnavailable, pool,
+			"the grid's registry is unreachable; retry later")
+	case outcomeNoSource:
+		return h.reject(w, r, http.StatusServiceUnavailable, pool, "the grid is misconfigured")
+	case outcomeCanceled:
+		return nil
+	}
+	return proxyErr
+}
+
+// reject answers the request itself with a one-line plain-text reason.
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, code int, pool, msg string) error {
+	metrics.rejections.WithLabelValues(pool, strconv.Itoa(code)).Inc()
+	if c := h.logger.Check(zapcore.DebugLevel, "request rejected"); c != nil {
+		c.Write(zap.Int("status", code), zap.String("pool", pool), zap.String("reason", msg),
+			zap.String("remote_addr", r.RemoteAddr))
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(msg + "\n")) // a client that is gone needs no answer
+	return nil
+}
+
+// isWebSocket reports whether r opens a WebSocket: an HTTP/1.1 Upgrade,
+// or an HTTP/2 or HTTP/3 extended CONNECT (RFC 8441, RFC 9220).
+func isWebSocket(r *http.Request) bool {
+	if r.Method == http.MethodConnect {
+		return (r.ProtoMajor == 2 && r.Header.Get(":protocol") == "websocket") ||
+			(r.ProtoMajor == 3 && r.Proto == "websocket")
+	}
+	return r.Method == http.MethodGet &&
+		headerHasToken(r.Header, "Connection", "upgrade") &&
+		headerHasToken(r.Header, "Upgrade", "websocket")
+}
+
+// headerHasToken reports whether a comma-separated header holds token
+// (case-insensitively).
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// parseCaddyfile sets up the handler from the browser_grid directive.
+func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	h := new(Handler)
+	err := h.UnmarshalCaddyfile(helper.Dispenser)
+	return h, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	browser_grid [<pool>] {
+//	    policy lifetime_first
+//	    policy vnode {
+//	        virtual_nodes <1-64>
+//	        samples       <1-8>
+//	        max_scan      <1-256>
+//	        slot_jitter   <0-64>
+//	    }
+//	    policy fair_share {
+//	        window           <1-1000>
+//	        median
+//	        default_estimate <duration>
+//	    }
+//	    browsers           <pool...>
+//	    max_concurrent     <n>
+//	    max_lifetime       <n>
+//	    select_timeout     <duration>
+//	    queue_size         <n>
+//	    max_session        <duration>
+//	    dial_retries       <0-10>
+//	    upgrade_timeout    <duration>
+//	    stream_close_delay <duration>
+//	}
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume directive name
+	if d.NextArg() {
+		h.Pool = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		if !strings.Contains(h.Pool, "{") && !validPoolName(h.Pool) {
+			return d.Errf("invalid pool name '%s': use 1-%d letters, digits, '-', '_' or '.'", h.Pool, maxPoolName)
+		}
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if name == "max_scan" {
+			return d.Err("max_scan is an option of the vnode policy: policy vnode { max_scan <n> }")
+		}
+		if ok, err := unmarshalClaimOption(d, &h.ClaimOptions, seen); ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if seen[name] {
+			return d.Errf("%s already specified", name)
+		}
+		seen[name] = true
+		switch name {
+		case "policy":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			pname := d.Val()
+			var policy gridPolicy
+			switch pname {
+			case policyLifetimeFirst:
+				policy = new(LifetimeFirstSelection)
+			case policyVnode:
+				policy = new(VnodeSelection)
+			case policyFairShare:
+				policy = new(FairShareSelection)
+			default:
+				return d.Errf("unrecognized policy '%s': use lifetime_first, vnode or fair_share", pname)
+			}
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			if err := policy.unmarshalOwn(d, false); err != nil {
+				return err
+			}
+			h.PolicyRaw = caddyconfig.JSONModuleObject(policy, "policy", pname, nil)
+		case "browsers":
+			h.Browsers = d.RemainingArgs()
+			if len(h.Browsers) == 0 {
+				return d.ArgErr()
+			}
+			for _, b := range h.Browsers {
+				if !validPoolName(b) {
+					return d.Errf("invalid browsers pool name '%s': use 1-%d letters, digits, '-', '_' or '.'", b, maxPoolName)
+				}
+			}
+			if h.Pool != "" && !strings.Contains(h.Pool, "{") && !slices.Contains(h.Browsers, h.Pool) {
+				return d.Errf("pool '%s' is not in browsers %v", h.Pool, h.Browsers)
+			}
+		case "dial_retries":
+			n, err := intArg(d, name, 0, 10)
+			if err != nil {
+				return err
+			}
+			h.DialRetries = &n
+		case "max_session", "upgrade_timeout", "stream_close_delay":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			val := d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(val)
+			if err != nil {
+				return d.Errf("invalid %s '%s': %v", name, val, err)
+			}
+			if dur <= 0 {
+				return d.Errf("invalid %s '%s': must be more than 0", name, val)
+			}
+			switch name {
+			case "max_session":
+				h.MaxSession = caddy.Duration(dur)
+			case "upgrade_timeout":
+				h.UpgradeTimeout = caddy.Duration(dur)
+			default:
+				h.StreamCloseDelay = caddy.Duration(dur)
+			}
+		default:
+			return d.Errf("unrecognized subdirective '%s'", name)
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ caddyfile.Unmarshaler       = (*Handler)(nil)
+)

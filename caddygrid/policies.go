@@ -1,0 +1,659 @@
+package caddygrid
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/browsergrid/caddy-browser-grid/selection"
+)
+
+func init() {
+	caddy.RegisterModule(new(LifetimeFirstSelection))
+	caddy.RegisterModule(new(VnodeSelection))
+	caddy.RegisterModule(new(FairShareSelection))
+}
+
+// Policy names, as in lb_policy and the browser_grid policy option.
+const (
+	policyLifetimeFirst = "lifetime_first"
+	policyVnode         = "vnode"
+	policyFairShare     = "fair_share"
+)
+
+// Defaults of the options every grid policy shares.
+const (
+	// DefaultSelectTimeout is how long a request waits for a free worker
+	// (seed 000's WORKER_SELECT_TIMEOUT).
+	DefaultSelectTimeout = 5 * time.Second
+	// DefaultQueueSize bounds the requests waiting per pool and instance.
+	DefaultQueueSize = 100
+	// maxScanLimit bounds max_scan for every policy (seed 002's range).
+	maxScanLimit = selection.MaxVnodeMaxScan
+)
+
+// ClaimOptions are the settings every grid selection policy shares. In the
+// browser_grid directive they are options of the directive itself; in a
+// hand-composed reverse_proxy they go in the lb_policy block.
+type ClaimOptions struct {
+	// MaxConcurrent caps the live sessions of one worker; a worker's own
+	// registered capacity applies too (the smaller wins). 0: no cap beyond
+	// the worker's own. Default: 0.
+	MaxConcurrent int `json:"max_concurrent,omitempty"`
+	// MaxLifetime is the number of sessions after which a worker is told
+	// to drain and restart; the claim that reaches it sets the worker's
+	// shutdown command. 0: workers never restart. Default: 0.
+	MaxLifetime int `json:"max_lifetime,omitempty"`
+	// MaxScan bounds how many unusable workers (stale heartbeat, suspect)
+	// one decision walks past before it reports none, 0-256. 0: the
+	// policy's default (vnode 16, the others unbounded).
+	MaxScan int `json:"max_scan,omitempty"`
+	// SelectTimeout is how long a request waits in the pool's queue for a
+	// free worker before it gets 503 with Retry-After. Default: 5s.
+	SelectTimeout caddy.Duration `json:"select_timeout,omitempty"`
+	// QueueSize is how many requests may wait per pool in this Caddy
+	// instance; the next one gets 429 with Retry-After at once.
+	// Default: 100.
+	QueueSize int `json:"queue_size,omitempty"`
+}
+
+func (o *ClaimOptions) setDefaults() {
+	if o.SelectTimeout == 0 {
+		o.SelectTimeout = caddy.Duration(DefaultSelectTimeout)
+	}
+	if o.QueueSize == 0 {
+		o.QueueSize = DefaultQueueSize
+	}
+}
+
+func (o ClaimOptions) validate() error {
+	switch {
+	case o.MaxConcurrent < 0:
+		return fmt.Errorf("max_concurrent %d: must be 0 (no cap) or more", o.MaxConcurrent)
+	case o.MaxLifetime < 0:
+		return fmt.Errorf("max_lifetime %d: must be 0 (no limit) or more", o.MaxLifetime)
+	case o.MaxScan < 0 || o.MaxScan > maxScanLimit:
+		return fmt.Errorf("max_scan %d: must be 0-%d", o.MaxScan, maxScanLimit)
+	case o.SelectTimeout < 0:
+		return fmt.Errorf("select_timeout %s: must be more than 0", time.Duration(o.SelectTimeout))
+	case o.QueueSize < 0:
+		return fmt.Errorf("queue_size %d: must be 1 or more", o.QueueSize)
+	}
+	return nil
+}
+
+// merge fills o's unset options from defaults (the browser_grid
+// directive's own options).
+func (o *ClaimOptions) merge(from ClaimOptions) {
+	if o.MaxConcurrent == 0 {
+		o.MaxConcurrent = from.MaxConcurrent
+	}
+	if o.MaxLifetime == 0 {
+		o.MaxLifetime = from.MaxLifetime
+	}
+	if o.MaxScan == 0 {
+		o.MaxScan = from.MaxScan
+	}
+	if o.SelectTimeout == 0 {
+		o.SelectTimeout = from.SelectTimeout
+	}
+	if o.QueueSize == 0 {
+		o.QueueSize = from.QueueSize
+	}
+}
+
+// unmarshalClaimOption parses one shared option at the dispenser's cursor.
+// It reports false when the option is not a shared one.
+func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[string]bool) (bool, error) {
+	name := d.Val()
+	switch name {
+	case "max_concurrent", "max_lifetime", "max_scan", "queue_size", "select_timeout":
+	default:
+		return false, nil
+	}
+	if seen[name] {
+		return true, d.Errf("%s already specified", name)
+	}
+	seen[name] = true
+	if !d.NextArg() {
+		return true, d.ArgErr()
+	}
+	val := d.Val()
+	if d.NextArg() {
+		return true, d.ArgErr()
+	}
+	if name == "select_timeout" {
+		dur, err := caddy.ParseDuration(val)
+		if err != nil {
+			return true, d.Errf("invalid select_timeout '%s': %v", val, err)
+		}
+		if dur <= 0 {
+			return true, d.Errf("invalid select_timeout '%s': must be more than 0", val)
+		}
+		o.SelectTimeout = caddy.Duration(dur)
+		return true, nil
+	}
+	n, err := strconv.Atoi(val)
+	if err != nil {
+		return true, d.Errf("invalid %s '%s': %v", name, val, err)
+	}
+	switch name {
+	case "max_concurrent":
+		if n < 0 {
+			return true, d.Errf("invalid max_concurrent '%s': must be 0 (no cap) or more", val)
+		}
+		o.MaxConcurrent = n
+	case "max_lifetime":
+		if n < 0 {
+			return true, d.Errf("invalid max_lifetime '%s': must be 0 (no limit) or more", val)
+		}
+		o.MaxLifetime = n
+	case "max_scan":
+		if n < 1 || n > maxScanLimit {
+			return true, d.Errf("invalid max_scan '%s': must be 1-%d", val, maxScanLimit)
+		}
+		o.MaxScan = n
+	case "queue_size":
+		if n < 1 {
+			return true, d.Errf("invalid queue_size '%s': must be 1 or more", val)
+		}
+		o.QueueSize = n
+	}
+	return true, nil
+}
+
+// intArg parses the one integer argument of an option within [lo, hi].
+func intArg(d *caddyfile.Dispenser, name string, lo, hi int) (int, error) {
+	if !d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	val := d.Val()
+	if d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	n, err := strconv.Atoi(val)
+	if err != nil {
+		return 0, d.Errf("invalid %s '%s': %v", name, val, err)
+	}
+	if n < lo || n > hi {
+		return 0, d.Errf("invalid %s '%s': must be %d-%d", name, val, lo, hi)
+	}
+	return n, nil
+}
+
+// gridPolicy is what every grid selection policy module is.
+type gridPolicy interface {
+	reverseproxy.Selector
+	caddy.Module
+	claimOptions() *ClaimOptions
+	// unmarshalOwn parses the policy's own options (not the shared ones):
+	// the block of the browser_grid directive's policy option.
+	unmarshalOwn(d *caddyfile.Dispenser, shared bool) error
+}
+
+// policyCore is the runtime every grid policy shares: the grid app, the
+// logger, and the Select that claims through Redis.
+type policyCore struct {
+	name     string
+	app      *App
+	logger   *zap.Logger
+	warnOnce sync.Once
+}
+
+func (c *policyCore) provision(ctx caddy.Context, name string) error {
+	c.name = name
+	c.logger = ctx.Logger()
+	app, err := gridApp(ctx)
+	if err != nil {
+		return err
+	}
+	c.app = app
+	return nil
+}
+
+// selectWorker is Select for every grid policy: it gives back the claim
+// of a failed previous attempt, claims a worker of the request's pool in
+// one atomic Redis call (waiting in the pool's queue when none is free),
+// points the upstream request at it, and returns the one upstream of the
+// browser_grid source. nil means no worker; the session says why.
+func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter,
+	opts ClaimOptions, req registry.ClaimRequest, samples int,
+) *reverseproxy.Upstream {
+	s := sessionFrom(r)
+	if s != nil {
+		if o, _ := s.getOutcome(); o == outcomeBadPool {
+			return nil
+		}
+	}
+	if s == nil || len(upstreams) == 0 {
+		c.warnOnce.Do(func() {
+			c.logger.Error("the " + c.name + " policy works only with the browser_grid upstream source ('dynamic browser_grid <pool>'); answering 503")
+		})
+		if s != nil {
+			s.setOutcome(outcomeNoSource, 0)
+		}
+		return nil
+	}
+	if failed, b := s.takeFailed(); failed != nil {
+		// Select runs again: the previous attempt failed to dial or was
+		// refused the upgrade. Give its claim back (lifetime too) and
+		// mark the worker suspect so that no instance picks it right away.
+		metrics.dialRetries.WithLabelValues(failed.Pool).Inc()
+		c.logger.Warn("worker failed; claim given back, trying another",
+			zap.String("pool", failed.Pool), zap.String("worker_id", failed.Worker.ID),
+			zap.String("addr", failed.Worker.Addr), zap.Int("status", s.upstreamStatus()))
+		b.finish(failed, false, true)
+	}
+	if o, _ := s.getOutcome(); o != outcomeNone {
+		return nil // an earlier attempt already gave up (timeout, queue full)
+	}
+	s.mu.Lock()
+	pool := s.pool
+	if s.start.IsZero() {
+		s.start = time.Now()
+		s.deadline = s.start.Add(time.Duration(opts.SelectTimeout))
+	}
+	deadline := s.deadline
+	s.mu.Unlock()
+	if pool == "" {
+		s.setOutcome(outcomeBadPool, 0)
+		return nil
+	}
+	req.Pool = pool
+	req.Limits.MaxConcurrent = opts.MaxConcurrent
+	req.Limits.MaxLifetime = opts.MaxLifetime
+	req.Limits.StaleAfter = time.Duration(c.app.StaleThreshold)
+	if req.Limits.MaxScan == 0 {
+		req.Limits.MaxScan = opts.MaxScan
+	}
+	req.Vnode.Limits = req.Limits
+	req.FairShare.Limits = req.Limits
+	b := c.app.backend
+	claim, o, _ := b.acquire(r.Context(), req, samples, opts.QueueSize, deadline)
+	if claim == nil {
+		retry := time.Duration(opts.SelectTimeout)
+		if o == outcomeRedis {
+			retry = time.Second
+		}
+		s.setOutcome(o, retry)
+		if o == outcomeQueueFull || o == outcomeTimeout || o == outcomeRedis {
+			w.Header().Set("Retry-After", retryAfterSeconds(retry))
+		}
+		return nil
+	}
+	if !s.adopt(b, claim) {
+		return nil
+	}
+	pointAt(r, claim)
+	return upstreams[0]
+}
+
+// LifetimeFirstSelection is the lifetime-first policy of seed 000: it
+// pushes one worker toward max_lifetime at a time (highest lifetime first,
+// outside a safety margin of max_lifetime/workers), so workers drain and
+// restart one after another instead of all together. It selects and
+// claims in one atomic Redis call; it needs the browser_grid upstream
+// source.
+type LifetimeFirstSelection struct {
+	ClaimOptions
+
+	policyCore
+}
+
+// CaddyModule returns the Caddy module information.
+func (*LifetimeFirstSelection) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.reverse_proxy.selection_policies." + policyLifetimeFirst,
+		New: func() caddy.Module { return new(LifetimeFirstSelection) },
+	}
+}
+
+// Provision fills the defaults and finds the grid app.
+func (p *LifetimeFirstSelection) Provision(ctx caddy.Context) error {
+	p.ClaimOptions.setDefaults()
+	return p.provision(ctx, policyLifetimeFirst)
+}
+
+// Validate checks the options.
+func (p *LifetimeFirstSelection) Validate() error {
+	if err := p.ClaimOptions.validate(); err != nil {
+		return fmt.Errorf("%s: %w", policyLifetimeFirst, err)
+	}
+	return nil
+}
+
+// Select claims a worker (see policyCore.selectWorker).
+func (p *LifetimeFirstSelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	return p.selectWorker(pool, r, w, p.ClaimOptions, registry.ClaimRequest{Policy: registry.LifetimeFirst}, 0)
+}
+
+func (p *LifetimeFirstSelection) claimOptions() *ClaimOptions { return &p.ClaimOptions }
+
+// UnmarshalCaddyfile sets up the policy from Caddyfile tokens. Syntax:
+//
+//	lb_policy lifetime_first {
+//	    max_concurrent <n>
+//	    max_lifetime   <n>
+//	    max_scan       <n>
+//	    select_timeout <duration>
+//	    queue_size     <n>
+//	}
+func (p *LifetimeFirstSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume policy name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return p.unmarshalOwn(d, true)
+}
+
+func (p *LifetimeFirstSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) error {
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if shared {
+			if ok, err := unmarshalClaimOption(d, &p.ClaimOptions, seen); ok {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		return d.Errf("unrecognized %s option '%s'", policyLifetimeFirst, d.Val())
+	}
+	return nil
+}
+
+// VnodeSelection is the ring of virtual nodes with power-of-K choices of
+// seed 002: each worker owns virtual_nodes positions on a hash ring, a
+// decision draws samples random pivots, walks to the first usable worker
+// after each, and takes the one with the fewest live sessions (plus a
+// random jitter below slot_jitter). It selects and claims in one atomic
+// Redis call; it needs the browser_grid upstream source.
+type VnodeSelection struct {
+	ClaimOptions
+
+	// VirtualNodes is V, the ring positions of a worker, 1-64 (4-32
+	// recommended). Workers register their positions; this is the value
+	// the registry assumes for a worker that registered none. Default: 8.
+	VirtualNodes int `json:"virtual_nodes,omitempty"`
+	// Samples is K, the independent pivots of one decision, 1-8. 1 skips
+	// the comparison of live sessions. Default: 2.
+	Samples int `json:"samples,omitempty"`
+	// SlotJitter adds a random integer in [0, slot_jitter) to each
+	// candidate's live sessions before comparing, 0-64; 0 disables it.
+	// Default: 4.
+	SlotJitter *int `json:"slot_jitter,omitempty"`
+
+	policyCore
+	vnode selection.Vnode
+}
+
+// CaddyModule returns the Caddy module information.
+func (*VnodeSelection) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.reverse_proxy.selection_policies." + policyVnode,
+		New: func() caddy.Module { return new(VnodeSelection) },
+	}
+}
+
+// Provision fills the defaults (seed 002: V 8, K 2, max_scan 16,
+// slot_jitter 4) and finds the grid app.
+func (p *VnodeSelection) Provision(ctx caddy.Context) error {
+	p.ClaimOptions.setDefaults()
+	// selection.Vnode reads a zero SlotJitter as "default" and -1 as
+	// "none"; here nil is the default and 0 is none.
+	jitter := 0
+	if p.SlotJitter != nil {
+		jitter = *p.SlotJitter
+		if jitter == 0 {
+			jitter = -1
+		}
+	}
+	p.vnode = selection.Vnode{
+		Limits:       selection.Limits{MaxScan: p.MaxScan},
+		VirtualNodes: p.VirtualNodes,
+		Samples:      p.Samples,
+		SlotJitter:   jitter,
+	}
+	p.vnode.SetDefaults()
+	return p.provision(ctx, policyVnode)
+}
+
+// Validate checks the options against seed 002's ranges.
+func (p *VnodeSelection) Validate() error {
+	if err := p.ClaimOptions.validate(); err != nil {
+		return fmt.Errorf("%s: %w", policyVnode, err)
+	}
+	if p.SlotJitter != nil && (*p.SlotJitter < 0 || *p.SlotJitter > selection.MaxSlotJitter) {
+		return fmt.Errorf("%s: slot_jitter %d: must be 0-%d", policyVnode, *p.SlotJitter, selection.MaxSlotJitter)
+	}
+	if err := p.vnode.Validate(); err != nil {
+		return fmt.Errorf("%s: %w", policyVnode, err)
+	}
+	return nil
+}
+
+// Select claims a worker (see policyCore.selectWorker).
+func (p *VnodeSelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	req := registry.ClaimRequest{Policy: registry.Vnode, Vnode: p.vnode}
+	req.Limits.MaxScan = p.vnode.MaxScan
+	return p.selectWorker(pool, r, w, p.ClaimOptions, req, p.vnode.Samples)
+}
+
+func (p *VnodeSelection) claimOptions() *ClaimOptions { return &p.ClaimOptions }
+
+// UnmarshalCaddyfile sets up the policy from Caddyfile tokens. Syntax:
+//
+//	lb_policy vnode {
+//	    virtual_nodes <1-64>
+//	    samples       <1-8>
+//	    slot_jitter   <0-64>
+//	    max_scan      <1-256>
+//	    max_concurrent <n>
+//	    max_lifetime   <n>
+//	    select_timeout <duration>
+//	    queue_size     <n>
+//	}
+func (p *VnodeSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume policy name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return p.unmarshalOwn(d, true)
+}
+
+func (p *VnodeSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) error {
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if name == "max_scan" || shared {
+			if ok, err := unmarshalClaimOption(d, &p.ClaimOptions, seen); ok {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		if seen[name] {
+			return d.Errf("%s already specified", name)
+		}
+		seen[name] = true
+		var err error
+		switch name {
+		case "virtual_nodes":
+			p.VirtualNodes, err = intArg(d, name, 1, selection.MaxVirtualNodes)
+		case "samples":
+			p.Samples, err = intArg(d, name, 1, selection.MaxSamples)
+		case "slot_jitter":
+			var n int
+			n, err = intArg(d, name, 0, selection.MaxSlotJitter)
+			p.SlotJitter = &n
+		default:
+			return d.Errf("unrecognized %s option '%s'", policyVnode, name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// FairShareSelection is the fair-share policy of seed 001: each worker's
+// queue is predicted to end at max(now, its predicted end) plus its
+// estimated session length (the moving average, or median, of its last
+// window sessions), and the worker whose predicted end comes first takes
+// the session. It selects and claims in one atomic Redis call; it needs
+// the browser_grid upstream source.
+type FairShareSelection struct {
+	ClaimOptions
+
+	// Window is how many recent session durations make a worker's
+	// estimate, 1-1000. Default: 20.
+	Window int `json:"window,omitempty"`
+	// Median estimates with the moving median instead of the moving
+	// average. Default: false.
+	Median bool `json:"median,omitempty"`
+	// DefaultEstimate is the estimate for a worker without history, in
+	// whole milliseconds. Default: 30s.
+	DefaultEstimate caddy.Duration `json:"default_estimate,omitempty"`
+
+	policyCore
+	fair selection.FairShare
+}
+
+// CaddyModule returns the Caddy module information.
+func (*FairShareSelection) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.reverse_proxy.selection_policies." + policyFairShare,
+		New: func() caddy.Module { return new(FairShareSelection) },
+	}
+}
+
+// Provision fills the defaults (window 20, default estimate 30s) and finds
+// the grid app.
+func (p *FairShareSelection) Provision(ctx caddy.Context) error {
+	p.ClaimOptions.setDefaults()
+	p.fair = selection.FairShare{
+		Limits:  selection.Limits{MaxScan: p.MaxScan},
+		Window:  p.Window,
+		Median:  p.Median,
+		Default: time.Duration(p.DefaultEstimate),
+	}
+	p.fair.SetDefaults()
+	return p.provision(ctx, policyFairShare)
+}
+
+// Validate checks the options.
+func (p *FairShareSelection) Validate() error {
+	if err := p.ClaimOptions.validate(); err != nil {
+		return fmt.Errorf("%s: %w", policyFairShare, err)
+	}
+	if err := p.fair.Validate(); err != nil {
+		return fmt.Errorf("%s: %w", policyFairShare, err)
+	}
+	return nil
+}
+
+// Select claims a worker (see policyCore.selectWorker).
+func (p *FairShareSelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	return p.selectWorker(pool, r, w, p.ClaimOptions, registry.ClaimRequest{Policy: registry.FairShare, FairShare: p.fair}, 0)
+}
+
+func (p *FairShareSelection) claimOptions() *ClaimOptions { return &p.ClaimOptions }
+
+// UnmarshalCaddyfile sets up the policy from Caddyfile tokens. Syntax:
+//
+//	lb_policy fair_share {
+//	    window           <1-1000>
+//	    median
+//	    default_estimate <duration>
+//	    max_concurrent   <n>
+//	    max_lifetime     <n>
+//	    max_scan         <n>
+//	    select_timeout   <duration>
+//	    queue_size       <n>
+//	}
+func (p *FairShareSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume policy name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return p.unmarshalOwn(d, true)
+}
+
+func (p *FairShareSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) error {
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if shared {
+			if ok, err := unmarshalClaimOption(d, &p.ClaimOptions, seen); ok {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		if seen[name] {
+			return d.Errf("%s already specified", name)
+		}
+		seen[name] = true
+		switch name {
+		case "window":
+			n, err := intArg(d, name, 1, selection.MaxWindow)
+			if err != nil {
+				return err
+			}
+			p.Window = n
+		case "median":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			p.Median = true
+		case "default_estimate":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			val := d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(val)
+			if err != nil {
+				return d.Errf("invalid default_estimate '%s': %v", val, err)
+			}
+			if dur <= 0 || dur%time.Millisecond != 0 {
+				return d.Errf("invalid default_estimate '%s': must be more than 0, in whole milliseconds", val)
+			}
+			p.DefaultEstimate = caddy.Duration(dur)
+		default:
+			return d.Errf("unrecognized %s option '%s'", policyFairShare, name)
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ gridPolicy              = (*LifetimeFirstSelection)(nil)
+	_ caddy.Provisioner       = (*LifetimeFirstSelection)(nil)
+	_ caddy.Validator         = (*LifetimeFirstSelection)(nil)
+	_ caddyfile.Unmarshaler   = (*LifetimeFirstSelection)(nil)
+	_ reverseproxy.Selector   = (*LifetimeFirstSelection)(nil)
+	_ gridPolicy              = (*VnodeSelection)(nil)
+	_ caddy.Provisioner       = (*VnodeSelection)(nil)
+	_ caddy.Validator         = (*VnodeSelection)(nil)
+	_ caddyfile.Unmarshaler   = (*VnodeSelection)(nil)
+	_ reverseproxy.Selector   = (*VnodeSelection)(nil)
+	_ gridPolicy              = (*FairShareSelection)(nil)
+	_ caddy.Provisioner       = (*FairShareSelection)(nil)
+	_ caddy.Validator         = (*FairShareSelection)(nil)
+	_ caddyfile.Unmarshaler   = (*FairShareSelection)(nil)
+	_ reverseproxy.Selector   = (*FairShareSelection)(nil)
+)

@@ -1,0 +1,84 @@
+package caddygrid
+
+import "sync"
+
+// waitQueue is one pool's bounded FIFO of requests waiting for a free
+// worker in this Caddy instance.
+//
+// A freed slot wakes only the waiter at the head (not every waiter, which
+// would send a burst of claims to Redis for one slot). A waiter that then
+// claims a worker leaves and passes the wake-up on to the new head, so
+// that when several slots free at once (a worker registers) the queue
+// drains one claim after another; a waiter that finds nothing keeps its
+// place and waits for the next wake-up.
+type waitQueue struct {
+	mu      sync.Mutex
+	waiters []*waiter
+}
+
+// waiter is one queued request. wake holds at most one pending wake-up.
+type waiter struct {
+	wake chan struct{}
+}
+
+// join appends a waiter unless the queue already holds limit waiters.
+func (q *waitQueue) join(limit int) (*waiter, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.waiters) >= limit {
+		return nil, false
+	}
+	w := &waiter{wake: make(chan struct{}, 1)}
+	q.waiters = append(q.waiters, w)
+	return w, true
+}
+
+// leave removes w. When w held a wake-up it did not use, the wake-up goes
+// to the next waiter, so no freed slot is left unclaimed.
+func (q *waitQueue) leave(w *waiter) {
+	q.mu.Lock()
+	for i, x := range q.waiters {
+		if x == w {
+			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+			break
+		}
+	}
+	pending := false
+	select {
+	case <-w.wake:
+		pending = true
+	default:
+	}
+	q.mu.Unlock()
+	if pending {
+		q.wakeHead()
+	}
+}
+
+// wakeHead gives the head waiter a wake-up (a no-op when it has one
+// pending or the queue is empty).
+func (q *waitQueue) wakeHead() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.waiters) == 0 {
+		return
+	}
+	select {
+	case q.waiters[0].wake <- struct{}{}:
+	default:
+	}
+}
+
+// isHead reports whether w is first in line.
+func (q *waitQueue) isHead(w *waiter) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.waiters) > 0 && q.waiters[0] == w
+}
+
+// depth is the number of waiters.
+func (q *waitQueue) depth() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.waiters)
+}

@@ -1,0 +1,211 @@
+package caddygrid
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// Request variables the grid sets (readable as {http.vars.<name>}).
+const (
+	// varSession holds the *session of the request.
+	varSession = "browser_grid.session"
+	// varDial is the chosen worker's host:port; the upstream the
+	// browser_grid source returns dials {http.vars.browser_grid.dial}.
+	varDial = "browser_grid.dial"
+	// varWorker is the chosen worker's ID (for logs and headers).
+	varWorker = "browser_grid.worker_id"
+	// varPool is the pool of the request.
+	varPool = "browser_grid.pool"
+)
+
+// dialPlaceholder is the Dial of the one upstream the browser_grid source
+// returns; reverse_proxy replaces it after Select has set the variable.
+const dialPlaceholder = "{http.vars." + varDial + "}"
+
+// session is one client request's claim state, shared by the browser_grid
+// handler, the upstream source and the selection policy through the
+// request's variables. Select may run several times for one request (once
+// per retry); the session makes sure each claim ends exactly once.
+type session struct {
+	repl *caddy.Replacer
+
+	mu       sync.Mutex
+	pool     string
+	start    time.Time // first Select
+	deadline time.Time
+	b        *backend // holds a reference while a claim is live
+	claim    *registry.Claim
+	outcome  outcome
+	attempts int
+	finished bool
+	// retryAfter is what the Retry-After header says on 429 and 503.
+	retryAfter time.Duration
+}
+
+// sessionFrom returns the request's session, or nil.
+func sessionFrom(r *http.Request) *session {
+	s, _ := caddyhttp.GetVar(r.Context(), varSession).(*session)
+	return s
+}
+
+// newSession attaches a session to the request. Its claim ends when the
+// request ends at the latest: net/http cancels a request's context when
+// ServeHTTP returns, also for a hijacked (upgraded) connection, and
+// reverse_proxy's ServeHTTP returns only when the upgraded socket closed.
+// The browser_grid handler ends it earlier, right after the proxy returns.
+func newSession(r *http.Request, pool string) *session {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	s := &session{repl: repl, pool: pool}
+	caddyhttp.SetVar(r.Context(), varSession, s)
+	if pool != "" {
+		caddyhttp.SetVar(r.Context(), varPool, pool)
+	}
+	context.AfterFunc(r.Context(), func() { s.finish(false) })
+	return s
+}
+
+// setOutcome records why the request got no worker (the first reason wins).
+func (s *session) setOutcome(o outcome, retryAfter time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.outcome == outcomeNone {
+		s.outcome = o
+		s.retryAfter = retryAfter
+	}
+}
+
+func (s *session) getOutcome() (outcome, time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.outcome, s.retryAfter
+}
+
+// takeFailed detaches the claim of a previous attempt (Select running
+// again means that attempt failed: reverse_proxy retries only after a dial
+// error or a refused upgrade).
+func (s *session) takeFailed() (*registry.Claim, *backend) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, b := s.claim, s.b
+	s.claim = nil
+	return c, b
+}
+
+// adopt makes c the session's live claim. When the request already ended
+// (the client left while the claim was in flight), the claim is undone at
+// once and adopt reports false.
+func (s *session) adopt(b *backend, c *registry.Claim) bool {
+	s.mu.Lock()
+	if s.finished {
+		s.mu.Unlock()
+		b.finish(c, false, false)
+		return false
+	}
+	if s.b == nil {
+		rb, err := b.retain()
+		if err != nil {
+			s.mu.Unlock()
+			b.finish(c, false, false)
+			return false
+		}
+		s.b = rb
+	}
+	s.claim = c
+	s.attempts++
+	s.mu.Unlock()
+	return true
+}
+
+// finish ends the live claim exactly once: released when the worker
+// answered the upgrade with 101 (the session was served; its lifetime
+// stays counted), undone otherwise. workerFailed marks the worker suspect
+// when the attempt failed on the worker's side rather than the client's.
+func (s *session) finish(clientGone bool) {
+	s.mu.Lock()
+	if s.finished {
+		s.mu.Unlock()
+		return
+	}
+	s.finished = true
+	c, b := s.claim, s.b
+	s.claim, s.b = nil, nil
+	s.mu.Unlock()
+	if b == nil {
+		return
+	}
+	defer b.drop()
+	if c == nil {
+		return
+	}
+	status := s.upstreamStatus()
+	served := status == http.StatusSwitchingProtocols
+	// A worker that answered something else than 101 refused the session.
+	// Without any answer, blame the worker only when the client is still
+	// there (a dial or transport failure).
+	suspect := !served && (status != 0 || !clientGone)
+	b.finish(c, served, suspect)
+}
+
+// upstreamStatus is the status the last upstream answered (0: none).
+func (s *session) upstreamStatus() int {
+	if s.repl == nil {
+		return 0
+	}
+	v, ok := s.repl.Get("http.reverse_proxy.status_code")
+	if !ok {
+		return 0
+	}
+	switch n := v.(type) {
+	case int:
+		return n
+	case string:
+		i, _ := strconv.Atoi(n)
+		return i
+	}
+	return 0
+}
+
+// pointAt makes the upstream request go to the claimed worker: the dial
+// variable, the worker's WebSocket path, and its query when it has one
+// (otherwise the client's query string is kept).
+func pointAt(r *http.Request, c *registry.Claim) {
+	caddyhttp.SetVar(r.Context(), varDial, c.Worker.Addr)
+	caddyhttp.SetVar(r.Context(), varWorker, c.Worker.ID)
+	p := c.Worker.Path
+	if p == "" {
+		p = "/"
+	}
+	var q string
+	hasQuery := false
+	if i := strings.IndexByte(p, '?'); i >= 0 {
+		p, q, hasQuery = p[:i], p[i+1:], true
+	}
+	if u, err := url.Parse(p); err == nil && u.Path != "" {
+		r.URL.Path, r.URL.RawPath = u.Path, u.RawPath
+	} else {
+		r.URL.Path, r.URL.RawPath = p, ""
+	}
+	if hasQuery {
+		r.URL.RawQuery = q
+	}
+}
+
+// retryAfterSeconds renders a duration for the Retry-After header: whole
+// seconds, rounded up, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	s := int((d + time.Second - 1) / time.Second)
+	if s < 1 {
+		s = 1
+	}
+	return strconv.Itoa(s)
+}
