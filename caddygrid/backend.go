@@ -78,8 +78,8 @@ type backend struct {
 
 	// ctx ends when the last reference goes (Destruct); the background
 	// work started by start runs until then.
-	ctx      context.Context
-	cancel   context.CancelFunc
+	ctx     context.Context
+	cancel  context.CancelFunc
 	startMu sync.Once
 	wg      sync.WaitGroup
 }

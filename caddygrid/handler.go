@@ -94,8 +94,8 @@ type Handler struct {
 	spec          poolSpec
 	policyName    string
 	selectTimeout time.Duration
-	proxy      *reverseproxy.Handler
-	logger     *zap.Logger
+	proxy         *reverseproxy.Handler
+	logger        *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
