@@ -31,6 +31,11 @@ func startRegistry(t testing.TB, opts Options) (*Registry, redis.UniversalClient
 	return New(rdb, opts), rdb
 }
 
+// redisURL is the URL of a single-node registry's server.
+func redisURL(r *Registry) string {
+	return "redis://" + r.rdb.(*redis.Client).Options().Addr + "/0"
+}
+
 // put writes a worker with chosen figures (the test hook): w's fields are
 // stored as they are, with its record TTL at expires (zero: far ahead).
 func put(t testing.TB, r *Registry, pool string, w selection.Worker, v int, expires time.Time) {
