@@ -1,0 +1,265 @@
+package caddygrid_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// The tests of this file's package drive a real bin/caddy (make build), a
+// real redis-server, and fakebrowser servers registered in Redis through
+// the registry package, as a worker agent would register them.
+
+// grid is one test's Redis with its registry.
+type grid struct {
+	t     *testing.T
+	redis *testenv.Redis
+	rdb   redis.UniversalClient
+	reg   *registry.Registry
+}
+
+func newGrid(t *testing.T) *grid {
+	t.Helper()
+	r := testenv.StartRedis(t)
+	rdb, err := registry.NewClient(r.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return &grid{t: t, redis: r, rdb: rdb, reg: registry.New(rdb, registry.Options{})}
+}
+
+// workerTTL keeps registered records alive for the whole test (there is no
+// agent heartbeating them).
+const workerTTL = 10 * time.Minute
+
+// worker starts a fakebrowser server and registers it in pool as id.
+func (g *grid) worker(pool, id string, b fake.Behavior) *fake.Server {
+	g.t.Helper()
+	srv, ep, err := fake.Start("127.0.0.1:0", fake.Options{Path: "/playwright", Behavior: b})
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.t.Cleanup(func() { srv.Close() })
+	u, err := url.Parse(ep)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	err = g.reg.Register(context.Background(), registry.Registration{
+		Pool: pool, ID: id, BrowserType: pool, Addr: u.Host, Path: u.Path, TTL: workerTTL,
+	})
+	if err != nil {
+		g.t.Fatalf("registering worker %s: %v", id, err)
+	}
+	return srv
+}
+
+// info reads one worker's record.
+func (g *grid) info(pool, id string) registry.WorkerInfo {
+	g.t.Helper()
+	w, err := g.reg.Worker(context.Background(), pool, id)
+	if err != nil {
+		g.t.Fatalf("reading worker %s: %v", id, err)
+	}
+	return w
+}
+
+// caddy is a running bin/caddy.
+type caddy struct {
+	t         *testing.T
+	proc      *testenv.Process
+	dir       string
+	config    string
+	adminPort int
+	httpPort  int
+	env       []string
+}
+
+// caddyOpts shape the generated Caddyfile.
+type caddyOpts struct {
+	redisURL string
+	// global goes inside the grid { } global option after redis.
+	global string
+	// extraGlobal goes into the global options block.
+	extraGlobal string
+	// site is the body of the http:// site block.
+	site string
+}
+
+func (o caddyOpts) caddyfile(adminPort, httpPort int, storage string) string {
+	return fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	http_port %d
+	auto_https off
+	persist_config off
+	storage file_system %s
+	%s
+	grid {
+		redis %s
+		stale_threshold 10m
+		%s
+	}
+}
+
+http://127.0.0.1:%d {
+%s
+}
+`, adminPort, httpPort, storage, o.extraGlobal, o.redisURL, o.global, httpPort, o.site)
+}
+
+// startCaddy runs bin/caddy with the generated config on free ports.
+func startCaddy(t *testing.T, o caddyOpts) *caddy {
+	t.Helper()
+	bin := testenv.Bin(t, "caddy")
+	c := &caddy{t: t, dir: t.TempDir(), adminPort: testenv.FreePort(t), httpPort: testenv.FreePort(t)}
+	c.config = filepath.Join(c.dir, "Caddyfile")
+	c.write(o)
+	c.env = []string{
+		"HOME=" + c.dir,
+		"XDG_DATA_HOME=" + filepath.Join(c.dir, "data"),
+		"XDG_CONFIG_HOME=" + filepath.Join(c.dir, "config"),
+	}
+	c.proc = testenv.Start(t, c.env, bin, "run", "--config", c.config, "--adapter", "caddyfile")
+	if err := testenv.WaitTCP(c.addr(), 20*time.Second); err != nil {
+		t.Fatalf("caddy did not start: %v\n%s", err, c.proc.Output())
+	}
+	if err := testenv.WaitTCP(fmt.Sprintf("127.0.0.1:%d", c.adminPort), 5*time.Second); err != nil {
+		t.Fatalf("caddy admin did not start: %v", err)
+	}
+	return c
+}
+
+func (c *caddy) write(o caddyOpts) {
+	c.t.Helper()
+	src := o.caddyfile(c.adminPort, c.httpPort, filepath.Join(c.dir, "storage"))
+	if err := os.WriteFile(c.config, []byte(src), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *caddy) addr() string { return fmt.Sprintf("127.0.0.1:%d", c.httpPort) }
+
+// url is a ws:// URL on the site.
+func (c *caddy) url(path string) string { return "ws://" + c.addr() + path }
+
+// reload writes a new config and applies it with 'caddy reload'.
+func (c *caddy) reload(o caddyOpts) {
+	c.t.Helper()
+	c.write(o)
+	bin := testenv.Bin(c.t, "caddy")
+	p := testenv.Start(c.t, c.env, bin, "reload", "--config", c.config, "--adapter", "caddyfile",
+		"--address", fmt.Sprintf("127.0.0.1:%d", c.adminPort), "--force")
+	code, err := p.ExitCode(context.Background())
+	if err != nil || code != 0 {
+		c.t.Fatalf("caddy reload: exit %d, %v\n%s", code, err, p.Output())
+	}
+}
+
+// admin GETs (or POSTs) an admin path and returns status and body.
+func (c *caddy) admin(method, path string) (int, []byte) {
+	c.t.Helper()
+	req, err := http.NewRequest(method, fmt.Sprintf("http://127.0.0.1:%d%s", c.adminPort, path), nil)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, body
+}
+
+// metric returns the value of one sample of Caddy's /metrics, e.g.
+// metric(`caddy_grid_selections_total{policy="lifetime_first",pool="chromium"}`);
+// a missing sample is 0.
+func (c *caddy) metric(sample string) float64 {
+	c.t.Helper()
+	code, body := c.admin(http.MethodGet, "/metrics")
+	if code != http.StatusOK {
+		c.t.Fatalf("GET /metrics: %d %s", code, body)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, sample+" ") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, sample)), 64)
+			if err != nil {
+				c.t.Fatalf("metric %s: %v", line, err)
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+// session is one client WebSocket through Caddy.
+type session struct {
+	conn *wsock.Conn
+}
+
+// dial opens a session and checks that it reaches a worker (an echo).
+func dial(ctx context.Context, u string) (*session, error) {
+	c, _, err := (&wsock.Dialer{HandshakeTimeout: 20 * time.Second}).Dial(ctx, u)
+	if err != nil {
+		return nil, err
+	}
+	s := &session{conn: c}
+	if err := s.echo("hello"); err != nil {
+		c.Abort()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *session) echo(msg string) error {
+	if err := s.conn.WriteText(msg); err != nil {
+		return fmt.Errorf("writing: %w", err)
+	}
+	_ = s.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, got, err := s.conn.ReadMessage()
+	_ = s.conn.SetReadDeadline(time.Time{})
+	if err != nil {
+		return fmt.Errorf("reading the echo: %w", err)
+	}
+	if string(got) != msg {
+		return fmt.Errorf("echo %q, want %q", got, msg)
+	}
+	return nil
+}
+
+func (s *session) close() { s.conn.CloseWith(wsock.CloseNormal, "", 2*time.Second) }
+
+// refusal returns the refused handshake behind err, or nil.
+func refusal(err error) *wsock.HandshakeError {
+	var he *wsock.HandshakeError
+	if errors.As(err, &he) {
+		return he
+	}
+	return nil
+}
+
+// mustDial opens a session or fails the test.
+func mustDial(t *testing.T, u string) *session {
+	t.Helper()
+	s, err := dial(context.Background(), u)
+	if err != nil {
+		t.Fatalf("session through %s: %v", u, err)
+	}
+	return s
+}
