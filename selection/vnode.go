@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -117,12 +118,15 @@ func (e RingEntry) compare(f RingEntry) int {
 }
 
 // Ring is the set of every registered worker's positions, kept in ring
-// order (position, then worker ID) like the registry's sorted set. It is not
-// safe for concurrent use: guard it, or give each goroutine its own.
+// order (position, then worker ID) like the registry's sorted set. Like a
+// map, it may be read (Select, Entries, Members, Len) from many goroutines
+// at once, but Add and Remove need exclusive access.
 type Ring struct {
 	entries []RingEntry
 	v       map[string]int
-	sorted  bool
+	// mu guards the lazy sort that the first read after Add performs.
+	mu     sync.Mutex
+	sorted bool
 }
 
 // NewRing returns an empty ring.
@@ -178,6 +182,8 @@ func (r *Ring) Members() []string {
 }
 
 func (r *Ring) sort() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if !r.sorted {
 		slices.SortFunc(r.entries, RingEntry.compare)
 		r.sorted = true
