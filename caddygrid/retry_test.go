@@ -1,0 +1,143 @@
+package caddygrid_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// deadWorker registers a worker whose address accepts no connections.
+func (g *grid) deadWorker(pool, id string) {
+	g.t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	err = g.reg.Register(context.Background(), registry.Registration{
+		Pool: pool, ID: id, BrowserType: pool, Addr: addr, Path: "/playwright", TTL: workerTTL,
+	})
+	if err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// TestFailingWorkersAreInvisible: a worker that cannot be dialed and one
+// that refuses every upgrade come first in lifetime-first order, yet every
+// client gets a session from the healthy workers, and neither failing
+// worker is charged any lifetime.
+func TestFailingWorkersAreInvisible(t *testing.T) {
+	g := newGrid(t)
+	g.deadWorker("chromium", "w0")
+	refuser := g.worker("chromium", "w1", fake.Behavior{Refuse: http.StatusServiceUnavailable})
+	good := []*fake.Server{g.worker("chromium", "w2", fake.Behavior{}), g.worker("chromium", "w3", fake.Behavior{})}
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			max_lifetime 100
+			dial_retries 2
+		}
+	}`})
+
+	const clients = 12
+	for i := range clients {
+		s, err := dial(context.Background(), c.url("/playwright/chromium"))
+		if err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+		s.close()
+	}
+	testenv.Eventually(t, 10*time.Second, "sessions released", func() bool {
+		return g.info("chromium", "w2").Active+g.info("chromium", "w3").Active == 0
+	})
+	for _, id := range []string{"w0", "w1"} {
+		if w := g.info("chromium", id); w.Lifetime != 0 || w.Active != 0 {
+			t.Errorf("failing worker %s charged: lifetime %d, active %d; want 0, 0", id, w.Lifetime, w.Active)
+		}
+	}
+	if refuser.Stats().Refused == 0 {
+		t.Error("the refusing worker was never tried; the test proves nothing")
+	}
+	served := int64(0)
+	for _, s := range good {
+		served += s.Stats().Sessions
+	}
+	lifetimes := g.info("chromium", "w2").Lifetime + g.info("chromium", "w3").Lifetime
+	if served != clients || lifetimes != clients {
+		t.Errorf("healthy workers served %d sessions with lifetimes summing to %d; want %d and %d", served, lifetimes, clients, clients)
+	}
+	retries := c.metric(`caddy_grid_dial_retries_total{pool="chromium"}`)
+	undone := c.metric(`caddy_grid_releases_total{outcome="undone",pool="chromium"}`)
+	if retries < 2 || retries != undone {
+		t.Errorf("dial_retries_total = %v, undone = %v; want at least 2 (one per failing worker), and equal", retries, undone)
+	}
+	if got := c.metric(`caddy_grid_releases_total{outcome="released",pool="chromium"}`); got != clients {
+		t.Errorf("released = %v, want %d", got, clients)
+	}
+}
+
+// TestAllWorkersFailing: when every attempt fails, the client gets the
+// last worker's refusal and nothing stays claimed.
+func TestAllWorkersFailing(t *testing.T) {
+	g := newGrid(t)
+	for i := range 3 {
+		g.worker("chromium", fmt.Sprintf("w%d", i), fake.Behavior{Refuse: http.StatusForbidden})
+	}
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			dial_retries 1
+		}
+	}`})
+	_, err := dial(context.Background(), c.url("/playwright/chromium"))
+	if he := refusal(err); he == nil || he.StatusCode != http.StatusForbidden {
+		t.Fatalf("got %v, want the workers' 403", err)
+	}
+	testenv.Eventually(t, 5*time.Second, "claims given back", func() bool {
+		for i := range 3 {
+			if w := g.info("chromium", fmt.Sprintf("w%d", i)); w.Active != 0 || w.Lifetime != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if got := c.metric(`caddy_grid_releases_total{outcome="undone",pool="chromium"}`); got != 2 {
+		t.Errorf("undone claims = %v, want 2 (first try and one retry)", got)
+	}
+}
+
+// TestHangingWorker: a worker that never answers the upgrade costs one
+// upgrade_timeout, then the session moves on and the claim is given back.
+func TestHangingWorker(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "w1", fake.Behavior{Hang: true})
+	good := g.worker("chromium", "w2", fake.Behavior{})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			upgrade_timeout 300ms
+		}
+	}`})
+	s := mustDial(t, c.url("/playwright/chromium"))
+	s.close()
+	if good.Stats().Sessions != 1 {
+		t.Fatalf("the healthy worker served %d sessions, want 1", good.Stats().Sessions)
+	}
+	testenv.Eventually(t, 5*time.Second, "claims settled", func() bool {
+		return g.info("chromium", "w2").Active == 0
+	})
+	if w := g.info("chromium", "w1"); w.Lifetime != 0 || w.Active != 0 {
+		t.Errorf("hanging worker charged: lifetime %d, active %d", w.Lifetime, w.Active)
+	}
+	if w := g.info("chromium", "w1"); !w.SuspectUntil.After(time.Now().Add(-time.Minute)) {
+		t.Errorf("hanging worker not marked suspect (suspect until %v)", w.SuspectUntil)
+	}
+}
