@@ -239,7 +239,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		reg.Path = "/"
 	}
 	log := a.log.With(zap.String("worker_id", reg.ID), zap.String("pool", reg.Pool))
-	log.Info("browser listening", zap.String("endpoint", b.Endpoint.String()), zap.Int("pid", b.Pid))
+	log.Info("browser listening", zap.String("endpoint", b.Endpoint.String()), zap.Int("pid", b.Pid), zap.Ints("process_groups", b.Groups()))
 
 	// Register; keep trying while Redis is away (it answered at start).
 	for attempt := 1; ; attempt++ {
@@ -286,6 +286,10 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		case err := <-probeFailed:
 			log.Error("browser failed its probe; restarting it", zap.Error(err))
 			a.deregister(log, reg)
+			// A browser that does not answer will not close itself either.
+			if err := b.Stop(0); err != nil {
+				log.Error("stopping the browser", zap.Error(err))
+			}
 			return endCrashed, fmt.Errorf("the browser stopped answering: %w", err)
 		case <-tick.C:
 			cctx, cancel := rctx()
@@ -459,4 +463,22 @@ func NewLogger(cfg Config) (*zap.Logger, error) {
 	zc.OutputPaths = []string{"stderr"}
 	zc.ErrorOutputPaths = []string{"stderr"}
 	return zc.Build()
+}
+
+// RedisLogger adapts log for go-redis' internal messages (pool dial
+// failures and the like), which it otherwise prints unstructured on stderr:
+// redis.SetLogger(workeragent.RedisLogger(log)). They go out at debug
+// level; the agent logs every failure that matters itself.
+func RedisLogger(log *zap.Logger) interface {
+	Printf(ctx context.Context, format string, v ...any)
+} {
+	return redisLogger{log.Named("redis")}
+}
+
+type redisLogger struct{ log *zap.Logger }
+
+func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
+	if ce := l.log.Check(zapcore.DebugLevel, "redis client"); ce != nil {
+		ce.Write(zap.String("detail", fmt.Sprintf(format, v...)))
+	}
 }

@@ -57,6 +57,15 @@ func (b *Browser) Done() <-chan struct{} { return b.done }
 // ExitError is how the process ended (valid after Done).
 func (b *Browser) ExitError() error { return b.waitErr }
 
+// Groups are the process groups the agent kills when it stops the browser:
+// the launched process's own and any the browser made for itself (Playwright
+// starts Chromium as a group leader).
+func (b *Browser) Groups() []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]int(nil), b.groups...)
+}
+
 // Output returns the last lines the process printed, for error messages.
 func (b *Browser) Output() string {
 	b.mu.Lock()
@@ -109,7 +118,7 @@ func (b *Browser) Probe(ctx context.Context, timeout time.Duration) error {
 }
 
 // Stop ends the browser: SIGTERM to its process group, SIGKILL to every
-// group it made after grace, then waits until no process of those groups
+// group it made after grace (at once when grace is 0), then waits until no process of those groups
 // is left, and removes its temporary files. Safe to call more than once.
 func (b *Browser) Stop(grace time.Duration) error {
 	b.stopMu.Lock()
@@ -122,7 +131,11 @@ func (b *Browser) Stop(grace time.Duration) error {
 	groups := append([]int(nil), b.groups...)
 	b.mu.Unlock()
 
-	_ = syscall.Kill(-b.Pid, syscall.SIGTERM)
+	if grace > 0 {
+		_ = syscall.Kill(-b.Pid, syscall.SIGTERM)
+		// A stopped (frozen) process acts on SIGTERM only once continued.
+		_ = syscall.Kill(-b.Pid, syscall.SIGCONT)
+	}
 	t := time.NewTimer(grace)
 	select {
 	case <-b.done:

@@ -22,6 +22,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/browsergrid/caddy-browser-grid/workeragent"
@@ -46,6 +47,7 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 		return 2
 	}
 	defer log.Sync()
+	redis.SetLogger(workeragent.RedisLogger(log))
 	agent, err := workeragent.New(cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "grid-worker: %v\n", err)

@@ -1,0 +1,137 @@
+package workeragent
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestParseFlagsDefaults(t *testing.T) {
+	c, err := ParseFlags(nil, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Pool != "chromium" || c.HeartbeatInterval != 10*time.Second || c.KeyTTL != 30*time.Second ||
+		c.DrainTimeout != 30*time.Second || c.CommandTTL != time.Minute || c.Launcher != "playwright" || c.Respawn {
+		t.Fatalf("defaults: %+v", c)
+	}
+}
+
+func TestEnvironmentAndFlagPrecedence(t *testing.T) {
+	e := env(map[string]string{
+		"REDIS_URL":               "redis://redis:6379/2",
+		"POOL":                    "team-a",
+		"BROWSER_TYPE":            "chromium",
+		"LAUNCHER":                "fake",
+		"PRIVATE_HOSTNAME":        "worker-7",
+		"MAX_CONCURRENT_SESSIONS": "4",
+		"HEARTBEAT_INTERVAL":      "5", // seconds, as the seed writes it
+		"REDIS_KEY_TTL":           "20s",
+		"DRAIN_TIMEOUT":           "45",
+		"RESPAWN":                 "true",
+		"REDIS_RETRY_ATTEMPTS":    "3",
+	})
+	c, err := ParseFlags([]string{"-max-concurrent", "6", "-pool", "team-b"}, e, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{RedisURL: "redis://redis:6379/2", Pool: "team-b", Launcher: "fake", Advertise: "worker-7", MaxConcurrent: 6,
+		HeartbeatInterval: 5 * time.Second, KeyTTL: 20 * time.Second, DrainTimeout: 45 * time.Second, Respawn: true, RedisRetryAttempts: 3}
+	if c.RedisURL != want.RedisURL || c.Pool != want.Pool || c.Launcher != want.Launcher || c.Advertise != want.Advertise ||
+		c.MaxConcurrent != want.MaxConcurrent || c.HeartbeatInterval != want.HeartbeatInterval || c.KeyTTL != want.KeyTTL ||
+		c.DrainTimeout != want.DrainTimeout || c.Respawn != want.Respawn || c.RedisRetryAttempts != want.RedisRetryAttempts {
+		t.Fatalf("got %+v", c)
+	}
+	// A bare -respawn=false overrides RESPAWN=true.
+	c, err = ParseFlags([]string{"-respawn=false"}, e, io.Discard)
+	if err != nil || c.Respawn {
+		t.Fatalf("respawn=false: %v %v", c.Respawn, err)
+	}
+}
+
+func TestBadConfigurationsNameTheProblem(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want []string // every piece must appear in the error
+	}{
+		{"heartbeat not below key TTL", []string{"-heartbeat-interval", "30s", "-key-ttl", "30s"}, nil,
+			[]string{"heartbeat interval < key TTL", "heartbeat-interval 30s", "key-ttl 30s"}},
+		{"heartbeat not below stale threshold", []string{"-heartbeat-interval", "20s", "-key-ttl", "60s", "-stale-threshold", "15s"}, nil,
+			[]string{"heartbeat interval < stale threshold", "20s", "stale-threshold 15s"}},
+		{"heartbeat not below command TTL", []string{"-heartbeat-interval", "20s", "-key-ttl", "60s", "-stale-threshold", "60s", "-command-ttl", "10s"}, nil,
+			[]string{"heartbeat interval < shutdown command TTL", "command-ttl 10s"}},
+		{"timing from the environment", nil, map[string]string{"HEARTBEAT_INTERVAL": "40", "REDIS_KEY_TTL": "30"},
+			[]string{"heartbeat interval < key TTL", "heartbeat-interval 40s", "key-ttl 30s"}},
+		{"bad env duration", nil, map[string]string{"HEARTBEAT_INTERVAL": "often"}, []string{"HEARTBEAT_INTERVAL", "often", "duration"}},
+		{"bad env number", nil, map[string]string{"MAX_CONCURRENT_SESSIONS": "lots"}, []string{"MAX_CONCURRENT_SESSIONS", "whole number"}},
+		{"bad env bool", nil, map[string]string{"RESPAWN": "sometimes"}, []string{"RESPAWN", "boolean"}},
+		{"zero heartbeat", []string{"-heartbeat-interval", "0"}, nil, []string{"-heartbeat-interval must be positive"}},
+		{"unknown launcher", []string{"-launcher", "selenium"}, nil, []string{"-launcher", "selenium"}},
+		{"exec without command", []string{"-launcher", "exec"}, nil, []string{"-exec"}},
+		{"cdp with firefox", []string{"-launcher", "cdp", "-browser-type", "firefox"}, nil, []string{"cdp", "firefox"}},
+		{"unknown browser", []string{"-browser-type", "lynx"}, nil, []string{"-browser-type", "lynx"}},
+		{"bad pool", []string{"-pool", "a b"}, nil, []string{"-pool", "a b"}},
+		{"bad port", []string{"-port", "70000"}, nil, []string{"-port", "70000"}},
+		{"negative capacity", []string{"-max-concurrent", "-1"}, nil, []string{"-max-concurrent", "-1"}},
+		{"bad advertise", []string{"-advertise", "host:99999"}, nil, []string{"-advertise", "host:99999"}},
+		{"ws path", []string{"-ws-path", "playwright"}, nil, []string{"-ws-path"}},
+		{"no attempts", []string{"-redis-retry-attempts", "0"}, nil, []string{"-redis-retry-attempts"}},
+		{"log format", []string{"-log-format", "xml"}, nil, []string{"-log-format", "xml"}},
+		{"stray argument", []string{"chromium"}, nil, []string{"unexpected arguments"}},
+		{"unknown flag", []string{"-heartbeat", "1s"}, nil, []string{"heartbeat"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseFlags(tc.args, env(tc.env), io.Discard)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	for in, want := range map[string]time.Duration{"10": 10 * time.Second, "0.5": 500 * time.Millisecond, "250ms": 250 * time.Millisecond, " 1m ": time.Minute} {
+		if got, err := ParseDuration(in); err != nil || got != want {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	if _, err := ParseDuration("soon"); err == nil {
+		t.Error("ParseDuration(soon) succeeded")
+	}
+}
+
+func TestOptionsHaveFlagsAndEnvVars(t *testing.T) {
+	seen := map[string]bool{}
+	for _, o := range Options() {
+		if o.Flag == "" || o.Env == "" || o.Usage == "" || seen[o.Flag] || seen[o.Env] {
+			t.Fatalf("option %+v is incomplete or repeated", o)
+		}
+		seen[o.Flag], seen[o.Env] = true, true
+	}
+	// The names.
+	for _, env := range []string{"REDIS_URL", "POOL", "BROWSER_TYPE", "LAUNCHER", "PRIVATE_HOSTNAME", "MAX_CONCURRENT_SESSIONS", "HEARTBEAT_INTERVAL", "REDIS_KEY_TTL", "DRAIN_TIMEOUT", "RESPAWN", "REDIS_RETRY_ATTEMPTS"} {
+		if !seen[env] {
+			t.Errorf("no option reads %s", env)
+		}
+	}
+}
+
+func TestNewIDUniquePerLaunch(t *testing.T) {
+	a, b := NewID("host"), NewID("host")
+	if a == b || !strings.HasPrefix(a, "host-") {
+		t.Fatalf("ids %q %q", a, b)
+	}
+}
