@@ -22,13 +22,20 @@ func keySet(set uint64, n int) []Worker {
 // allocate makes the given number of vnode allocations with no releases
 // and returns the busiest worker's count over the mean.
 func allocate(ws []Worker, v Vnode, allocations int, r Rand) float64 {
+	ring := NewRing()
+	byID := make(map[string]*Worker, len(ws))
 	for i := range ws {
 		ws[i].Active = 0
+		ring.Add(ws[i].ID, v.VirtualNodes)
+		byID[ws[i].ID] = &ws[i]
 	}
-	s := &VnodeSelector{Vnode: v, Rand: r}
+	lookup := func(id string) (*Worker, bool) { w, ok := byID[id]; return w, ok }
 	for range allocations {
-		d := s.Select(ws, t0)
-		ws[d.Index].Active++
+		d := v.Select(ring, lookup, v.Draw(r), t0)
+		if !d.OK {
+			panic("no worker in an all-available pool")
+		}
+		byID[d.ID].Active++
 	}
 	most := 0
 	for i := range ws {

@@ -154,3 +154,6 @@ func (f FairShare) Select(ws []Worker, now time.Time) Decision {
 	})
 	return d
 }
+
+// Interface guards.
+var _ Selector = FairShare{}

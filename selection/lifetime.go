@@ -100,3 +100,6 @@ func (p LifetimeFirst) Select(ws []Worker, now time.Time) Decision {
 	walkOrdered(len(ws), func(i int) bool { return ws[i].Lifetime >= edge && p.Indexed(&ws[i]) }, less, visit)
 	return d
 }
+
+// Interface guards.
+var _ Selector = LifetimeFirst{}

@@ -136,3 +136,9 @@ func (p *turns) next(l Limits, ws []Worker, now time.Time, weight func(*Worker) 
 	}
 	return d
 }
+
+// Interface guards.
+var (
+	_ Selector = (*WeightedRoundRobin)(nil)
+	_ Selector = (*RoundRobin)(nil)
+)

@@ -328,11 +328,4 @@ func RandomFleet(n int, l Limits, r Rand, now time.Time) []Worker {
 }
 
 // Interface guards.
-var (
-	_ Selector       = LifetimeFirst{}
-	_ Selector       = FairShare{}
-	_ Selector       = (*WeightedRoundRobin)(nil)
-	_ Selector       = (*RoundRobin)(nil)
-	_ Selector       = (*VnodeSelector)(nil)
-	_ heap.Interface = (*simQueue)(nil)
-)
+var _ heap.Interface = (*simQueue)(nil)

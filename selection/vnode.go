@@ -392,9 +392,10 @@ func (v Vnode) Select(ring *Ring, lookup func(id string) (*Worker, bool), draw V
 }
 
 // VnodeSelector adapts Vnode to a plain snapshot, for the simulator and
-// benchmarks: it keeps a ring of the snapshot's worker IDs (rebuilt when
-// they change) and draws from Rand on every call. Not safe for concurrent
-// use.
+// tests: it keeps a ring of the snapshot's worker IDs (rebuilt when they
+// change, which it checks in O(N) on every call) and draws from Rand on
+// every call. For hot loops, call Vnode.Select with a ring and lookup of
+// your own. Not safe for concurrent use.
 type VnodeSelector struct {
 	Vnode
 	Rand Rand
@@ -440,3 +441,6 @@ func (s *VnodeSelector) sameIDs(ws []Worker) bool {
 	}
 	return true
 }
+
+// Interface guards.
+var _ Selector = (*VnodeSelector)(nil)
