@@ -2,6 +2,8 @@ package workeragent
 
 import (
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -133,5 +135,27 @@ func TestNewIDUniquePerLaunch(t *testing.T) {
 	a, b := NewID("host"), NewID("host")
 	if a == b || !strings.HasPrefix(a, "host-") {
 		t.Fatalf("ids %q %q", a, b)
+	}
+}
+
+// TestREADMEListsEveryOption keeps the README's flags table in step with
+// the flags the agent really has.
+func TestREADMEListsEveryOption(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(raw)
+	start := strings.Index(s, "<!-- section: workers")
+	end := strings.Index(s, "<!-- /section: workers -->")
+	if start < 0 || end < start {
+		t.Fatal("README.md has no workers section")
+	}
+	section := s[start:end]
+	for _, o := range Options() {
+		row := "| `-" + o.Flag + "` | `" + o.Env + "` |"
+		if !strings.Contains(section, row) {
+			t.Errorf("README workers section has no row starting %q", row)
+		}
 	}
 }
