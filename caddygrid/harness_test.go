@@ -88,6 +88,8 @@ type caddy struct {
 	config    string
 	adminPort int
 	httpPort  int
+	plainPort int // HTTP port when the site is HTTPS
+	tls       bool
 	env       []string
 }
 
@@ -98,15 +100,26 @@ type caddyOpts struct {
 	global string
 	// extraGlobal goes into the global options block.
 	extraGlobal string
-	// site is the body of the http:// site block.
+	// site is the body of the site block: http://127.0.0.1:<port>, or
+	// with tls, https://localhost:<port> with Caddy's internal CA.
 	site string
+	tls  bool
 }
 
-func (o caddyOpts) caddyfile(adminPort, httpPort int, storage string) string {
+func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) string {
+	https := "auto_https off"
+	httpPort := port
+	address := fmt.Sprintf("http://127.0.0.1:%d", port)
+	if o.tls {
+		https = fmt.Sprintf("https_port %d\n\tlocal_certs\n\tskip_install_trust", port)
+		httpPort = plainPort
+		address = fmt.Sprintf("localhost:%d", port)
+		o.site = "\ttls internal\n" + o.site
+	}
 	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	http_port %d
-	auto_https off
+	%s
 	persist_config off
 	storage file_system %s
 	%s
@@ -117,17 +130,17 @@ func (o caddyOpts) caddyfile(adminPort, httpPort int, storage string) string {
 	}
 }
 
-http://127.0.0.1:%d {
+%s {
 %s
 }
-`, adminPort, httpPort, storage, o.extraGlobal, o.redisURL, o.global, httpPort, o.site)
+`, adminPort, httpPort, https, storage, o.extraGlobal, o.redisURL, o.global, address, o.site)
 }
 
 // startCaddy runs bin/caddy with the generated config on free ports.
 func startCaddy(t *testing.T, o caddyOpts) *caddy {
 	t.Helper()
 	bin := testenv.Bin(t, "caddy")
-	c := &caddy{t: t, dir: t.TempDir(), adminPort: testenv.FreePort(t), httpPort: testenv.FreePort(t)}
+	c := &caddy{t: t, dir: t.TempDir(), adminPort: testenv.FreePort(t), httpPort: testenv.FreePort(t), plainPort: testenv.FreePort(t), tls: o.tls}
 	c.config = filepath.Join(c.dir, "Caddyfile")
 	c.write(o)
 	c.env = []string{
@@ -147,7 +160,7 @@ func startCaddy(t *testing.T, o caddyOpts) *caddy {
 
 func (c *caddy) write(o caddyOpts) {
 	c.t.Helper()
-	src := o.caddyfile(c.adminPort, c.httpPort, filepath.Join(c.dir, "storage"))
+	src := o.caddyfile(c.adminPort, c.httpPort, c.plainPort, filepath.Join(c.dir, "storage"))
 	if err := os.WriteFile(c.config, []byte(src), 0o644); err != nil {
 		c.t.Fatal(err)
 	}
@@ -155,8 +168,18 @@ func (c *caddy) write(o caddyOpts) {
 
 func (c *caddy) addr() string { return fmt.Sprintf("127.0.0.1:%d", c.httpPort) }
 
-// url is a ws:// URL on the site.
-func (c *caddy) url(path string) string { return "ws://" + c.addr() + path }
+// url is a ws:// (or wss://) URL on the site.
+func (c *caddy) url(path string) string {
+	if c.tls {
+		return fmt.Sprintf("wss://localhost:%d%s", c.httpPort, path)
+	}
+	return "ws://" + c.addr() + path
+}
+
+// rootCA is the path of Caddy's local root certificate.
+func (c *caddy) rootCA() string {
+	return filepath.Join(c.dir, "storage", "pki", "authorities", "local", "root.crt")
+}
 
 // reload writes a new config and applies it with 'caddy reload'.
 func (c *caddy) reload(o caddyOpts) {
