@@ -255,9 +255,12 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
+			// A register that timed out may still have landed.
+			a.deregister(log, reg)
 			return endSignal, nil
 		case <-b.Done():
 			t.Stop()
+			a.deregister(log, reg)
 			return endCrashed, fmt.Errorf("the browser exited before it could be registered (%v)", b.ExitError())
 		}
 	}

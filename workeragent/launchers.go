@@ -64,8 +64,8 @@ func exeDir() string {
 }
 
 // findLaunchScript finds playwright/launch-server.mjs: where the flag says,
-// else beside the binary (bin/../playwright, ./playwright) or in the
-// working directory.
+// else in $GRID_PLAYWRIGHT_DIR, beside the binary (bin/../playwright,
+// ./playwright) or in the working directory.
 func findLaunchScript(flagValue string) (string, error) {
 	if flagValue != "" {
 		if _, err := os.Stat(flagValue); err != nil {
@@ -75,6 +75,10 @@ func findLaunchScript(flagValue string) (string, error) {
 	}
 	var tried []string
 	dirs := []string{}
+	// The local grid (internal/localgrid) names the folder this way.
+	if d := os.Getenv("GRID_PLAYWRIGHT_DIR"); d != "" {
+		dirs = append(dirs, d)
+	}
 	if d := exeDir(); d != "" {
 		dirs = append(dirs, filepath.Join(d, "..", "playwright"), filepath.Join(d, "playwright"))
 	}
