@@ -427,3 +427,9 @@ func validName(s string) bool {
 	}
 	return true
 }
+
+// Interface guards.
+var (
+	_ flag.Value = flagValue{}
+	_ flag.Value = boolFlag{}
+)

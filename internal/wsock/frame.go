@@ -216,3 +216,9 @@ func validCloseCode(code int) bool {
 	}
 	return false
 }
+
+// Interface guards.
+var (
+	_ error = (*CloseError)(nil)
+	_ error = (*ProtocolError)(nil)
+)

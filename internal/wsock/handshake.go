@@ -96,6 +96,9 @@ func (u *Upgrader) Upgrade(w http.ResponseWriter, r *http.Request) (*Conn, error
 	b.WriteString("\r\n")
 	for k, vs := range u.Header {
 		for _, v := range vs {
+			if strings.ContainsAny(k+v, "\r\n") {
+				continue // never let a header value split the response
+			}
 			fmt.Fprintf(&b, "%s: %s\r\n", k, v)
 		}
 	}
@@ -299,3 +302,6 @@ func (d *Dialer) Dial(ctx context.Context, rawURL string) (*Conn, *http.Response
 	ok = true
 	return newConn(nc, br, true, d.MaxMessageSize), resp, nil
 }
+
+// Interface guards.
+var _ error = (*HandshakeError)(nil)
