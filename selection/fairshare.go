@@ -126,6 +126,7 @@ func (f FairShare) Claimed(w *Worker, now time.Time) time.Time {
 // (see the order above). It never modifies ws.
 func (f FairShare) Select(ws []Worker, now time.Time) Decision {
 	d := none()
+	f.Limits = f.Limits.withRetiring(ws, now)
 	s := newScan(f.Limits, now, &d)
 	keys := make([]int64, len(ws))
 	in := make([]bool, len(ws))

@@ -26,6 +26,9 @@ import "time"
 //     Indexed workers with Lifetime >= MaxLifetime - margin (the margin zone;
 //     being Indexed they also have Lifetime + 1 <= MaxLifetime), same order.
 //     None there: no worker.
+//   - With StaggerDrains, a worker one session short of the limit is not
+//     Usable while another fresh worker of the pool is retiring (Retiring
+//     is worked out from ws), so restarts never overlap.
 //   - Each Indexed worker walked past because it is not Usable costs one unit
 //     of the MaxScan budget shared by both phases; when it runs out the
 //     decision is none. Workers walked past with an old heartbeat are listed
@@ -40,7 +43,9 @@ import "time"
 // session plus a restart. The margin shrinks as 1/N while a pool's arrival
 // rate grows with N, so a large pool at a fixed MaxLifetime under heavy load
 // can have two or three down at once; still fewer than round robin (see
-// Simulate and the README's table).
+// Simulate and the README's table). StaggerDrains removes the condition:
+// it holds back the next worker's last session until the previous one is
+// gone, trading that session's wait for the guarantee.
 type LifetimeFirst struct{ Limits }
 
 // Margin is seed 000's safety margin, max(1, floor(maxLifetime/total)):
@@ -64,6 +69,7 @@ func Margin(maxLifetime, total int) int {
 // It never modifies ws.
 func (p LifetimeFirst) Select(ws []Worker, now time.Time) Decision {
 	d := none()
+	p.Limits = p.Limits.withRetiring(ws, now)
 	s := newScan(p.Limits, now, &d)
 	less := func(a, b int) bool {
 		wa, wb := &ws[a], &ws[b]

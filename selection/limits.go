@@ -62,14 +62,51 @@ func (l Limits) Fresh(w *Worker, now time.Time) bool {
 	return ms(now)-ms(w.LastHeartbeat) <= l.StaleAfter.Milliseconds()
 }
 
-// Usable reports whether the worker is fresh and not suspect at now: a
-// worker is suspect until SuspectUntil (exclusive), and never when
-// SuspectUntil is zero.
+// Usable reports whether the worker is fresh, not suspect and not held
+// back by StaggerDrains at now: a worker is suspect until SuspectUntil
+// (exclusive), and never when SuspectUntil is zero.
 func (l Limits) Usable(w *Worker, now time.Time) bool {
-	if !l.Fresh(w, now) {
+	if !l.Fresh(w, now) || l.HeldBack(w) {
 		return false
 	}
 	return w.SuspectUntil.IsZero() || ms(now) >= ms(w.SuspectUntil)
+}
+
+// HeldBack reports whether StaggerDrains keeps the worker from its next
+// session now: the pool has a retiring worker (l.Retiring) and that session
+// would bring this one to MaxLifetime too.
+func (l Limits) HeldBack(w *Worker) bool {
+	return l.StaggerDrains && l.Retiring && l.MaxLifetime > 0 && w.Lifetime+1 >= l.MaxLifetime
+}
+
+// IsRetiring reports whether the worker is on its way out: fresh, and
+// either draining or at the lifetime limit (its shutdown command set, its
+// agent not yet draining). A stale worker is not retiring: it is dead, and
+// holding the pool back for it would stall restarts until it is reaped.
+func (l Limits) IsRetiring(w *Worker, now time.Time) bool {
+	if !l.Fresh(w, now) {
+		return false
+	}
+	return w.Status == Draining || (l.MaxLifetime > 0 && w.Lifetime >= l.MaxLifetime)
+}
+
+// AnyRetiring reports whether some worker of ws IsRetiring at now.
+func AnyRetiring(ws []Worker, l Limits, now time.Time) bool {
+	for i := range ws {
+		if l.IsRetiring(&ws[i], now) {
+			return true
+		}
+	}
+	return false
+}
+
+// withRetiring is l with Retiring worked out from a whole-pool snapshot,
+// when StaggerDrains needs it.
+func (l Limits) withRetiring(ws []Worker, now time.Time) Limits {
+	if l.StaggerDrains && !l.Retiring {
+		l.Retiring = AnyRetiring(ws, l, now)
+	}
+	return l
 }
 
 // Eligible reports whether the worker may take a session at now: Indexed

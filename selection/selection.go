@@ -69,6 +69,20 @@ type Limits struct {
 	// suspect) a decision walks past before it gives up and reports none,
 	// as seed 002's max_scan does. 0: unbounded.
 	MaxScan int
+	// StaggerDrains keeps restarts one at a time: while any fresh worker of
+	// the pool is retiring (IsRetiring: draining, or at MaxLifetime waiting
+	// for its agent to see the shutdown command), a claim may not bring
+	// another worker to MaxLifetime. That worker's last session waits (or
+	// goes elsewhere) until the retiring one is gone, so two workers never
+	// drain at once, whatever the load. Needs MaxLifetime > 0.
+	StaggerDrains bool
+	// Retiring is state of the pool at the instant of a decision, not
+	// configuration: whether some fresh worker of the pool is retiring.
+	// Decisions that see the whole pool (LifetimeFirst, FairShare,
+	// VnodeSelector) work it out from their snapshot with AnyRetiring;
+	// Vnode.Select, which sees only the ring entries it walks, takes it from
+	// here (the registry's scripts read it from the pool's retiring set).
+	Retiring bool
 }
 
 // Rand is the randomness a decision may consume. *math/rand/v2.Rand

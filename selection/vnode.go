@@ -423,7 +423,9 @@ func (s *VnodeSelector) Select(ws []Worker, now time.Time) Decision {
 		}
 		return &ws[i], true
 	}
-	d := s.Vnode.Select(s.ring, lookup, s.Draw(s.Rand), now)
+	v := s.Vnode
+	v.Limits = v.Limits.withRetiring(ws, now)
+	d := v.Select(s.ring, lookup, s.Draw(s.Rand), now)
 	if d.OK {
 		d.Index = s.index[d.ID]
 	}
