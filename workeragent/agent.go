@@ -45,6 +45,20 @@ type Agent struct {
 
 	abort     chan struct{}
 	abortOnce sync.Once
+
+	// handover is the record of a drained browser that --respawn is
+	// replacing: it stays registered as draining, heartbeated, until the
+	// next browser has registered, so the pool sees one worker retiring
+	// for the whole drain-and-restart (selection's StaggerDrains holds the
+	// next worker's last session back meanwhile).
+	handover *handover
+}
+
+type handover struct {
+	log  *zap.Logger
+	reg  registry.Registration
+	stop context.CancelFunc
+	done chan struct{}
 }
 
 // New checks what the agent needs before anything starts: the Redis URL
@@ -94,9 +108,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	const firstBackoff = time.Second
 	backoff := firstBackoff
+	defer a.endHandover()
 	for {
 		started := time.Now()
 		end, err := a.life(ctx)
+		if end != endDrained {
+			// No replacement follows right away: the old record must not
+			// keep the pool's restart slot.
+			a.endHandover()
+		}
 		switch end {
 		case endSignal:
 			return nil
@@ -267,6 +287,8 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 	log.Info("worker registered",
 		zap.String("addr", reg.Addr), zap.String("path", reg.Path), zap.String("browser_type", reg.BrowserType),
 		zap.Int("capacity", reg.Capacity), zap.Duration("key_ttl", reg.TTL), zap.Duration("heartbeat_interval", a.cfg.HeartbeatInterval))
+	// The replacement is serving: the drained browser's record goes now.
+	a.endHandover()
 
 	lifeCtx, stopProbe := context.WithCancel(context.Background())
 	defer stopProbe()
@@ -312,7 +334,11 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 				log.Warn("heartbeat failed; still serving, will retry", zap.Error(err))
 			case cmd == registry.CommandShutdown:
 				a.drain(log, b, reg, "shutdown command")
-				a.exit(log, b, reg)
+				if a.cfg.Respawn {
+					a.retire(log, b, reg)
+				} else {
+					a.exit(log, b, reg)
+				}
 				return endDrained, nil
 			case cmd != "":
 				log.Warn("ignoring unknown command", zap.String("command", string(cmd)))
@@ -429,6 +455,49 @@ func (a *Agent) exit(log *zap.Logger, b *Browser, reg registry.Registration) {
 	} else {
 		log.Info("browser closed")
 	}
+}
+
+// retire closes a drained browser but keeps its record, still draining and
+// heartbeated, until the next browser registers (endHandover).
+func (a *Agent) retire(log *zap.Logger, b *Browser, reg registry.Registration) {
+	if err := b.Stop(stopGrace); err != nil {
+		log.Error("stopping the browser", zap.Error(err))
+	} else {
+		log.Info("browser closed; its record stays draining until the new browser registers")
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	h := &handover{log: log, reg: reg, stop: stop, done: make(chan struct{})}
+	a.handover = h
+	go func() {
+		defer close(h.done)
+		t := time.NewTicker(a.cfg.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			cctx, cancel := rctx()
+			_, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
+			cancel()
+			if errors.Is(err, registry.ErrNotRegistered) {
+				return // reaped or Redis restarted: nothing left to hand over
+			}
+		}
+	}()
+}
+
+// endHandover deregisters the drained browser's record, if one is waiting.
+func (a *Agent) endHandover() {
+	h := a.handover
+	if h == nil {
+		return
+	}
+	a.handover = nil
+	h.stop()
+	<-h.done
+	a.deregister(h.log, h.reg)
 }
 
 func (a *Agent) deregister(log *zap.Logger, reg registry.Registration) {

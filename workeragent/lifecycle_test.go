@@ -347,6 +347,21 @@ func TestRespawnRegistersAsANewWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	second := waitOne(t, reg, "chromium", first.ID, 15*time.Second)
+	// Handover: the drained browser's record is removed only after its
+	// replacement registered, so the pool shows its retiring worker through
+	// the whole drain and restart, never a gap (the agent's own log order).
+	order := map[string]int{}
+	for i, e := range logEntries(p) {
+		switch {
+		case e["msg"] == "worker registered" && e["worker_id"] == second.ID:
+			order["new registered"] = i + 1
+		case e["msg"] == "worker deregistered" && e["worker_id"] == first.ID:
+			order["old deregistered"] = i + 1
+		}
+	}
+	if order["new registered"] == 0 || order["old deregistered"] == 0 || order["old deregistered"] < order["new registered"] {
+		t.Fatalf("log order %v: the drained worker must be deregistered after its replacement registered", order)
+	}
 	pid2, _, _ := browserOf(t, p, second.ID)
 	if second.Status != "available" || second.Lifetime != 0 || pid2 == pid1 || alive(pid1) || !alive(pid2) {
 		t.Fatalf("after respawn: %+v (browser pids %d -> %d)", second, pid1, pid2)
