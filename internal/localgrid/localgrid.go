@@ -226,6 +226,10 @@ func (g *Grid) StartWorker(i int) error {
 		"--max-concurrent", strconv.Itoa(g.cfg.MaxConcurrent),
 		"--heartbeat-interval", g.cfg.HeartbeatInterval.String(),
 		"--drain-timeout", g.cfg.DrainTimeout.String(),
+		// Matches the Caddyfile's stale_threshold, so the agent checks its
+		// heartbeat against the threshold Caddy really uses.
+		"--stale-threshold", "10s",
+		"--log-format", "console",
 		"--respawn",
 	}
 	args = append(args, g.cfg.WorkerArgs...)
