@@ -136,10 +136,20 @@ func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) str
 `, adminPort, httpPort, https, storage, o.extraGlobal, o.redisURL, o.global, address, o.site)
 }
 
+// caddyBin is bin/caddy, or the binary named by CADDYGRID_TEST_CADDY (for
+// example one built with -race: the tests then also fail on a data race
+// reported by Caddy).
+func caddyBin(t *testing.T) string {
+	if p := os.Getenv("CADDYGRID_TEST_CADDY"); p != "" {
+		return p
+	}
+	return testenv.Bin(t, "caddy")
+}
+
 // startCaddy runs bin/caddy with the generated config on free ports.
 func startCaddy(t *testing.T, o caddyOpts) *caddy {
 	t.Helper()
-	bin := testenv.Bin(t, "caddy")
+	bin := caddyBin(t)
 	c := &caddy{t: t, dir: t.TempDir(), adminPort: testenv.FreePort(t), httpPort: testenv.FreePort(t), plainPort: testenv.FreePort(t), tls: o.tls}
 	c.config = filepath.Join(c.dir, "Caddyfile")
 	c.write(o)
@@ -149,6 +159,12 @@ func startCaddy(t *testing.T, o caddyOpts) *caddy {
 		"XDG_CONFIG_HOME=" + filepath.Join(c.dir, "config"),
 	}
 	c.proc = testenv.Start(t, c.env, bin, "run", "--config", c.config, "--adapter", "caddyfile")
+	t.Cleanup(func() {
+		c.proc.Stop()
+		if strings.Contains(c.proc.Output(), "DATA RACE") {
+			t.Errorf("caddy reported a data race:\n%s", c.proc.Output())
+		}
+	})
 	if err := testenv.WaitTCP(c.addr(), 20*time.Second); err != nil {
 		t.Fatalf("caddy did not start: %v\n%s", err, c.proc.Output())
 	}
@@ -185,8 +201,7 @@ func (c *caddy) rootCA() string {
 func (c *caddy) reload(o caddyOpts) {
 	c.t.Helper()
 	c.write(o)
-	bin := testenv.Bin(c.t, "caddy")
-	p := testenv.Start(c.t, c.env, bin, "reload", "--config", c.config, "--adapter", "caddyfile",
+	p := testenv.Start(c.t, c.env, caddyBin(c.t), "reload", "--config", c.config, "--adapter", "caddyfile",
 		"--address", fmt.Sprintf("127.0.0.1:%d", c.adminPort), "--force")
 	code, err := p.ExitCode(context.Background())
 	if err != nil || code != 0 {
