@@ -260,14 +260,11 @@ else
   return redis.error_reply('unknown policy ' .. tostring(policy))
 end
 
--- Upkeep after the decision: drop bad records from the indexes, put index
--- debris where its figures say it belongs.
+-- Upkeep after the decision: drop bad records and index debris (entries of
+-- workers that are not indexed) from every index.
 if not dry then
   for i = 1, #bad, 2 do unindex(bad[i]) end
-  for _, id in ipairs(debris) do
-    local w = get(id)
-    if w then reindex(id, w, cfg, now) end
-  end
+  for _, id in ipairs(debris) do unindex(id) end
 end
 
 local drain = 0

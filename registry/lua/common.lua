@@ -231,7 +231,14 @@ end
 -- reindex puts a worker where its current figures say it belongs.
 local function reindex(id, w, cfg, now)
   if not indexed(w, cfg) then
-    unindex(id)
+    if redis.call('ZSCORE', K_LF, id) then
+      unindex(id)
+    else
+      -- not indexed before either: only the fair-share entries may linger
+      redis.call('ZREM', K_FSI, id)
+      redis.call('ZREM', K_FSB, id)
+      redis.call('ZREM', K_FSP, id)
+    end
     return
   end
   local was = redis.call('ZSCORE', K_LF, id)
@@ -254,22 +261,21 @@ local function fs_migrate(now)
   end
 end
 
--- rebuild recomputes every index from the records (after a config change,
--- or to clear debris). O(N * V). Returns the bad records seen as a flat
--- list id, reason.
+-- rebuild puts every worker where its figures say it belongs, after the
+-- pool's config changed. Ring positions are written only for workers whose
+-- membership changes (most do not: an idle worker is indexed under any
+-- limits), so this is O(N log N) plus O(V log N) per change. Returns the
+-- bad records seen as a flat list id, reason. (Orphans are the reaper's:
+-- reconcile.lua.)
 local function rebuild(cfg, now)
-  redis.call('DEL', K_LF, K_RING, K_FSI, K_FSB, K_FSP)
   local ids = redis.call('HKEYS', K_WORKERS)
   local bad = {}
   for _, id in ipairs(ids) do
     local w, err = load_worker(id)
     if w then
-      if indexed(w, cfg) then
-        redis.call('ZADD', K_LF, fmt(lf_score(w)), id)
-        ring_add(id)
-        fs_place(id, w, estimate(w.durations, cfg), now)
-      end
+      reindex(id, w, cfg, now)
     else
+      if redis.call('ZSCORE', K_LF, id) then unindex(id) end
       bad[#bad + 1] = id
       bad[#bad + 1] = err
     end
