@@ -147,7 +147,9 @@ func regVerdict(ok bool) string {
 	return "MISSED"
 }
 
-func regUS(d time.Duration) string { return strconv.FormatFloat(float64(d.Nanoseconds())/1e3, 'f', 0, 64) }
+func regUS(d time.Duration) string {
+	return strconv.FormatFloat(float64(d.Nanoseconds())/1e3, 'f', 0, 64)
+}
 
 // regMeasure times op, running undo (untimed) after each, until budget has
 // passed (at least 5 calls, at most 5,000), and returns the median.
