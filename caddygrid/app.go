@@ -31,8 +31,10 @@ const (
 	// DefaultStaleThreshold is the heartbeat age past which a worker is
 	// neither selected nor kept (seed 003: 30s).
 	DefaultStaleThreshold = 30 * time.Second
-	// DefaultReaperInterval is how often each Caddy instance's reaper runs.
-	DefaultReaperInterval = 10 * time.Second
+	// DefaultReaperInterval is how often each Caddy instance's reaper runs
+	// (seed 003 says 300s; the registry frees expired leases on every claim
+	// and heartbeat, so the reaper is the backstop, not the only healer).
+	DefaultReaperInterval = 60 * time.Second
 )
 
 // current is the grid app of the running config, for the admin API (whose
@@ -64,8 +66,8 @@ type App struct {
 	// heartbeat interval. Default: 30s.
 	StaleThreshold caddy.Duration `json:"stale_threshold,omitempty"`
 	// ReaperInterval is how often this instance's reaper removes stale
-	// workers and expired leases. Reapers on many instances are safe.
-	// Default: 10s.
+	// workers and expired leases and fixes counters. Reapers on many
+	// instances take turns per pool. Default: 60s.
 	ReaperInterval caddy.Duration `json:"reaper_interval,omitempty"`
 	// DisableReaper turns this instance's reaper off (another process
 	// runs one). Default: false.

@@ -109,6 +109,11 @@ type caddyOpts struct {
 func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) string {
 	https := "auto_https off"
 	httpPort := port
+	global := o.global
+	if !strings.Contains(global, "stale_threshold") {
+		// The test's workers never heartbeat.
+		global = "stale_threshold 10m\n\t\t" + global
+	}
 	address := fmt.Sprintf("http://127.0.0.1:%d", port)
 	if o.tls {
 		https = fmt.Sprintf("https_port %d\n\tlocal_certs\n\tskip_install_trust", port)
@@ -125,7 +130,6 @@ func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) str
 	%s
 	grid {
 		redis %s
-		stale_threshold 10m
 		%s
 	}
 }
@@ -133,7 +137,7 @@ func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) str
 %s {
 %s
 }
-`, adminPort, httpPort, https, storage, o.extraGlobal, o.redisURL, o.global, address, o.site)
+`, adminPort, httpPort, https, storage, o.extraGlobal, o.redisURL, global, address, o.site)
 }
 
 // caddyBin is bin/caddy, or the binary named by CADDYGRID_TEST_CADDY (for

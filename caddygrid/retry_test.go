@@ -2,6 +2,7 @@ package caddygrid_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -140,4 +141,27 @@ func TestHangingWorker(t *testing.T) {
 	if w := g.info("chromium", "w1"); !w.SuspectUntil.After(time.Now().Add(-time.Minute)) {
 		t.Errorf("hanging worker not marked suspect (suspect until %v)", w.SuspectUntil)
 	}
+}
+
+// TestReaperRunsInCaddy: a worker that stopped heartbeating is removed by
+// the reaper the grid app runs, and the metrics count it.
+func TestReaperRunsInCaddy(t *testing.T) {
+	g := newGrid(t)
+	err := g.reg.Register(context.Background(), registry.Registration{
+		Pool: "chromium", ID: "ghost", BrowserType: "chromium", Addr: "127.0.0.1:9", Path: "/playwright", TTL: workerTTL,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), global: "reaper_interval 200ms\n\t\tstale_threshold 1s", site: `
+	route /playwright/* {
+		browser_grid chromium
+	}`})
+	testenv.Eventually(t, 20*time.Second, "the reaper removing the silent worker", func() bool {
+		_, err := g.reg.Worker(context.Background(), "chromium", "ghost")
+		return errors.Is(err, registry.ErrNotRegistered)
+	})
+	testenv.Eventually(t, 5*time.Second, "the reaper's metric", func() bool {
+		return c.metric(`caddy_grid_reaper_events_total{kind="worker_expired"}`) == 1
+	})
 }
