@@ -354,6 +354,44 @@ func TestLeasesHealWithoutReaper(t *testing.T) {
 	}
 }
 
+// The same crash healed by claims alone: the next claim of another proxy
+// frees the expired leases before it decides, and sees true counts.
+func TestLeasesHealByClaims(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	for _, id := range []string{"a", "b", "c", "d", "e"} {
+		register(t, r, "p", id, 0)
+	}
+	lim := selection.Limits{MaxConcurrent: 10}
+	// One clock for the 50 claims, so their leases lapse at the same instant.
+	t0 := time.Now()
+	for range 50 {
+		if _, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: lim, LeaseTTL: 200 * time.Millisecond, Holder: "crashed", Now: t0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The pool is full: a claim now is refused.
+	if _, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: lim, Now: t0}); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("claim on a full pool: %v", err)
+	}
+	var c *Claim
+	testenv.Eventually(t, 10*time.Second, "a claim to succeed once the crashed holder's leases lapse", func() bool {
+		var err error
+		c, err = r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: lim, LeaseTTL: time.Minute, Holder: "alive"})
+		return err == nil
+	})
+	if c.Worker.Active != 1 {
+		t.Fatalf("the first claim after the lapse sees active %d on %s, want 1 (all 50 freed first)", c.Worker.Active, c.Worker.ID)
+	}
+	sum := 0
+	for _, n := range counts(t, r, "p") {
+		sum += n[0]
+	}
+	if sum != 1 {
+		t.Fatalf("active total %d after healing, want 1", sum)
+	}
+}
+
 func TestExpireLeases(t *testing.T) {
 	ctx := context.Background()
 	r, _ := startRegistry(t, Options{})
