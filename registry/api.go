@@ -99,7 +99,7 @@ type Registration struct {
 	Path string
 	// Capacity is how many sessions the worker accepts at once (0: no limit).
 	Capacity int
-	// TTL of the worker's record; every heartbeat renews it.
+	// TTL of the worker's record; every heartbeat renews it. Default: 30s.
 	TTL time.Duration
 	// VirtualNodes is V, the worker's ring positions. Default: 8.
 	VirtualNodes int
@@ -287,3 +287,6 @@ func (r *Registry) Pools(ctx context.Context) ([]string, error) { return r.pools
 func (r *Registry) Inspect(ctx context.Context, pool string) (PoolInfo, error) {
 	return r.inspect(ctx, pool)
 }
+
+// Interface guards.
+var _ error = (*NoWorkerError)(nil)

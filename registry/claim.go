@@ -183,3 +183,6 @@ func (r *Registry) pick(ctx context.Context, req ClaimRequest) (WorkerInfo, sele
 	}
 	return o.worker, o.decision, nil
 }
+
+// Interface guards.
+var _ selection.Rand = globalRand{}
