@@ -143,8 +143,13 @@ type PoolInfo struct {
 	Workers    []WorkerInfo
 	BadRecords []BadRecord
 	Leases     int
-	// Limits last written by a claim for this pool.
+	// Limits last written by a claim for this pool (Retiring is false:
+	// see Retiring below).
 	Limits selection.Limits
+	// Retiring lists the members of the pool's retiring set, sorted: the
+	// workers draining, at the lifetime limit or told to shut down. A
+	// member whose heartbeat is stale is dead and holds nothing back.
+	Retiring []string
 }
 
 // Register writes (or rewrites) a worker's record, counters at zero, status
@@ -186,6 +191,13 @@ type ClaimRequest struct {
 	// that release and heartbeat scripts keep the indexes consistent. All
 	// claims on a pool should use the same MaxConcurrent and MaxLifetime: a
 	// claim that brings different ones rebuilds the pool's indexes (O(N)).
+	// With StaggerDrains (and MaxLifetime > 0) a worker's last session is
+	// not granted while another fresh worker of the pool is retiring, as
+	// selection.Limits.HeldBack says; whether one is comes from the pool's
+	// retiring set in Redis, so Limits.Retiring is ignored. Beyond
+	// selection's IsRetiring, a worker with a live shutdown command (an
+	// operator's Drain) counts as retiring: its agent drains at its next
+	// heartbeat.
 	Limits selection.Limits
 	// Vnode and FairShare carry the policy's parameters when it is chosen;
 	// zero fields take selection's defaults (SetDefaults). The Limits
@@ -218,7 +230,13 @@ type Claim struct {
 
 // NoWorkerError is returned (wrapping ErrNoWorker) when nothing is
 // eligible; it carries the decision's figures.
-type NoWorkerError struct{ Decision selection.Decision }
+type NoWorkerError struct {
+	Decision selection.Decision
+	// Retiring: StaggerDrains was in force and another worker of the pool
+	// was retiring, so workers one session short of the lifetime limit
+	// were held back (they may have been the only ones left).
+	Retiring bool
+}
 
 func (e *NoWorkerError) Error() string { return ErrNoWorker.Error() }
 func (e *NoWorkerError) Unwrap() error { return ErrNoWorker }

@@ -31,6 +31,8 @@ type outcome struct {
 	worker   WorkerInfo
 	decision selection.Decision
 	drain    bool
+	// retiring: StaggerDrains was in force and a worker was retiring.
+	retiring bool
 }
 
 func (r *Registry) checkRequest(req *ClaimRequest) error {
@@ -42,6 +44,10 @@ func (r *Registry) checkRequest(req *ClaimRequest) error {
 	default:
 		return fmt.Errorf("unknown policy %q (want %s, %s or %s)", req.Policy, LifetimeFirst, Vnode, FairShare)
 	}
+	// Whether the pool has a retiring worker is Redis' to say (the
+	// retiring set, read inside the claim script): a caller's value is
+	// ignored.
+	req.Limits.Retiring = false
 	l := req.Limits
 	switch {
 	case l.MaxConcurrent < 0:
@@ -97,11 +103,15 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	if req.FairShare.Median {
 		med = 1
 	}
+	stagger := 0
+	if req.Limits.StaggerDrains {
+		stagger = 1
+	}
 	args := []any{string(req.Policy), d,
 		req.Limits.MaxConcurrent, req.Limits.MaxLifetime, ms(req.Limits.StaleAfter), req.Limits.MaxScan,
 		req.FairShare.Window, med, ms(req.FairShare.Default),
 		leaseID, ms(req.LeaseTTL), req.Holder, ms(r.opts.CommandTTL),
-		r.opts.DurationWindow, r.opts.LeaseSweep}
+		r.opts.DurationWindow, r.opts.LeaseSweep, stagger}
 	if req.Policy == Vnode {
 		k := req.Vnode.Samples
 		dr := req.Vnode.Draw(req.Rand)
@@ -124,7 +134,7 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	if err != nil {
 		return outcome{}, err
 	}
-	if len(res) != 15 {
+	if len(res) != 17 {
 		return outcome{}, fmt.Errorf("unexpected reply of %d items", len(res))
 	}
 	n := func(i int) int64 { x, _ := res[i].(int64); return x }
@@ -145,11 +155,24 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 		}
 	}
 	r.badList(req.Pool, res[9])
-	if len(o.decision.Stale) > 0 && !r.opts.NoStaleExpiry && !dry {
-		r.expireInBackground(req.Pool, o.decision.Stale, req.Limits.StaleAfter)
+	o.retiring = n(15) == 1
+	if !r.opts.NoStaleExpiry && !dry {
+		if len(o.decision.Stale) > 0 {
+			r.expireInBackground(req.Pool, o.decision.Stale, req.Limits.StaleAfter)
+		}
+		// Dead retiring workers hold nothing back, but every StaggerDrains
+		// claim reads them until they are gone.
+		if st, _ := res[16].([]any); len(st) > 0 {
+			ids := make([]string, 0, len(st))
+			for _, v := range st {
+				id, _ := v.(string)
+				ids = append(ids, id)
+			}
+			r.expireInBackground(req.Pool, ids, req.Limits.StaleAfter)
+		}
 	}
 	if n(0) != 1 {
-		return o, &NoWorkerError{Decision: o.decision}
+		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring}
 	}
 	o.decision.OK = true
 	o.decision.ID = s(1)

@@ -97,6 +97,28 @@ func randomState(rng *rand.Rand, now time.Time) poolState {
 		st.v[w.ID] = 1 + rng.IntN(6)
 		st.ws = append(st.ws, w)
 	}
+	// StaggerDrains in half the states. The workers drawn above are often
+	// retiring (draining, or at the limit); a third of the stagger states
+	// have none retiring, and another third only dead (stale) ones, which
+	// must hold nothing back.
+	st.limits.StaggerDrains = rng.IntN(2) == 0
+	if ml := st.limits.MaxLifetime; st.limits.StaggerDrains && ml > 0 {
+		switch rng.IntN(3) {
+		case 0:
+			for i := range st.ws {
+				w := &st.ws[i]
+				w.Status = selection.Available
+				w.Lifetime = min(w.Lifetime, ml-1)
+			}
+		case 1:
+			for i := range st.ws {
+				w := &st.ws[i]
+				if w.Status == selection.Draining || w.Lifetime >= ml {
+					w.LastHeartbeat = now.Add(-time.Duration(20000+rng.IntN(50000)) * time.Millisecond)
+				}
+			}
+		}
+	}
 	return st
 }
 
@@ -161,6 +183,9 @@ func (st poolState) expected(policy Policy, now time.Time, seed uint64) selectio
 	}
 	vn := st.vn
 	vn.Limits = st.limits
+	// Vnode.Select sees only the ring; the pool's retiring state is the
+	// caller's to give, as the registry's script reads it from its set.
+	vn.Retiring = selection.AnyRetiring(st.ws, st.limits, now)
 	vn.SetDefaults()
 	ring := selection.NewRing()
 	byID := map[string]*selection.Worker{}
@@ -191,7 +216,8 @@ func sameDecision(a, b selection.Decision) bool {
 
 func describe(st poolState, now time.Time) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "limits %+v fs %+v vnode %+v storeCfg %v\n", st.limits, st.fs, st.vn, st.storeCfg)
+	fmt.Fprintf(&b, "limits %+v fs %+v vnode %+v storeCfg %v retiring %v\n", st.limits, st.fs, st.vn, st.storeCfg,
+		selection.AnyRetiring(st.ws, st.limits, now))
 	for _, w := range st.ws {
 		fmt.Fprintf(&b, "  %s %s cap=%d active=%d life=%d hbAge=%dms suspect=%dms pend=%dms durs=%v v=%d\n",
 			w.ID, w.Status, w.Capacity, w.Active, w.Lifetime, now.Sub(w.LastHeartbeat).Milliseconds(),
@@ -200,9 +226,42 @@ func describe(st poolState, now time.Time) string {
 	return b.String()
 }
 
+// retiringSet is what the pool's retiring set must hold for a state
+// without commands: every worker draining or at the lifetime limit, fresh
+// or not (a claim tells them apart).
+func (st poolState) retiringSet() []string {
+	var out []string
+	for _, w := range st.ws {
+		if w.Status == selection.Draining || st.limits.MaxLifetime > 0 && w.Lifetime >= st.limits.MaxLifetime {
+			out = append(out, w.ID)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// heldBackMatters reports how StaggerDrains bears on the state: whether it
+// changes the policy's decision, and whether the state's retiring workers
+// are all dead while a worker a session short of the limit is chosen.
+func (st poolState) heldBackMatters(policy Policy, now time.Time, seed uint64, d selection.Decision) (changed, deadIgnored bool) {
+	if !st.limits.StaggerDrains || st.limits.MaxLifetime == 0 {
+		return false, false
+	}
+	off := st
+	off.limits.StaggerDrains = false
+	without := off.expected(policy, now, seed)
+	changed = without.ID != d.ID || without.OK != d.OK
+	if d.OK && !selection.AnyRetiring(st.ws, st.limits, now) && len(st.retiringSet()) > 0 {
+		w := st.ws[slices.IndexFunc(st.ws, func(x selection.Worker) bool { return x.ID == d.ID })]
+		deadIgnored = w.Lifetime+1 >= st.limits.MaxLifetime
+	}
+	return changed, deadIgnored
+}
+
 // For thousands of random pool states the scripts choose exactly what the
 // selection package chooses, with the same scan figures, and a claim moves
-// the chosen worker's figures as the contract says.
+// the chosen worker's figures as the contract says. Half the states bring
+// StaggerDrains, with retiring workers fresh, stale or absent.
 func TestEquivalenceWithSelection(t *testing.T) {
 	ctx := context.Background()
 	r, _ := startRegistry(t, Options{NoStaleExpiry: true})
@@ -228,12 +287,25 @@ func TestEquivalenceWithSelection(t *testing.T) {
 				t.Fatalf("state %d %s:\n registry  %+v\n selection %+v\n%s", i, p, got, want, describe(st, now))
 			}
 			tally[fmt.Sprintf("%s ok=%v", p, want.OK)]++
+			changed, deadIgnored := st.heldBackMatters(p, now, seed, want)
+			if changed {
+				tally[string(p)+" held back"]++
+			}
+			if deadIgnored {
+				tally["dead retiring ignored"]++
+			}
 			if len(want.Stale) > 0 {
 				tally[string(p)+" stale reported"]++
 			}
 			if want.TiedMin {
 				tally["vnode tied"]++
 			}
+		}
+		// The picks stored the limits (rebuilding the indexes if they
+		// changed): the retiring set holds exactly the draining and at-limit
+		// workers, as put.lua and the rebuild keep it.
+		if set, err := r.rdb.SMembers(ctx, r.Key("eq", keyRetiring)).Result(); err != nil || !slices.Equal(sorted(set), st.retiringSet()) {
+			t.Fatalf("state %d: retiring set %v (%v), want %v\n%s", i, sorted(set), err, st.retiringSet(), describe(st, now))
 		}
 		// Claim with one policy and check its effects.
 		p := policies[i%3]
@@ -265,11 +337,17 @@ func TestEquivalenceWithSelection(t *testing.T) {
 			t.Fatalf("state %d %s: after the claim %+v (drain %v), want active %d lifetime %d end %s drain %v\n%s",
 				i, p, got, c.Drain, w.Active+1, w.Lifetime+1, wantEnd, drain, describe(st, now))
 		}
+		// A claim that set the shutdown command put the worker in the
+		// retiring set.
+		if in, _ := r.rdb.SIsMember(ctx, r.Key("eq", keyRetiring), want.ID).Result(); drain && !in {
+			t.Fatalf("state %d %s: %s reached the limit but is not in the retiring set", i, p, want.ID)
+		}
 		tally["claims checked"]++
 	}
 	t.Logf("%d states: %v", states, tally)
 	for _, k := range []string{"lifetime_first ok=true", "lifetime_first ok=false", "vnode ok=true", "vnode ok=false",
-		"fair_share ok=true", "fair_share ok=false", "vnode tied", "lifetime_first stale reported", "claims checked"} {
+		"fair_share ok=true", "fair_share ok=false", "vnode tied", "lifetime_first stale reported", "claims checked",
+		"lifetime_first held back", "vnode held back", "fair_share held back", "dead retiring ignored"} {
 		if tally[k] == 0 {
 			t.Errorf("the random states never produced %q: the test does not cover it", k)
 		}

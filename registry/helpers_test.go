@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -85,5 +86,12 @@ func counts(t testing.TB, r *Registry, pool string) map[string][2]int {
 	for _, w := range info.Workers {
 		out[w.ID] = [2]int{w.Active, w.Lifetime}
 	}
+	return out
+}
+
+// sorted returns a sorted copy of ss.
+func sorted(ss []string) []string {
+	out := slices.Clone(ss)
+	slices.Sort(out)
 	return out
 }

@@ -25,6 +25,7 @@ const (
 	keyIdxIdle     = "idx:fair_idle" // ZSET fair share, idle workers
 	keyIdxBusy     = "idx:fair_busy" // ZSET fair share, busy workers
 	keyIdxEnd      = "idx:fair_end"  // ZSET fair share, busy workers by predicted end
+	keyRetiring    = "retiring"      // SET workers draining, at the limit or told to shut down
 	keyWakeup      = "wakeup"        // pub/sub channel
 	keyReaperLock  = "reaper_lock"   // STRING held while a reaper works on the pool
 )
@@ -34,6 +35,7 @@ var poolKeyNames = []string{
 	keyWorkers, keyActive, keyLifetime, keyDurations, keyCommands, keyVnodes,
 	keyLeases, keyLeaseExpiry, keyConfig,
 	keyIdxLifetime, keyIdxRing, keyIdxIdle, keyIdxBusy, keyIdxEnd,
+	keyRetiring,
 }
 
 // maxNameLen bounds pool names and worker IDs.

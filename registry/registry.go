@@ -288,13 +288,13 @@ func (r *Registry) pools(ctx context.Context) ([]string, error) {
 }
 
 // read runs read.lua for one worker (id) or the whole pool (id "").
-func (r *Registry) read(ctx context.Context, pool, id string) (now int64, leases int, cfg map[string]string, rows []rawWorker, err error) {
+func (r *Registry) read(ctx context.Context, pool, id string) (now int64, leases int, cfg map[string]string, rows []rawWorker, retiring []string, err error) {
 	res, err := r.run(ctx, scriptRead, pool, 0, id).Slice()
 	if err != nil {
-		return 0, 0, nil, nil, err
+		return 0, 0, nil, nil, nil, err
 	}
-	if len(res) != 4 {
-		return 0, 0, nil, nil, fmt.Errorf("unexpected reply of %d items", len(res))
+	if len(res) != 5 {
+		return 0, 0, nil, nil, nil, fmt.Errorf("unexpected reply of %d items", len(res))
 	}
 	now, _ = res[0].(int64)
 	l, _ := res[1].(int64)
@@ -313,14 +313,21 @@ func (r *Registry) read(ctx context.Context, pool, id string) (now int64, leases
 		}
 		rows = append(rows, rawWorker{id: s[0], record: s[1], active: s[2], lifetime: s[3], durations: s[4], command: s[5]})
 	}
-	return now, int(l), cfg, rows, nil
+	ret, _ := res[4].([]any)
+	for _, v := range ret {
+		if id, ok := v.(string); ok {
+			retiring = append(retiring, id)
+		}
+	}
+	slices.Sort(retiring)
+	return now, int(l), cfg, rows, retiring, nil
 }
 
 func (r *Registry) worker(ctx context.Context, pool, id string) (WorkerInfo, error) {
 	if err := checkPool(pool); err != nil {
 		return WorkerInfo{}, fmt.Errorf("reading worker %q: %w", id, err)
 	}
-	now, _, _, rows, err := r.read(ctx, pool, id)
+	now, _, _, rows, _, err := r.read(ctx, pool, id)
 	if err != nil {
 		return WorkerInfo{}, fmt.Errorf("reading worker %q of pool %q: %w", id, pool, err)
 	}
@@ -339,17 +346,18 @@ func (r *Registry) inspect(ctx context.Context, pool string) (PoolInfo, error) {
 	if err := checkPool(pool); err != nil {
 		return PoolInfo{}, fmt.Errorf("inspecting pool: %w", err)
 	}
-	now, leases, cfg, rows, err := r.read(ctx, pool, "")
+	now, leases, cfg, rows, retiring, err := r.read(ctx, pool, "")
 	if err != nil {
 		return PoolInfo{}, fmt.Errorf("inspecting pool %q: %w", pool, err)
 	}
-	info := PoolInfo{Pool: pool, Leases: leases, Workers: []WorkerInfo{}}
+	info := PoolInfo{Pool: pool, Leases: leases, Workers: []WorkerInfo{}, Retiring: retiring}
 	atoi := func(k string) int { n, _ := strconv.Atoi(cfg[k]); return n }
 	info.Limits = selection.Limits{
 		MaxConcurrent: atoi("max_concurrent"),
 		MaxLifetime:   atoi("max_lifetime"),
 		StaleAfter:    time.Duration(atoi("stale_after_ms")) * time.Millisecond,
 		MaxScan:       atoi("max_scan"),
+		StaggerDrains: cfg["stagger_drains"] == "1",
 	}
 	slices.SortFunc(rows, func(a, b rawWorker) int { return strings.Compare(a.id, b.id) })
 	for _, row := range rows {
@@ -368,9 +376,11 @@ func (r *Registry) inspect(ctx context.Context, pool string) (PoolInfo, error) {
 type ReconcileResult struct {
 	// LeasesFreed: expired leases whose slots were given back.
 	LeasesFreed int
-	// CountersFixed: workers whose active count or index membership was wrong.
+	// CountersFixed: workers whose active count or index membership
+	// (retiring set included) was wrong.
 	CountersFixed int
-	// OrphansRemoved: index entries, ring positions and counters of no record.
+	// OrphansRemoved: index entries, ring positions, counters and retiring
+	// set members of no record.
 	OrphansRemoved int
 	// BadRecords seen (also passed to Options.OnBadRecord).
 	BadRecords []BadRecord

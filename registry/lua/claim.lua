@@ -14,7 +14,17 @@
 -- index debris) costs one unit of the max_scan budget; stale and missing ones
 -- are reported for expiry, bad ones reported and dropped from the indexes.
 -- The chosen worker gets active +1, lifetime +1, a new predicted end, a lease
--- with a TTL and, at the lifetime limit, a shutdown command.
+-- with a TTL and, at the lifetime limit, a shutdown command (and joins the
+-- retiring set).
+--
+-- StaggerDrains (selection.Limits.StaggerDrains, with max_lifetime > 0):
+-- before walking, the claim reads the retiring set (usually 0 or 1 members)
+-- and asks whether one member is retiring now: fresh, and draining, at the
+-- lifetime limit, or holding a live shutdown command. If so, a worker whose
+-- next session would bring it to the limit (lifetime + 1 >= max_lifetime)
+-- is not usable: walked past at one unit of budget, like a suspect one
+-- (selection's HeldBack). Stale members do not count (they are dead) and
+-- are returned for expiry; members that no longer qualify are dropped.
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool,
@@ -24,11 +34,15 @@
 --          (10-12 are stored only by fair_share claims),
 --       13 lease id, 14 lease ttl ms, 15 holder, 16 command ttl ms,
 --       17 durations kept, 18 max expired leases to free first,
---       19 K, then K pivots (32 hex), K jitters, K tiebreaks (tiebreak mod m for m = 1..K).
+--       19 stagger drains (0/1),
+--       20 K, then K pivots (32 hex), K jitters, K tiebreaks (tiebreak mod m for m = 1..K).
 -- Returns: {ok, id, record, active, lifetime, durations, drain, scanned,
---           {stale ids}, {bad id, reason, ...}, wraps, effective, dedupes, tied, now}
+--           {stale ids}, {bad id, reason, ...}, wraps, effective, dedupes, tied, now,
+--           retiring (0/1: StaggerDrains held last sessions back), {stale retiring ids}}
 -- Complexity: O(log N + S) for S entries walked (S <= max_scan + K);
---   vnode O(K (log NV + S)); plus amortised O(log N) index upkeep, plus
+--   vnode O(K (log NV + S)); plus O(R) for R members of the retiring set
+--   (StaggerDrains only; R is 1 or 0 while the rule holds, plus dead
+--   workers not yet expired); plus amortised O(log N) index upkeep, plus
 --   O(N V) once when the pool's limits change.
 local now = now_ms(ARGV[1])
 local policy = ARGV[4]
@@ -36,6 +50,9 @@ local dry = ARGV[5] == '1'
 local mc, ml = tonumber(ARGV[6]), tonumber(ARGV[7])
 local stale, maxscan = tonumber(ARGV[8]), tonumber(ARGV[9])
 local keep = tonumber(ARGV[17])
+local stagger = ARGV[19] == '1'
+-- VB is where the vnode arguments start.
+local VB = 20
 
 local freed = expire_leases(now, tonumber(ARGV[18]), keep)
 if freed > 0 then wake() end
@@ -56,9 +73,10 @@ if policy == 'fair_share' then
     changed = true
   end
 end
-local stored = redis.call('HMGET', K_CFG, 'stale_after_ms', 'max_scan')
-if tonumber(stored[1]) ~= stale or tonumber(stored[2]) ~= maxscan then
-  redis.call('HSET', K_CFG, 'stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
+-- Kept for Inspect only (no index depends on them).
+local stored = redis.call('HMGET', K_CFG, 'stale_after_ms', 'max_scan', 'stagger_drains')
+if tonumber(stored[1]) ~= stale or tonumber(stored[2]) ~= maxscan or stored[3] ~= ARGV[19] then
+  redis.call('HSET', K_CFG, 'stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan), 'stagger_drains', ARGV[19])
 end
 
 local bad, bad_seen = {}, {}
@@ -92,6 +110,30 @@ local function get(id)
   return c.w, c.err
 end
 
+-- StaggerDrains: is some fresh worker of the pool retiring? Only the
+-- retiring set's members can be (common.lua's second invariant), so this
+-- reads R records, not the pool. The first fresh retiring member settles it.
+local retiring = false
+local retired_stale = {}
+if stagger and ml > 0 then
+  local prune = {}
+  for _, id in ipairs(redis.call('SMEMBERS', K_RET)) do
+    local w, err = get(id)
+    if not w then
+      -- a bad record is not part of the snapshot: it holds nothing back
+      if err == 'missing' then prune[#prune + 1] = id end
+    elseif not fresh(w, now, stale) then
+      retired_stale[#retired_stale + 1] = id
+    elseif may_retire(w, cfg) or live_command(id, now) then
+      retiring = true
+      break
+    else
+      prune[#prune + 1] = id
+    end
+  end
+  if not dry and #prune > 0 then redis.call('SREM', K_RET, unpack(prune)) end
+end
+
 -- examine returns the worker when it is eligible; otherwise charges the
 -- budget and records why.
 local function examine(id)
@@ -113,6 +155,8 @@ local function examine(id)
     end
   elseif not indexed(w, cfg) then
     debris[#debris + 1] = id
+  elseif retiring and w.lifetime + 1 >= ml then
+    -- held back (StaggerDrains): its last session waits for the retiring one
   elseif w.suspect_until > 0 and now < w.suspect_until then
     -- suspect: walked past
   else
@@ -179,11 +223,11 @@ if policy == 'lifetime_first' then
     end
   end
 elseif policy == 'vnode' then
-  local k = tonumber(ARGV[19])
+  local k = tonumber(ARGV[VB])
   local cands = {}
   local cand_seen = {}
   for i = 1, k do
-    local piv = ARGV[19 + i]
+    local piv = ARGV[VB + i]
     local id, r = ring_walk('[' .. piv, '+')
     if not id and not r then
       wraps = wraps + 1
@@ -194,7 +238,7 @@ elseif policy == 'vnode' then
         dedupes = dedupes + 1
       else
         cand_seen[id] = true
-        cands[#cands + 1] = { id = id, w = r, slots = r.active + tonumber(ARGV[19 + k + i]) }
+        cands[#cands + 1] = { id = id, w = r, slots = r.active + tonumber(ARGV[VB + k + i]) }
       end
     end
     if not id and r then break end
@@ -213,7 +257,7 @@ elseif policy == 'vnode' then
         if c.slots == min then ties[#ties + 1] = c end
       end
       if #ties >= 2 then tied = 1 end
-      local pick = ties[tonumber(ARGV[19 + 2 * k + #ties]) + 1]
+      local pick = ties[tonumber(ARGV[VB + 2 * k + #ties]) + 1]
       chosen, cw = pick.id, pick.w
     end
   end
@@ -299,5 +343,7 @@ end
 
 local ok = 0
 if chosen ~= '' then ok = 1 end
+local held = 0
+if retiring then held = 1 end
 return { ok, chosen, record, active, lifetime, durations, drain, scanned, stale_ids, bad,
-  wraps, effective, dedupes, tied, now }
+  wraps, effective, dedupes, tied, now, held, retired_stale }

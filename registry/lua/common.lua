@@ -18,6 +18,8 @@
 --  12 idx:fair_idle  ZSET indexed workers whose predicted end has passed, score = estimate (ms)
 --  13 idx:fair_busy  ZSET the other indexed workers, score = predicted end + estimate (ms)
 --  14 idx:fair_end   ZSET the same workers as idx:fair_busy, score = predicted end (ms)
+--  15 retiring       SET workers that may be retiring: draining, at the lifetime
+--                    limit, or with a shutdown command (see retire_sync)
 --
 -- ARGV common to every script: 1 now in ms (0: Redis TIME), 2 the pool's
 -- wakeup channel, 3 the pool name. Script-specific arguments follow.
@@ -26,10 +28,18 @@
 -- (all V positions) and in exactly one of idx:fair_idle / idx:fair_busy
 -- exactly when it is "indexed" (status available, below its cap, below the
 -- lifetime limit) under the pool's stored config.
+--
+-- Second invariant: every worker that is draining, at or past the stored
+-- lifetime limit, or has a shutdown command is in retiring (a superset: a
+-- claim checks each member's figures before it counts, and may drop the
+-- ones that no longer qualify). Every path that can make a worker retiring
+-- (reindex after a claim or a limits change, update.lua) adds it; removal
+-- (remove_worker, a new registration, an undo) takes it out.
 
 local K_WORKERS, K_ACTIVE, K_LIFETIME, K_DUR, K_CMD, K_VPOS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local K_LEASES, K_LEXP, K_CFG = KEYS[7], KEYS[8], KEYS[9]
 local K_LF, K_RING, K_FSI, K_FSB, K_FSP = KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+local K_RET = KEYS[15]
 
 -- Lifetime-first score: lifetime descending, then active ascending; members
 -- with equal scores sort by id bytes, which gives the ID ASC tiebreak.
@@ -177,6 +187,33 @@ local function fresh(w, now, stale)
   return stale == 0 or now - w.heartbeat <= stale
 end
 
+-- may_retire: the part of selection's IsRetiring the stored figures decide
+-- (freshness is checked when a claim reads the set): draining, or at the
+-- lifetime limit (its shutdown command set, its agent not yet draining).
+local function may_retire(w, cfg)
+  return w.status == 'draining' or (cfg.ml > 0 and w.lifetime >= cfg.ml)
+end
+
+-- retire_sync keeps the worker's membership of the retiring set true to its
+-- figures. A worker with a shutdown command (an operator's drain) stays a
+-- member: its agent drains at its next heartbeat.
+local function retire_sync(id, w, cfg)
+  if may_retire(w, cfg) then
+    redis.call('SADD', K_RET, id)
+  elseif redis.call('HEXISTS', K_CMD, id) == 0 then
+    redis.call('SREM', K_RET, id)
+  end
+end
+
+-- live_command reports whether the worker has a shutdown command that has
+-- not expired at now (reads only; pending_command also drops expired ones).
+local function live_command(id, now)
+  local c = redis.call('HGET', K_CMD, id)
+  if not c then return false end
+  local exp = string.match(c, '^[^|]*|(%d+)$')
+  return exp ~= nil and tonumber(exp) >= now
+end
+
 local function lf_score(w)
   local a = w.active
   if a > LF_SCALE - 1 then a = LF_SCALE - 1 end
@@ -228,8 +265,10 @@ local function unindex(id)
   ring_rem(id)
 end
 
--- reindex puts a worker where its current figures say it belongs.
+-- reindex puts a worker where its current figures say it belongs, in the
+-- selection indexes and the retiring set.
 local function reindex(id, w, cfg, now)
+  retire_sync(id, w, cfg)
   if not indexed(w, cfg) then
     if redis.call('ZSCORE', K_LF, id) then
       unindex(id)
@@ -350,6 +389,7 @@ end
 -- remove_worker deletes everything a registration wrote.
 local function remove_worker(id)
   unindex(id)
+  redis.call('SREM', K_RET, id)
   local n = redis.call('HDEL', K_WORKERS, id)
   n = n + redis.call('HDEL', K_ACTIVE, id) + redis.call('HDEL', K_LIFETIME, id)
   n = n + redis.call('HDEL', K_DUR, id) + redis.call('HDEL', K_CMD, id) + redis.call('HDEL', K_VPOS, id)

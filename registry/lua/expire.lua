@@ -4,7 +4,9 @@
 -- stale threshold it first re-checks the heartbeat and keeps a fresh worker
 -- (seed 002's skip_if_fresh), so a heartbeat that lands between a
 -- selector's observation and this call wins. Leases of the worker are left
--- to expire; they no longer move any counter.
+-- to expire; they no longer move any counter. Removing a retiring worker
+-- wakes the pool's waiters: a last session StaggerDrains held back may now
+-- be granted.
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id,
@@ -21,6 +23,8 @@ if ARGV[6] == '1' then
   if w and fresh(w, now, stale) then return 0 end
 end
 local had = redis.call('ZSCORE', K_LF, id)
+local retiring = redis.call('SISMEMBER', K_RET, id) == 1
 local n = remove_worker(id)
+if retiring then wake() end
 if n > 0 or had then return 1 end
 return 0

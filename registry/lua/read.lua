@@ -3,9 +3,10 @@
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id ('' = every worker).
--- Returns: {now, leases, config (flat HGETALL), rows} where rows is a flat
---   list of {id, record, active, lifetime, durations, command} per worker
---   (false -> '' for a missing value).
+-- Returns: {now, leases, config (flat HGETALL), rows, retiring} where rows is
+--   a flat list of {id, record, active, lifetime, durations, command} per
+--   worker (false -> '' for a missing value) and retiring the members of the
+--   retiring set (empty for one worker).
 -- Complexity: O(1) for one worker, O(N) for the pool.
 local now = now_ms(ARGV[1])
 local function s(v)
@@ -17,7 +18,6 @@ if ARGV[4] ~= '' then
   ids = { ARGV[4] }
 else
   ids = redis.call('HKEYS', K_WORKERS)
-
 end
 local rows = {}
 for _, id in ipairs(ids) do
@@ -31,4 +31,6 @@ for _, id in ipairs(ids) do
     rows[#rows + 1] = s(redis.call('HGET', K_CMD, id))
   end
 end
-return { now, redis.call('HLEN', K_LEASES), redis.call('HGETALL', K_CFG), rows }
+local retiring = {}
+if ARGV[4] == '' then retiring = redis.call('SMEMBERS', K_RET) end
+return { now, redis.call('HLEN', K_LEASES), redis.call('HGETALL', K_CFG), rows, retiring }

@@ -2,8 +2,10 @@
 -- step. It frees expired leases, sets every worker's active count to the
 -- number of live leases of its current registration, puts every worker in
 -- exactly the indexes its figures call for, removes index entries, counters
--- and ring positions that belong to no record (orphans), and drops expired
--- commands. Bad records are reported, not touched (Expire removes them).
+-- and ring positions that belong to no record (orphans), drops expired
+-- commands, and rebuilds the retiring set from the records (draining, at
+-- the lifetime limit, or with a command). Bad records are reported, not
+-- touched (Expire removes them).
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 durations kept,
@@ -106,5 +108,27 @@ for _, k in ipairs({ K_ACTIVE, K_LIFETIME, K_DUR, K_CMD, K_VPOS }) do
   end
 end
 for _, id in ipairs(redis.call('HKEYS', K_CMD)) do pending_command(id, now) end
+
+-- The retiring set, from the records. A member taken out may have held a
+-- last session back (StaggerDrains): wake the waiters.
+local want = {}
+for id, w in pairs(workers) do
+  if w and (may_retire(w, cfg) or redis.call('HEXISTS', K_CMD, id) == 1) then want[id] = true end
+end
+local dropped = false
+for _, id in ipairs(redis.call('SMEMBERS', K_RET)) do
+  if want[id] then
+    want[id] = nil
+  else
+    redis.call('SREM', K_RET, id)
+    dropped = true
+    if workers[id] == nil then orphans = orphans + 1 else fixed = fixed + 1 end
+  end
+end
+for id in pairs(want) do
+  redis.call('SADD', K_RET, id)
+  fixed = fixed + 1
+end
+if dropped then wake() end
 
 return { freed, fixed, orphans, bad }

@@ -1,6 +1,7 @@
 -- update.lua: change one worker: 'draining' sets its status to draining
 -- and takes it out of every selection index; 'command' sets its pending
--- command with an expiry (an operator's drain).
+-- command with an expiry (an operator's drain). Either way the worker
+-- joins the pool's retiring set (StaggerDrains).
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id,
@@ -18,4 +19,5 @@ if ARGV[5] == 'draining' then
 else
   redis.call('HSET', K_CMD, id, ARGV[6] .. '|' .. fmt(now + tonumber(ARGV[7])))
 end
+redis.call('SADD', K_RET, id)
 return 1

@@ -1,6 +1,7 @@
 -- put.lua (tests only): write a worker with chosen figures, as if its agent
 -- had registered and claims had run, and put it in the indexes its figures
--- call for. Lets tests build any pool state, including ones the real
+-- call for, the retiring set included (reindex: draining or at the stored
+-- lifetime limit). Lets tests build any pool state, including ones the real
 -- scripts only reach over time.
 --
 -- KEYS: the pool keys (see common.lua).
