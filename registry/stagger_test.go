@@ -1,0 +1,309 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/selection"
+)
+
+// staggerLimits: a lifetime of 3 sessions, so the third is a worker's last.
+var staggerLimits = selection.Limits{MaxLifetime: 3, StaleAfter: 10 * time.Second, StaggerDrains: true}
+
+// driveToLimit claims (and releases) in a pool of workers a and b until
+// one of them reaches the lifetime limit, then gives the other every
+// session short of its last. It returns the retiring worker, the other one,
+// and the claim that set the shutdown command (its session still open).
+func driveToLimit(t *testing.T, r *Registry, req ClaimRequest) (retiring, other string, last *Claim) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; last == nil; i++ {
+		if i == 2*staggerLimits.MaxLifetime {
+			t.Fatal("no claim reached the lifetime limit")
+		}
+		c, err := r.Claim(ctx, req)
+		if err != nil {
+			t.Fatalf("claim %d: %v", i, err)
+		}
+		if c.Drain {
+			last = c
+			break
+		}
+		if err := r.Release(ctx, req.Pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	retiring = last.Worker.ID
+	other = map[string]string{"a": "b", "b": "a"}[retiring]
+	for {
+		w, err := r.Worker(ctx, req.Pool, other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.Lifetime == staggerLimits.MaxLifetime-1 {
+			return retiring, other, last
+		}
+		c, err := r.Claim(ctx, req)
+		if err != nil || c.Worker.ID != other || c.Drain {
+			t.Fatalf("a session short of %s's last: claim %+v, %v", other, c, err)
+		}
+		if err := r.Release(ctx, req.Pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// refused asserts that the pool grants nothing now, because of a retiring
+// worker, and that Pick agrees.
+func refused(t *testing.T, r *Registry, req ClaimRequest, why string) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := r.Claim(ctx, req)
+	var nw *NoWorkerError
+	if !errors.As(err, &nw) || !nw.Retiring {
+		t.Fatalf("%s: claim %+v, %v; want ErrNoWorker with a retiring worker", why, c, err)
+	}
+	if _, _, err := r.Pick(ctx, req); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("%s: Pick %v, want ErrNoWorker", why, err)
+	}
+}
+
+// granted asserts that the next claim gives other its last session.
+func granted(t *testing.T, r *Registry, req ClaimRequest, other, why string) *Claim {
+	t.Helper()
+	c, err := r.Claim(context.Background(), req)
+	if err != nil || c.Worker.ID != other || !c.Drain {
+		t.Fatalf("%s: claim %+v, %v; want %s's last session", why, c, err, other)
+	}
+	return c
+}
+
+func retiringSet(t *testing.T, r *Registry, pool string) []string {
+	t.Helper()
+	info, err := r.Inspect(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Retiring
+}
+
+// With StaggerDrains a worker's last session waits while the other worker
+// of the pool is retiring, however it came to retire, and is granted as
+// soon as the retiring one is gone (or was never really going).
+func TestStaggerDrainsHoldsBackTheLastSession(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	// How the first worker leaves the pool, or stops retiring, after it
+	// has held the other's last session back.
+	cases := []struct {
+		name string
+		// retire makes a retiring (already at the limit); nil: the claim
+		// that brought it there is all.
+		retire func(pool, a string) error
+		// leave ends a's retirement.
+		leave func(pool, a string, last *Claim) error
+	}{
+		{
+			name:  "at the limit awaiting its command, then deregistered",
+			leave: func(pool, a string, _ *Claim) error { return r.Deregister(ctx, pool, a) },
+		},
+		{
+			name:   "draining, then deregistered",
+			retire: func(pool, a string) error { return r.SetDraining(ctx, pool, a) },
+			leave:  func(pool, a string, _ *Claim) error { return r.Deregister(ctx, pool, a) },
+		},
+		{
+			name:  "at the limit, then expired by the reaper",
+			leave: func(pool, a string, _ *Claim) error { _, err := r.Expire(ctx, pool, a, 0); return err },
+		},
+		{
+			// The dial failed: the lifetime and the command are given back,
+			// and the worker is suspect, so b is the only usable one.
+			name: "at the limit, then the claim that brought it there is undone",
+			leave: func(pool, a string, last *Claim) error {
+				return r.Undo(ctx, pool, last.LeaseID, time.Minute)
+			},
+		},
+	}
+	for _, policy := range []Policy{LifetimeFirst, Vnode, FairShare} {
+		for _, tc := range cases {
+			t.Run(string(policy)+"/"+tc.name, func(t *testing.T) {
+				pool := "stagger-" + string(policy)
+				if err := r.rdb.Del(ctx, r.poolKeys(pool)...).Err(); err != nil {
+					t.Fatal(err)
+				}
+				register(t, r, pool, "a", 0)
+				register(t, r, pool, "b", 0)
+				req := ClaimRequest{Pool: pool, Policy: policy, Limits: staggerLimits}
+				a, b, last := driveToLimit(t, r, req)
+				if tc.retire != nil {
+					if err := tc.retire(pool, a); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if got := retiringSet(t, r, pool); !slices.Equal(got, []string{a}) {
+					t.Fatalf("retiring set %v, want [%s]", got, a)
+				}
+				refused(t, r, req, b+"'s last session while "+a+" retires")
+				if err := tc.leave(pool, a, last); err != nil {
+					t.Fatal(err)
+				}
+				if slices.Contains(retiringSet(t, r, pool), a) {
+					t.Fatalf("%s still in the retiring set after it left", a)
+				}
+				granted(t, r, req, b, a+" gone")
+				if got := retiringSet(t, r, pool); !slices.Equal(got, []string{b}) {
+					t.Fatalf("retiring set %v after %s's last session, want [%s]", got, b, b)
+				}
+			})
+		}
+	}
+
+	// The worker agent's handover: the drained worker's record stays
+	// draining until its replacement registers, and is deregistered after.
+	// Meanwhile the replacement takes sessions but not its last one either.
+	t.Run("handover to a replacement", func(t *testing.T) {
+		pool := "handover"
+		register(t, r, pool, "a", 0)
+		register(t, r, pool, "b", 0)
+		req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, Limits: staggerLimits}
+		a, b, _ := driveToLimit(t, r, req)
+		if err := r.SetDraining(ctx, pool, a); err != nil {
+			t.Fatal(err)
+		}
+		register(t, r, pool, "c", 0)
+		for i := 0; i < staggerLimits.MaxLifetime-1; i++ {
+			c, err := r.Claim(ctx, req)
+			if err != nil || c.Worker.ID != "c" || c.Drain {
+				t.Fatalf("claim %d on the replacement: %+v, %v", i, c, err)
+			}
+		}
+		refused(t, r, req, "b's and c's last sessions while "+a+" drains")
+		if err := r.Deregister(ctx, pool, a); err != nil {
+			t.Fatal(err)
+		}
+		c, err := r.Claim(ctx, req)
+		if err != nil || !c.Drain || (c.Worker.ID != b && c.Worker.ID != "c") {
+			t.Fatalf("after %s left: %+v, %v; want the last session of %s or c", a, c, err, b)
+		}
+		refused(t, r, req, "the other last session while "+c.Worker.ID+" retires")
+	})
+
+	// The same pool without StaggerDrains grants the last session at once:
+	// the rule above is what refused it.
+	t.Run("without StaggerDrains", func(t *testing.T) {
+		pool := "no-stagger"
+		register(t, r, pool, "a", 0)
+		register(t, r, pool, "b", 0)
+		req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, Limits: staggerLimits}
+		_, b, _ := driveToLimit(t, r, req)
+		req.Limits.StaggerDrains = false
+		// A caller's Retiring is ignored: Redis says whether one retires.
+		req.Limits.Retiring = true
+		granted(t, r, req, b, "StaggerDrains off")
+	})
+
+	// An operator's Drain counts: the worker's agent drains at its next
+	// heartbeat.
+	t.Run("an operator's drain", func(t *testing.T) {
+		pool := "operator"
+		register(t, r, pool, "a", 0)
+		register(t, r, pool, "b", 0)
+		req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, Limits: staggerLimits}
+		a, b, _ := driveToLimit(t, r, req)
+		// Bring a back below the limit as a fresh registration, then drain it.
+		register(t, r, pool, a, 0)
+		if err := r.Drain(ctx, pool, a); err != nil {
+			t.Fatal(err)
+		}
+		if got := retiringSet(t, r, pool); !slices.Equal(got, []string{a}) {
+			t.Fatalf("retiring set %v after Drain, want [%s]", got, a)
+		}
+		// a may still take sessions (it is not at its limit), b's last waits.
+		c, err := r.Claim(ctx, req)
+		if err != nil || c.Worker.ID != a {
+			t.Fatalf("claim with %s drained by an operator: %+v, %v; want %s", a, c, err, a)
+		}
+		if err := r.Deregister(ctx, pool, a); err != nil {
+			t.Fatal(err)
+		}
+		granted(t, r, req, b, a+" deregistered")
+	})
+}
+
+// A retiring worker whose heartbeat stopped is dead: it holds nothing
+// back, and the claim that walks past it hands it to the background expiry.
+func TestStaggerDrainsIgnoresDeadRetiringWorkers(t *testing.T) {
+	ctx := context.Background()
+	for _, status := range []selection.Status{selection.Available, selection.Draining} {
+		t.Run(string(status), func(t *testing.T) {
+			r, _ := startRegistry(t, Options{})
+			pool := "dead"
+			now := time.Now()
+			// a: at the limit (or draining) and fresh at first; b one session
+			// short of its last.
+			a := selection.Worker{ID: "a", Status: status, Lifetime: 3, LastHeartbeat: now}
+			b := selection.Worker{ID: "b", Status: selection.Available, Lifetime: 2, LastHeartbeat: now}
+			put(t, r, pool, a, 0, time.Time{})
+			put(t, r, pool, b, 0, time.Time{})
+			for _, policy := range []Policy{LifetimeFirst, Vnode, FairShare} {
+				refused(t, r, ClaimRequest{Pool: pool, Policy: policy, Limits: staggerLimits}, "a fresh "+string(status))
+			}
+			// a's heartbeat stops: its last one is older than StaleAfter.
+			a.LastHeartbeat = now.Add(-time.Minute)
+			put(t, r, pool, a, 0, time.Time{})
+			for _, policy := range []Policy{LifetimeFirst, Vnode, FairShare} {
+				if _, _, err := r.Pick(ctx, ClaimRequest{Pool: pool, Policy: policy, Limits: staggerLimits}); err != nil {
+					t.Fatalf("%s Pick with a dead retiring worker: %v", policy, err)
+				}
+			}
+			granted(t, r, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Limits: staggerLimits}, "b", "a dead")
+			testenv.Eventually(t, 5*time.Second, "the dead retiring worker expired", func() bool {
+				_, err := r.Worker(ctx, pool, "a")
+				return errors.Is(err, ErrNotRegistered)
+			})
+			if got := retiringSet(t, r, pool); !slices.Equal(got, []string{"b"}) {
+				t.Fatalf("retiring set %v, want [b]", got)
+			}
+		})
+	}
+}
+
+// Reconcile rebuilds the retiring set from the records: a lost member is
+// put back (and holds last sessions back again), a member of no record is
+// removed.
+func TestReconcileRebuildsTheRetiringSet(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	pool := "rec"
+	register(t, r, pool, "a", 0)
+	register(t, r, pool, "b", 0)
+	req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, Limits: staggerLimits}
+	a, b, _ := driveToLimit(t, r, req)
+	key := r.Key(pool, keyRetiring)
+	if err := r.rdb.Del(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.rdb.SAdd(ctx, key, "ghost").Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Reconcile(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := retiringSet(t, r, pool); !slices.Equal(got, []string{a}) {
+		t.Fatalf("retiring set after Reconcile %v, want [%s]", got, a)
+	}
+	if res.CountersFixed != 1 || res.OrphansRemoved != 1 {
+		t.Fatalf("Reconcile %+v: want 1 fixed (%s put back) and 1 orphan (ghost)", res, a)
+	}
+	refused(t, r, req, b+"'s last session after the rebuild")
+	info, err := r.Inspect(ctx, pool)
+	if err != nil || !info.Limits.StaggerDrains {
+		t.Fatalf("Inspect limits %+v, %v: want StaggerDrains stored", info.Limits, err)
+	}
+}
