@@ -172,6 +172,7 @@ func TestBadCaddyfiles(t *testing.T) {
 		{"select_timeout not a duration", site("\t\tselect_timeout soon"), 3, "invalid select_timeout 'soon'"},
 		{"select_timeout zero", site("\t\tselect_timeout 0s"), 3, "invalid select_timeout '0s'"},
 		{"queue_size zero", site("\t\tqueue_size 0"), 3, "invalid queue_size '0'"},
+		{"stagger_drains not on or off", site("\t\tstagger_drains maybe"), 3, "invalid stagger_drains 'maybe'"},
 		{"max_session negative", site("\t\tmax_session -5m"), 3, "invalid max_session '-5m'"},
 		{"dial_retries too many", site("\t\tdial_retries 11"), 3, "invalid dial_retries '11'"},
 		{"upgrade_timeout extra argument", site("\t\tupgrade_timeout 5s 6s"), 3, "wrong argument count"},

@@ -71,7 +71,8 @@ type Handler struct {
 	PolicyRaw json.RawMessage `json:"policy,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
 
 	// ClaimOptions (max_concurrent, max_lifetime, select_timeout,
-	// queue_size) apply to the policy unless its own block sets them.
+	// queue_size, stagger_drains) apply to the policy unless its own
+	// block sets them.
 	ClaimOptions
 
 	// MaxSession is the longest a session may live; the socket is closed
@@ -336,6 +337,7 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //	    max_lifetime       <n>
 //	    select_timeout     <duration>
 //	    queue_size         <n>
+//	    stagger_drains     [on|off]
 //	    max_session        <duration>
 //	    dial_retries       <0-10>
 //	    upgrade_timeout    <duration>

@@ -63,6 +63,20 @@ type ClaimOptions struct {
 	// instance; the next one gets 429 with Retry-After at once.
 	// Default: 100.
 	QueueSize int `json:"queue_size,omitempty"`
+	// StaggerDrains keeps restarts one at a time: while a worker of the
+	// pool is retiring (draining, or at max_lifetime awaiting its
+	// command), no claim brings another worker to max_lifetime; that
+	// worker's last session goes elsewhere or waits. Needs max_lifetime.
+	// Default: on for lifetime_first, off for vnode and fair_share.
+	StaggerDrains *bool `json:"stagger_drains,omitempty"`
+}
+
+// stagger resolves StaggerDrains with the policy's default.
+func (o ClaimOptions) stagger(def bool) bool {
+	if o.StaggerDrains != nil {
+		return *o.StaggerDrains
+	}
+	return def
 }
 
 func (o *ClaimOptions) setDefaults() {
@@ -108,6 +122,9 @@ func (o *ClaimOptions) merge(from ClaimOptions) {
 	if o.QueueSize == 0 {
 		o.QueueSize = from.QueueSize
 	}
+	if o.StaggerDrains == nil {
+		o.StaggerDrains = from.StaggerDrains
+	}
 }
 
 // unmarshalClaimOption parses one shared option at the dispenser's cursor.
@@ -115,7 +132,7 @@ func (o *ClaimOptions) merge(from ClaimOptions) {
 func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[string]bool) (bool, error) {
 	name := d.Val()
 	switch name {
-	case "max_concurrent", "max_lifetime", "max_scan", "queue_size", "select_timeout":
+	case "max_concurrent", "max_lifetime", "max_scan", "queue_size", "select_timeout", "stagger_drains":
 	default:
 		return false, nil
 	}
@@ -123,6 +140,23 @@ func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[stri
 		return true, d.Errf("%s already specified", name)
 	}
 	seen[name] = true
+	if name == "stagger_drains" {
+		on := true
+		if d.NextArg() {
+			switch d.Val() {
+			case "on":
+			case "off":
+				on = false
+			default:
+				return true, d.Errf("invalid stagger_drains '%s': use on or off", d.Val())
+			}
+			if d.NextArg() {
+				return true, d.ArgErr()
+			}
+		}
+		o.StaggerDrains = &on
+		return true, nil
+	}
 	if !d.NextArg() {
 		return true, d.ArgErr()
 	}
@@ -271,6 +305,7 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	req.Limits.MaxConcurrent = opts.MaxConcurrent
 	req.Limits.MaxLifetime = opts.MaxLifetime
 	req.Limits.StaleAfter = time.Duration(c.app.StaleThreshold)
+	req.Limits.StaggerDrains = opts.stagger(c.name == policyLifetimeFirst) && opts.MaxLifetime > 0
 	if req.Limits.MaxScan == 0 {
 		req.Limits.MaxScan = opts.MaxScan
 	}
@@ -345,6 +380,7 @@ func (p *LifetimeFirstSelection) claimOptions() *ClaimOptions { return &p.ClaimO
 //	    max_scan       <n>
 //	    select_timeout <duration>
 //	    queue_size     <n>
+//	    stagger_drains [on|off]
 //	}
 func (p *LifetimeFirstSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name
@@ -460,6 +496,7 @@ func (p *VnodeSelection) claimOptions() *ClaimOptions { return &p.ClaimOptions }
 //	    max_lifetime   <n>
 //	    select_timeout <duration>
 //	    queue_size     <n>
+//	    stagger_drains [on|off]
 //	}
 func (p *VnodeSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name
@@ -579,6 +616,7 @@ func (p *FairShareSelection) claimOptions() *ClaimOptions { return &p.ClaimOptio
 //	    max_scan         <n>
 //	    select_timeout   <duration>
 //	    queue_size       <n>
+//	    stagger_drains   [on|off]
 //	}
 func (p *FairShareSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name

@@ -1,6 +1,7 @@
 package caddygrid_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -13,8 +14,9 @@ import (
 // TestStaircase runs seed 000's example through Caddy: four workers,
 // max_lifetime 20, sessions one after another. Margin = 20/4 = 5, so the
 // first worker takes sessions until 15, then the next, and so on; once all
-// four sit at 15 the fallback fills the first to 20, which drains it.
-// Only then does the second climb to 20.
+// four sit at 15 the fallback fills the first to 20, which drains it, and
+// no other worker is told to. Once it is gone (its agent deregisters it
+// after draining) the second climbs to 20 and drains.
 func TestStaircase(t *testing.T) {
 	g := newGrid(t)
 	ids := []string{"w1", "w2", "w3", "w4"}
@@ -51,7 +53,7 @@ func TestStaircase(t *testing.T) {
 		45: {15, 15, 15, 0},
 		60: {15, 15, 15, 15},
 		65: {20, 15, 15, 15},
-		70: {20, 20, 15, 15},
+		70: {20, 15, 15},
 	}
 	for n := 1; n <= 70; n++ {
 		s := mustDial(t, c.url("/playwright/chromium"))
@@ -77,6 +79,11 @@ func TestStaircase(t *testing.T) {
 					t.Fatalf("%s has command %q while w1 drains; want only one worker draining", id, cmd)
 				}
 			}
+			// What w1's agent does once drained.
+			if err := g.reg.Deregister(context.Background(), "chromium", "w1"); err != nil {
+				t.Fatal(err)
+			}
+			ids = ids[1:]
 		}
 	}
 	if cmd := g.info("chromium", "w2").Command; cmd != registry.CommandShutdown {
@@ -87,5 +94,8 @@ func TestStaircase(t *testing.T) {
 		if got := servers[id].Stats().Sessions; int(got) != want[70][i] {
 			t.Errorf("%s served %d sessions, Redis counts %d", id, got, want[70][i])
 		}
+	}
+	if got := servers["w1"].Stats().Sessions; got != 20 {
+		t.Errorf("w1 served %d sessions before draining, want 20", got)
 	}
 }
