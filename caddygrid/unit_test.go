@@ -225,3 +225,26 @@ func FuzzHandlerCaddyfile(f *testing.F) {
 		_ = h.UnmarshalCaddyfile(caddyfile.NewDispenser(tokens))
 	})
 }
+
+// TestAppRedisPlaceholder: {env.X} in the Redis URL is read when the
+// config loads; empty, it is an error naming the option.
+func TestAppRedisPlaceholder(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	t.Setenv("CADDYGRID_TEST_REDIS", "redis://user:secret@127.0.0.1:1/3")
+	a := &App{Redis: "{env.CADDYGRID_TEST_REDIS}"}
+	if err := a.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer a.Cleanup()
+	if a.backend.key.url != "redis://user:secret@127.0.0.1:1/3" {
+		t.Errorf("backend URL %q, want the expanded variable", a.backend.key.url)
+	}
+	if strings.Contains(a.backend.redacted, "secret") {
+		t.Errorf("redacted URL %q shows the password", a.backend.redacted)
+	}
+	empty := &App{Redis: "{env.CADDYGRID_TEST_UNSET}"}
+	if err := empty.Provision(ctx); err == nil || !strings.Contains(err.Error(), "redis URL") {
+		t.Errorf("an empty Redis URL gave %v, want an error naming it", err)
+	}
+}

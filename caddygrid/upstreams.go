@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -178,12 +179,12 @@ func (u *UpstreamSource) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream
 			// back to static upstreams): the session records it and
 			// Select answers no upstream.
 			s.setOutcome(outcomeBadPool, 0)
-		}
-		s.mu.Lock()
-		if s.pool == "" {
+		} else {
+			s.mu.Lock()
 			s.pool = name
+			s.mu.Unlock()
+			caddyhttp.SetVar(r.Context(), varPool, name)
 		}
-		s.mu.Unlock()
 	}
 	// A new Upstream per call: reverse_proxy writes to the upstreams it
 	// provisions, so sharing one between requests would race.
