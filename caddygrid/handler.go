@@ -266,6 +266,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case outcomeNoSource:
 		return h.reject(w, r, http.StatusServiceUnavailable, pool, "the grid is misconfigured")
 	case outcomeCanceled:
+		// The client left while waiting; 499 for the access log, as
+		// reverse_proxy records a client that went away.
+		w.WriteHeader(499)
 		return nil
 	}
 	return proxyErr
