@@ -88,6 +88,14 @@ func TestQueue(t *testing.T) {
 	if !strings.Contains(string(he.Body), "no chromium browser became free within 300ms") {
 		t.Errorf("503 body %q does not say why", he.Body)
 	}
+	// E gives up while queued: it leaves the queue and claims nothing.
+	ectx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err = dial(ectx, c.url("/patient/chromium"))
+	cancel()
+	if err == nil {
+		t.Fatal("E connected while B holds the only slot")
+	}
+	testenv.Eventually(t, 10*time.Second, "E gone from the queue", func() bool { return c.metric(depth) == 0 })
 	b.s.close()
 
 	if got := srv.Stats().PeakActive; got != 1 {
