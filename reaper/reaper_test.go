@@ -193,7 +193,8 @@ func TestTwoReapersAndAKilledWorker(t *testing.T) {
 }
 
 // A reaper pass frees expired leases, sets active counts to the live leases,
-// and removes entries that belong to no worker.
+// removes entries that belong to no worker, and rebuilds the retiring set
+// (StaggerDrains) from the records.
 func TestReaperFixesCountersAndOrphans(t *testing.T) {
 	ctx := context.Background()
 	reg, _ := newRegistry(t)
@@ -218,6 +219,15 @@ func TestReaperFixesCountersAndOrphans(t *testing.T) {
 	rdb.HSet(ctx, reg.Key("p", "active"), "b", 3)
 	rdb.ZAdd(ctx, reg.Key("p", "idx:ring"), redisZ("00000000000000000000000000000000:ghost"))
 	rdb.HSet(ctx, reg.Key("p", "lifetime"), "ghost", 4)
+	// c drains, but the retiring set lost it and holds a worker that is gone.
+	if err := reg.Register(ctx, registry.Registration{Pool: "p", ID: "c", Addr: "h:1", TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.SetDraining(ctx, "p", "c"); err != nil {
+		t.Fatal(err)
+	}
+	rdb.SRem(ctx, reg.Key("p", "retiring"), "c")
+	rdb.SAdd(ctx, reg.Key("p", "retiring"), "ghost")
 	testenv.Eventually(t, 5*time.Second, "the short lease to expire", func() bool {
 		n, _ := rdb.ZCount(ctx, reg.Key("p", "lease_expiry"), "-inf", fmt.Sprint(time.Now().Add(-10*time.Millisecond).UnixMilli())).Result()
 		return n == 1
@@ -227,7 +237,7 @@ func TestReaperFixesCountersAndOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.LeasesFreed != 1 || rep.CountersFixed < 1 || rep.OrphansRemoved != 2 || len(rep.Expired) != 0 {
+	if rep.LeasesFreed != 1 || rep.CountersFixed < 2 || rep.OrphansRemoved != 3 || len(rep.Expired) != 0 {
 		t.Fatalf("report: %+v", rep)
 	}
 	info, _ := reg.Inspect(ctx, "p")
@@ -242,6 +252,9 @@ func TestReaperFixesCountersAndOrphans(t *testing.T) {
 	}
 	if info.Leases != 1 {
 		t.Errorf("%d leases, want 1", info.Leases)
+	}
+	if !slices.Equal(info.Retiring, []string{"c"}) {
+		t.Errorf("retiring set %v, want [c]", info.Retiring)
 	}
 	// A second pass has nothing to do.
 	rep, err = rp.RunOnce(ctx)
