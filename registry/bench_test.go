@@ -13,7 +13,9 @@ import (
 // BenchmarkClaim times one claim and its release on a pool of N workers,
 // for every policy, on a private redis-server. The per-op time should stay
 // flat from N=100 to N=10,000 (cmd/gridbench's registry section compares it
-// with seed 000's O(N) scan).
+// with seed 000's O(N) scan). One worker is draining, so the "+stagger"
+// runs (StaggerDrains) read a retiring set of one member, as a pool
+// mid-restart has.
 func BenchmarkClaim(b *testing.B) {
 	r, _ := startRegistry(b, Options{NoStaleExpiry: true})
 	ctx := context.Background()
@@ -34,9 +36,21 @@ func BenchmarkClaim(b *testing.B) {
 			}()
 		}
 		wg.Wait()
-		for _, p := range []Policy{LifetimeFirst, Vnode, FairShare} {
-			b.Run(fmt.Sprintf("N=%d/%s", n, p), func(b *testing.B) {
-				req := ClaimRequest{Pool: pool, Policy: p, Limits: limits}
+		if err := r.SetDraining(ctx, pool, "w00000"); err != nil {
+			b.Fatal(err)
+		}
+		for _, run := range []struct {
+			p       Policy
+			stagger bool
+		}{{LifetimeFirst, false}, {LifetimeFirst, true}, {Vnode, false}, {Vnode, true}, {FairShare, false}, {FairShare, true}} {
+			name := fmt.Sprintf("N=%d/%s", n, run.p)
+			if run.stagger {
+				name += "+stagger"
+			}
+			b.Run(name, func(b *testing.B) {
+				l := limits
+				l.StaggerDrains = run.stagger
+				req := ClaimRequest{Pool: pool, Policy: run.p, Limits: l}
 				// The first claim with new limits reindexes the pool: not timed.
 				if c, err := r.Claim(ctx, req); err != nil || r.Release(ctx, pool, c.LeaseID) != nil {
 					b.Fatal(err)
