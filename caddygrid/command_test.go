@@ -8,7 +8,7 @@ import (
 
 func TestRenderStatusShowsTheStaircase(t *testing.T) {
 	pools := []PoolDetail{{
-		PoolSummary: PoolSummary{Pool: "chromium", Available: 3, Draining: 1, Active: 3, Leases: 3},
+		PoolSummary:   PoolSummary{Pool: "chromium", Available: 3, Draining: 1, Active: 3, Leases: 3},
 		MaxConcurrent: 4,
 		MaxLifetime:   20,
 		WorkerStatuses: []WorkerStatus{

@@ -39,7 +39,7 @@ type claimerReport struct {
 }
 
 // claimers runs n concurrent claims against the pool, each holding its slot
-// for a moment and then releasing it, except every 25th, kept to the end.
+// for a moment and then releasing it, except every 50th, kept to the end.
 func claimers(url, policy string, n int, seed uint64) claimerReport {
 	rdb, err := NewClient(url)
 	if err != nil {
@@ -61,8 +61,20 @@ func claimers(url, policy string, n int, seed uint64) claimerReport {
 			// Arrivals spread over 400 ms, so sessions turn over and the
 			// workers reach their lifetime limit while claims still race.
 			time.Sleep(time.Duration(rng.IntN(400)) * time.Millisecond)
-			c, err := r.Claim(ctx, ClaimRequest{Pool: "busy", Policy: Policy(policy), Holder: fmt.Sprint("claimer-", seed),
-				Limits: selection.Limits{MaxConcurrent: contConcurrent, MaxLifetime: contLifetime}, Rand: &lockedRand{r: rng}})
+			// A refused claim waits and tries again for a while, as a
+			// queued client would: so the workers reach their limits on a
+			// loaded machine too, where the first try of every claim may
+			// find all slots busy. Only a claim still refused then counts.
+			var c *Claim
+			var err error
+			for deadline := time.Now().Add(5 * time.Second); ; {
+				c, err = r.Claim(ctx, ClaimRequest{Pool: "busy", Policy: Policy(policy), Holder: fmt.Sprint("claimer-", seed),
+					Limits: selection.Limits{MaxConcurrent: contConcurrent, MaxLifetime: contLifetime}, Rand: &lockedRand{r: rng}})
+				if !errors.Is(err, ErrNoWorker) || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(time.Duration(5+rng.IntN(10)) * time.Millisecond)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -81,7 +93,7 @@ func claimers(url, policy string, n int, seed uint64) claimerReport {
 			if c.Worker.Active > contConcurrent || c.Worker.Lifetime > contLifetime {
 				rep.Over = append(rep.Over, fmt.Sprintf("%s active %d lifetime %d", c.Worker.ID, c.Worker.Active, c.Worker.Lifetime))
 			}
-			if i%25 == 0 {
+			if i%50 == 0 {
 				rep.Kept = append(rep.Kept, c.Worker.ID)
 				return
 			}
