@@ -5,8 +5,7 @@ import (
 	"time"
 )
 
-// This file holds the eligibility rules every policy shares (contract:
-// /work/contracts/selection.md, "Common eligibility"). The registry keeps
+// This file holds the eligibility rules every policy shares. The registry keeps
 // exactly the Indexed workers in its per-pool selection indexes and checks
 // Usable while walking them, so these functions are the reference its Lua
 // scripts are tested against.

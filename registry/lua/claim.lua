@@ -3,7 +3,7 @@
 -- Before selecting it frees a bounded number of expired leases (so counts
 -- are true), stores the pool's limits and, when they changed, rebuilds the
 -- indexes. Then the policy walks its index in preference order, as the
--- selection package does over a snapshot (contracts/selection.md):
+-- selection package does over a snapshot (selection/limits.go and the policies):
 --   lifetime_first: idx:lifetime by score (lifetime DESC, active ASC, id ASC),
 --     primary phase above the margin edge, then the fallback phase.
 --   vnode: for each of K pivots, idx:ring from the pivot (ZRANGEBYLEX), then
