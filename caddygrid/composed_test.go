@@ -27,7 +27,7 @@ func TestHandComposed(t *testing.T) {
 			}
 			lb_retries 2
 			lb_retry_match {
-				expression ` + "`{rp.status_code} != 101`" + `
+				expression ` + "`type({rp.status_code}) != int || {rp.status_code} >= 500 || {rp.status_code} == 404`" + `
 			}
 		}
 	}`})

@@ -85,12 +85,12 @@ func TestFailingWorkersAreInvisible(t *testing.T) {
 	}
 }
 
-// TestAllWorkersFailing: when every attempt fails, the client gets the
-// last worker's refusal and nothing stays claimed.
+// TestAllWorkersFailing: when every attempt fails on the workers' side,
+// the client gets the last worker's refusal and nothing stays claimed.
 func TestAllWorkersFailing(t *testing.T) {
 	g := newGrid(t)
 	for i := range 3 {
-		g.worker("chromium", fmt.Sprintf("w%d", i), fake.Behavior{Refuse: http.StatusForbidden})
+		g.worker("chromium", fmt.Sprintf("w%d", i), fake.Behavior{Refuse: http.StatusBadGateway})
 	}
 	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
 	route /playwright/* {
@@ -99,8 +99,8 @@ func TestAllWorkersFailing(t *testing.T) {
 		}
 	}`})
 	_, err := dial(context.Background(), c.url("/playwright/chromium"))
-	if he := refusal(err); he == nil || he.StatusCode != http.StatusForbidden {
-		t.Fatalf("got %v, want the workers' 403", err)
+	if he := refusal(err); he == nil || he.StatusCode != http.StatusBadGateway {
+		t.Fatalf("got %v, want the workers' 502", err)
 	}
 	testenv.Eventually(t, 5*time.Second, "claims given back", func() bool {
 		for i := range 3 {
@@ -112,6 +112,42 @@ func TestAllWorkersFailing(t *testing.T) {
 	})
 	if got := c.metric(`caddy_grid_releases_total{outcome="undone",pool="chromium"}`); got != 2 {
 		t.Errorf("undone claims = %v, want 2 (first try and one retry)", got)
+	}
+}
+
+// TestClientSideRefusalBlamesNoWorker: a worker that refuses a client's
+// handshake with a 4xx (here 428, what Playwright's server answers a
+// client of another version) would be refused by every worker alike, so
+// the client gets the 428 at once, the claim is given back, and no worker
+// is marked suspect: one bad client cannot take workers from the others.
+func TestClientSideRefusalBlamesNoWorker(t *testing.T) {
+	g := newGrid(t)
+	refuser := g.worker("chromium", "w1", fake.Behavior{Refuse: http.StatusPreconditionRequired})
+	g.worker("chromium", "w2", fake.Behavior{Refuse: http.StatusPreconditionRequired})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			dial_retries 2
+		}
+	}`})
+	_, err := dial(context.Background(), c.url("/playwright/chromium"))
+	if he := refusal(err); he == nil || he.StatusCode != http.StatusPreconditionRequired {
+		t.Fatalf("got %v, want the worker's 428", err)
+	}
+	testenv.Eventually(t, 5*time.Second, "the claim given back", func() bool {
+		w := g.info("chromium", "w1")
+		return w.Active == 0 && w.Lifetime == 0
+	})
+	if n := refuser.Stats().Refused; n != 1 {
+		t.Errorf("the refusing worker was asked %d times, want once (no retry of a client-side refusal)", n)
+	}
+	for _, id := range []string{"w1", "w2"} {
+		if w := g.info("chromium", id); !w.SuspectUntil.IsZero() && w.SuspectUntil.After(time.Now()) {
+			t.Errorf("worker %s marked suspect until %s by a client's bad handshake", id, w.SuspectUntil)
+		}
+	}
+	if got := c.metric(`caddy_grid_dial_retries_total{pool="chromium"}`); got != 0 {
+		t.Errorf("dial_retries_total = %v, want 0", got)
 	}
 }
 

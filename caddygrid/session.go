@@ -149,11 +149,17 @@ func (s *session) finish(clientGone bool) {
 	}
 	status := s.upstreamStatus()
 	served := status == http.StatusSwitchingProtocols
-	// A worker that answered something else than 101 refused the session.
-	// Without any answer, blame the worker only when the client is still
-	// there (a dial or transport failure).
-	suspect := !served && (status != 0 || !clientGone)
+	// A worker that refused on its own side (5xx, 404) is suspect; so is
+	// one that gave no answer while the client was still there (a dial or
+	// transport failure). A client-side refusal (other 4xx) blames nobody.
+	suspect := !served && (workerRefused(status) || (status == 0 && !clientGone))
 	b.finish(c, served, suspect)
+}
+
+// workerRefused reports whether an upgrade answered with status failed
+// because of the worker rather than the client (see retryMatchExpr).
+func workerRefused(status int) bool {
+	return status >= 500 || status == http.StatusNotFound
 }
 
 // upstreamStatus is the status the last upstream answered (0: none).

@@ -275,6 +275,10 @@ func selStaggerTable(w io.Writer, quick bool) error {
 		{"lifetime-first", func(l selection.Limits, _ selection.Rand) selection.Selector {
 			return selection.LifetimeFirst{Limits: l}
 		}},
+		{"lifetime-first + stagger_drains", func(l selection.Limits, _ selection.Rand) selection.Selector {
+			l.StaggerDrains = true
+			return selection.LifetimeFirst{Limits: l}
+		}},
 		{"round robin", func(l selection.Limits, _ selection.Rand) selection.Selector { return &selection.RoundRobin{Limits: l} }},
 		{"weighted round robin", func(l selection.Limits, _ selection.Rand) selection.Selector {
 			return &selection.WeightedRoundRobin{Limits: l}
