@@ -303,6 +303,7 @@ func TestRecyclingUnderLoad(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
+	t.Logf("%d sessions, all ok; workers seen %d; most draining at once %d; lifetimes %v", sessions, len(seen), maxDraining, seen)
 	if maxDraining > 1 {
 		t.Errorf("at some moment %d workers were draining at once, want at most 1", maxDraining)
 	}
