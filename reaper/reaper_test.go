@@ -15,27 +15,35 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestWorkerHelper is the worker process of TestTwoReapersAndAKilledWorker:
-// it registers and heartbeats until it is killed. It runs only when
-// re-executed with REAPER_HELPER_URL set.
-func TestWorkerHelper(t *testing.T) {
-	url := os.Getenv("REAPER_HELPER_URL")
-	if url == "" {
-		t.Skip("helper process of TestTwoReapersAndAKilledWorker")
+// TestMain runs the worker process of TestTwoReapersAndAKilledWorker when
+// the test binary is re-executed with REAPER_HELPER_URL set, and the tests
+// otherwise.
+func TestMain(m *testing.M) {
+	if url := os.Getenv("REAPER_HELPER_URL"); url != "" {
+		if err := workerHelper(url); err != nil {
+			fmt.Fprintln(os.Stderr, "worker helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
+	os.Exit(m.Run())
+}
+
+// workerHelper registers a worker and heartbeats until it is killed.
+func workerHelper(url string) error {
 	rdb, err := registry.NewClient(url)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	reg := registry.New(rdb, registry.Options{})
 	ctx := context.Background()
 	if err := reg.Register(ctx, registry.Registration{Pool: "p", ID: "victim", Addr: "127.0.0.1:1", Path: "/", TTL: 10 * time.Second}); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	fmt.Println("REGISTERED")
 	for {
 		if _, err := reg.Heartbeat(ctx, "p", "victim", 10*time.Second); err != nil {
-			t.Fatal(err)
+			return err
 		}
 		time.Sleep(50 * time.Millisecond) // the heartbeat interval
 	}
@@ -60,7 +68,7 @@ func TestTwoReapersAndAKilledWorker(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	reg, srv := newRegistry(t)
-	helper := testenv.Start(t, []string{"REAPER_HELPER_URL=" + srv.URL()}, os.Args[0], "-test.run=^TestWorkerHelper$", "-test.count=1")
+	helper := testenv.Start(t, []string{"REAPER_HELPER_URL=" + srv.URL()}, os.Args[0], "-test.run=^$", "-test.count=1")
 	if !helper.WaitOutput("REGISTERED", 10*time.Second) {
 		t.Fatalf("helper did not register:\n%s", helper.Output())
 	}

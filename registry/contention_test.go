@@ -119,13 +119,10 @@ type lockedRand struct {
 func (l *lockedRand) Uint64() uint64 { l.mu.Lock(); defer l.mu.Unlock(); return l.r.Uint64() }
 func (l *lockedRand) IntN(n int) int { l.mu.Lock(); defer l.mu.Unlock(); return l.r.IntN(n) }
 
-// TestContentionHelper is the second process of TestContention (it runs
-// only when re-executed with GRID_CONTENTION_URL set).
-func TestContentionHelper(t *testing.T) {
-	url := os.Getenv("GRID_CONTENTION_URL")
-	if url == "" {
-		t.Skip("helper process of TestContention")
-	}
+// contentionHelper is the second process of TestContention: TestMain
+// runs it instead of the tests when the test binary is re-executed with
+// GRID_CONTENTION_URL set.
+func contentionHelper(url string) {
 	rep := claimers(url, os.Getenv("GRID_CONTENTION_POLICY"), contClaims, 2)
 	b, _ := json.Marshal(rep)
 	fmt.Printf("REPORT %s\n", b)
@@ -144,7 +141,7 @@ func TestContention(t *testing.T) {
 			for i := range contWorkers {
 				register(t, r, "busy", fmt.Sprintf("w%d", i), 0)
 			}
-			cmd := exec.Command(os.Args[0], "-test.run=^TestContentionHelper$", "-test.count=1")
+			cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.count=1")
 			cmd.Env = append(os.Environ(), "GRID_CONTENTION_URL="+srvURL, "GRID_CONTENTION_POLICY="+string(policy))
 			var other claimerReport
 			done := make(chan error, 1)

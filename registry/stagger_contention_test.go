@@ -116,14 +116,10 @@ func loopClaimers(url, policy string, loopers int, seed uint64, stop <-chan stru
 	return rep
 }
 
-// TestStaggerContentionHelper is the second process of
-// TestContentionStaggerDrains (it runs only when re-executed with
+// staggerContentionHelper is the second process of
+// TestContentionStaggerDrains (TestMain runs it when re-executed with
 // GRID_STAGGER_URL set); it claims until its standard input closes.
-func TestStaggerContentionHelper(t *testing.T) {
-	url := os.Getenv("GRID_STAGGER_URL")
-	if url == "" {
-		t.Skip("helper process of TestContentionStaggerDrains")
-	}
+func staggerContentionHelper(url string) {
 	stop := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
@@ -138,7 +134,7 @@ func TestStaggerContentionHelper(t *testing.T) {
 // input) ends it, and its report lands in rep before done delivers.
 func staggerHelper(t *testing.T, url string, policy Policy, rep *loopReport) (stop func(), done <-chan error) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestStaggerContentionHelper$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "GRID_STAGGER_URL="+url, "GRID_STAGGER_POLICY="+string(policy))
 	in, err := cmd.StdinPipe()
 	if err != nil {
