@@ -191,6 +191,18 @@ func TestPlaywrightConnectsThroughCaddyOverTLS(t *testing.T) {
 	if len(p.Workers) != 1 || p.Workers[0].Lifetime != 1 {
 		t.Fatalf("after one session the worker's figures are %+v, want lifetime 1", p.Workers)
 	}
+
+	// What an operator sees: 'caddy grid status' draws the worker with its
+	// lifetime bar at 1 of 50 and no live session.
+	out, err := exec.Command(testenv.Bin(t, "caddy"), "grid", "status", "--address", strings.TrimPrefix(g.AdminURL(), "http://")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("caddy grid status: %v\n%s", err, out)
+	}
+	for _, want := range []string{"pool chromium: 1 workers", p.Workers[0].ID, " 1/50 ", "0/2"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("caddy grid status does not show %q:\n%s", want, out)
+		}
+	}
 }
 
 func TestKilledClientReleasesItsSlot(t *testing.T) {
