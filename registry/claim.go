@@ -48,17 +48,10 @@ func (r *Registry) checkRequest(req *ClaimRequest) error {
 	// retiring set, read inside the claim script): a caller's value is
 	// ignored.
 	req.Limits.Retiring = false
-	l := req.Limits
-	switch {
-	case l.MaxConcurrent < 0:
-		return fmt.Errorf("max_concurrent %d is negative", l.MaxConcurrent)
-	case l.MaxLifetime < 0:
-		return fmt.Errorf("max_lifetime %d is negative", l.MaxLifetime)
-	case l.StaleAfter < 0:
-		return fmt.Errorf("stale_after %s is negative", l.StaleAfter)
-	case l.MaxScan < 0:
-		return fmt.Errorf("max_scan %d is negative", l.MaxScan)
-	case req.LeaseTTL < 0:
+	if err := req.Limits.Validate(); err != nil {
+		return err
+	}
+	if req.LeaseTTL < 0 {
 		return fmt.Errorf("lease TTL %s is negative", req.LeaseTTL)
 	}
 	switch req.Policy {
