@@ -391,17 +391,35 @@ func (p *LifetimeFirstSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) erro
 }
 
 func (p *LifetimeFirstSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) error {
+	return unmarshalPolicyBlock(d, &p.ClaimOptions, shared, nil, func(name string) error {
+		return d.Errf("unrecognized %s option '%s'", policyLifetimeFirst, name)
+	})
+}
+
+// unmarshalPolicyBlock walks a policy's block. With shared (the policy
+// parsed as lb_policy) the options every grid policy has are parsed into
+// o; without (inside browser_grid, which parses those itself) only the
+// ones alsoShared names are. Every other option goes to own, once: a
+// repeated option is an error.
+func unmarshalPolicyBlock(d *caddyfile.Dispenser, o *ClaimOptions, shared bool, alsoShared func(name string) bool, own func(name string) error) error {
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if shared {
-			if ok, err := unmarshalClaimOption(d, &p.ClaimOptions, seen); ok {
+		name := d.Val()
+		if shared || (alsoShared != nil && alsoShared(name)) {
+			if ok, err := unmarshalClaimOption(d, o, seen); ok {
 				if err != nil {
 					return err
 				}
 				continue
 			}
 		}
-		return d.Errf("unrecognized %s option '%s'", policyLifetimeFirst, d.Val())
+		if seen[name] {
+			return d.Errf("%s already specified", name)
+		}
+		seen[name] = true
+		if err := own(name); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -507,21 +525,9 @@ func (p *VnodeSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 func (p *VnodeSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) error {
-	seen := map[string]bool{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		name := d.Val()
-		if name == "max_scan" || shared {
-			if ok, err := unmarshalClaimOption(d, &p.ClaimOptions, seen); ok {
-				if err != nil {
-					return err
-				}
-				continue
-			}
-		}
-		if seen[name] {
-			return d.Errf("%s already specified", name)
-		}
-		seen[name] = true
+	// max_scan is a shared option that vnode also takes in its own block.
+	isMaxScan := func(name string) bool { return name == "max_scan" }
+	return unmarshalPolicyBlock(d, &p.ClaimOptions, shared, isMaxScan, func(name string) error {
 		var err error
 		switch name {
 		case "virtual_nodes":
@@ -535,11 +541,8 @@ func (p *VnodeSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) error
 		default:
 			return d.Errf("unrecognized %s option '%s'", policyVnode, name)
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return err
+	})
 }
 
 // FairShareSelection is the fair-share policy of seed 001: each worker's
@@ -627,21 +630,7 @@ func (p *FairShareSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 func (p *FairShareSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) error {
-	seen := map[string]bool{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		name := d.Val()
-		if shared {
-			if ok, err := unmarshalClaimOption(d, &p.ClaimOptions, seen); ok {
-				if err != nil {
-					return err
-				}
-				continue
-			}
-		}
-		if seen[name] {
-			return d.Errf("%s already specified", name)
-		}
-		seen[name] = true
+	return unmarshalPolicyBlock(d, &p.ClaimOptions, shared, nil, func(name string) error {
 		switch name {
 		case "window":
 			n, err := intArg(d, name, 1, selection.MaxWindow)
@@ -673,8 +662,8 @@ func (p *FairShareSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) e
 		default:
 			return d.Errf("unrecognized %s option '%s'", policyFairShare, name)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // Interface guards
