@@ -254,12 +254,9 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.DisableReaper = true
 				continue
 			}
-			dur, err := caddy.ParseDuration(val)
+			dur, err := positiveDuration(d, name, val)
 			if err != nil {
-				return d.Errf("invalid %s '%s': %v", name, val, err)
-			}
-			if dur <= 0 {
-				return d.Errf("invalid %s '%s': must be more than 0", name, val)
+				return err
 			}
 			if name == "lease_ttl" && dur < time.Second {
 				return d.Errf("invalid lease_ttl '%s': must be at least 1s", val)

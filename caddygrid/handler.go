@@ -430,12 +430,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-			dur, err := caddy.ParseDuration(val)
+			dur, err := positiveDuration(d, name, val)
 			if err != nil {
-				return d.Errf("invalid %s '%s': %v", name, val, err)
-			}
-			if dur <= 0 {
-				return d.Errf("invalid %s '%s': must be more than 0", name, val)
+				return err
 			}
 			switch name {
 			case "max_session":

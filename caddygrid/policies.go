@@ -165,12 +165,9 @@ func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[stri
 		return true, d.ArgErr()
 	}
 	if name == "select_timeout" {
-		dur, err := caddy.ParseDuration(val)
+		dur, err := positiveDuration(d, name, val)
 		if err != nil {
-			return true, d.Errf("invalid select_timeout '%s': %v", val, err)
-		}
-		if dur <= 0 {
-			return true, d.Errf("invalid select_timeout '%s': must be more than 0", val)
+			return true, err
 		}
 		o.SelectTimeout = caddy.Duration(dur)
 		return true, nil
@@ -205,6 +202,19 @@ func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[stri
 }
 
 // intArg parses the one integer argument of an option within [lo, hi].
+// positiveDuration parses the value val of option name as a duration
+// greater than 0, with an adapt-time error naming both otherwise.
+func positiveDuration(d *caddyfile.Dispenser, name, val string) (time.Duration, error) {
+	dur, err := caddy.ParseDuration(val)
+	if err != nil {
+		return 0, d.Errf("invalid %s '%s': %v", name, val, err)
+	}
+	if dur <= 0 {
+		return 0, d.Errf("invalid %s '%s': must be more than 0", name, val)
+	}
+	return dur, nil
+}
+
 func intArg(d *caddyfile.Dispenser, name string, lo, hi int) (int, error) {
 	if !d.NextArg() {
 		return 0, d.ArgErr()
