@@ -24,6 +24,7 @@ import (
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
 	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/browsergrid/caddy-browser-grid/workeragent"
 )
 
 // binDir holds grid-worker and, beside it, fakebrowser (where the fake
@@ -180,31 +181,7 @@ func alive(pid int) bool {
 }
 
 // groupMembers lists live processes in any of the process groups.
-func groupMembers(groups []int) []int {
-	var left []int
-	ents, _ := os.ReadDir("/proc")
-	want := map[string]bool{}
-	for _, g := range groups {
-		want[strconv.Itoa(g)] = true
-	}
-	for _, e := range ents {
-		raw, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(raw)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) >= 3 && f[0] != "Z" && f[0] != "X" && want[f[2]] {
-			pid, _ := strconv.Atoi(e.Name())
-			left = append(left, pid)
-		}
-	}
-	return left
-}
+func groupMembers(groups []int) []int { return workeragent.LiveInGroups(groups) }
 
 func exitCode(t *testing.T, p *testenv.Process, timeout time.Duration) int {
 	t.Helper()
