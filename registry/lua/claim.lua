@@ -172,13 +172,16 @@ end
 
 local BATCH = 32
 
--- lf_walk walks idx:lifetime between two scores; returns id, worker or
--- nil, stopped.
-local function lf_walk(min, max)
+-- index_walk walks a sorted-set index in batches between min and max with
+-- cmd (ZRANGEBYSCORE or ZRANGEBYLEX), turning each member into a worker id
+-- with id_of; returns id, worker for the first usable one, or nil, stopped
+-- (stopped: the scan budget ran out).
+local function index_walk(cmd, key, min, max, id_of)
   local off = 0
   while true do
-    local batch = redis.call('ZRANGEBYSCORE', K_LF, min, max, 'LIMIT', off, BATCH)
-    for _, id in ipairs(batch) do
+    local batch = redis.call(cmd, key, min, max, 'LIMIT', off, BATCH)
+    for _, m in ipairs(batch) do
+      local id = id_of(m)
       local w = examine(id)
       if w then return id, w end
       if exhausted() then return nil, true end
@@ -188,20 +191,15 @@ local function lf_walk(min, max)
   end
 end
 
--- ring_walk walks idx:ring between two lex bounds.
+-- lf_walk walks idx:lifetime between two scores.
+local function lf_walk(min, max)
+  return index_walk('ZRANGEBYSCORE', K_LF, min, max, function(m) return m end)
+end
+
+-- ring_walk walks idx:ring between two lex bounds (members are
+-- '<32 hex>:<id>').
 local function ring_walk(min, max)
-  local off = 0
-  while true do
-    local batch = redis.call('ZRANGEBYLEX', K_RING, min, max, 'LIMIT', off, BATCH)
-    for _, m in ipairs(batch) do
-      local id = string.sub(m, 34)
-      local w = examine(id)
-      if w then return id, w end
-      if exhausted() then return nil, true end
-    end
-    if #batch < BATCH then return nil, false end
-    off = off + #batch
-  end
+  return index_walk('ZRANGEBYLEX', K_RING, min, max, function(m) return string.sub(m, 34) end)
 end
 
 local chosen, cw
