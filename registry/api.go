@@ -188,10 +188,14 @@ type ClaimRequest struct {
 	Pool   string
 	Policy Policy
 	// Limits apply to every policy; they are also written to the pool so
-	// that release and heartbeat scripts keep the indexes consistent. All
-	// claims on a pool should use the same MaxConcurrent and MaxLifetime: a
-	// claim that brings different ones rebuilds the pool's indexes (O(N)).
-	// With StaggerDrains (and MaxLifetime > 0) a worker's last session is
+	// that release and heartbeat scripts keep the indexes consistent. When
+	// claims bring different MaxConcurrent, MaxLifetime or StaggerDrains,
+	// the newest configuration's win (ConfigTime); a change costs O(1) in
+	// the claim, and the indexes converge worker by worker (each claim,
+	// release and heartbeat reindexes its worker). A worker at or past a
+	// lowered MaxLifetime is told to drain by its next heartbeat (one at a
+	// time under StaggerDrains). MaxScan 0 means DefaultMaxScan for
+	// lifetime_first and fair_share. With StaggerDrains (and MaxLifetime > 0) a worker's last session is
 	// not granted while another fresh worker of the pool is retiring, as
 	// selection.Limits.HeldBack says; whether one is comes from the pool's
 	// retiring set in Redis, so Limits.Retiring is ignored. Beyond
@@ -214,6 +218,37 @@ type ClaimRequest struct {
 	LeaseTTL time.Duration
 	// Now, when not zero, replaces Redis' clock (tests only).
 	Now time.Time
+	// ConfigTime is when the caller's limits were configured (Caddy: when
+	// its grid configuration with these limits was first loaded). It
+	// decides which limits a pool runs under when claimers disagree: the
+	// newest configuration wins. The pool stores the limits in force
+	// (MaxConcurrent, MaxLifetime, StaggerDrains and, for fair_share
+	// claims, the fair-share Window, Median and Default) with their
+	// configuration's time. A claim whose limits differ stores them when
+	// its ConfigTime is not older than the stored time; otherwise it runs
+	// under the stored limits and reports them in Claim.PoolLimits (or
+	// NoWorkerError.PoolLimits) with LimitsOverridden set. Zero means
+	// now: the claim's limits win whenever they differ. Clocks of the
+	// claimers should agree to within the time between two reloads.
+	ConfigTime time.Time
+}
+
+// DefaultMaxScan is the max_scan budget of a lifetime_first or fair_share
+// claim whose Limits.MaxScan is 0: how many unusable index entries (stale,
+// missing, suspect, held back) one claim walks past before it reports no
+// worker. Vnode's default is selection.DefaultVnodeMaxScan.
+const DefaultMaxScan = 64
+
+// PoolLimits are the limits a claim ran under: the request's, or the
+// pool's stored ones when a newer configuration brought them.
+type PoolLimits struct {
+	// MaxConcurrent, MaxLifetime and StaggerDrains in force (the other
+	// selection.Limits fields are the request's).
+	selection.Limits
+	// FairShare's Window, Median and Default in force (fair_share claims).
+	Window  int
+	Median  bool
+	Default time.Duration
 }
 
 // Claim is a granted session slot.
@@ -226,6 +261,11 @@ type Claim struct {
 	Drain bool
 	// Decision carries the scan figures, for metrics.
 	Decision selection.Decision
+	// PoolLimits are the limits the claim ran under; LimitsOverridden is
+	// true when they are not the request's (a newer configuration's limits
+	// are stored for the pool: see ClaimRequest.ConfigTime).
+	PoolLimits       PoolLimits
+	LimitsOverridden bool
 }
 
 // NoWorkerError is returned (wrapping ErrNoWorker) when nothing is
@@ -236,6 +276,9 @@ type NoWorkerError struct {
 	// was retiring, so workers one session short of the lifetime limit
 	// were held back (they may have been the only ones left).
 	Retiring bool
+	// PoolLimits and LimitsOverridden: as in Claim.
+	PoolLimits       PoolLimits
+	LimitsOverridden bool
 }
 
 func (e *NoWorkerError) Error() string { return ErrNoWorker.Error() }
@@ -283,6 +326,14 @@ func (r *Registry) Wakeups(ctx context.Context, pools ...string) (<-chan string,
 // whether it removed anything.
 func (r *Registry) Expire(ctx context.Context, pool, id string, staleAfter time.Duration) (bool, error) {
 	return r.expire(ctx, pool, id, staleAfter)
+}
+
+// ExpireStale is Expire with skip_if_fresh for many workers of a pool,
+// up to 100 per script call: it removes those whose heartbeat is older
+// than staleAfter (0: only a lapsed record TTL counts), whose record TTL
+// has passed, or whose record does not parse, and returns the ids removed.
+func (r *Registry) ExpireStale(ctx context.Context, pool string, ids []string, staleAfter time.Duration) ([]string, error) {
+	return r.expireStale(ctx, pool, ids, staleAfter)
 }
 
 // ExpireLeases removes up to max expired leases of a pool and gives their

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/selection"
 )
@@ -33,6 +34,9 @@ type outcome struct {
 	drain    bool
 	// retiring: StaggerDrains was in force and a worker was retiring.
 	retiring bool
+	// limits in force, and whether they are not the request's.
+	limits     PoolLimits
+	overridden bool
 }
 
 func (r *Registry) checkRequest(req *ClaimRequest) error {
@@ -50,6 +54,9 @@ func (r *Registry) checkRequest(req *ClaimRequest) error {
 	req.Limits.Retiring = false
 	if err := req.Limits.Validate(); err != nil {
 		return err
+	}
+	if req.Policy != Vnode && req.Limits.MaxScan == 0 {
+		req.Limits.MaxScan = DefaultMaxScan
 	}
 	if req.LeaseTTL < 0 {
 		return fmt.Errorf("lease TTL %s is negative", req.LeaseTTL)
@@ -104,7 +111,7 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 		req.Limits.MaxConcurrent, req.Limits.MaxLifetime, ms(req.Limits.StaleAfter), req.Limits.MaxScan,
 		req.FairShare.Window, med, ms(req.FairShare.Default),
 		leaseID, ms(req.LeaseTTL), req.Holder, ms(r.opts.CommandTTL),
-		r.opts.DurationWindow, r.opts.LeaseSweep, stagger}
+		r.opts.DurationWindow, r.opts.LeaseSweep, stagger, toMS(req.ConfigTime)}
 	if req.Policy == Vnode {
 		k := req.Vnode.Samples
 		dr := req.Vnode.Draw(req.Rand)
@@ -127,7 +134,7 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	if err != nil {
 		return outcome{}, err
 	}
-	if len(res) != 17 {
+	if len(res) != 24 {
 		return outcome{}, fmt.Errorf("unexpected reply of %d items", len(res))
 	}
 	n := func(i int) int64 { x, _ := res[i].(int64); return x }
@@ -149,6 +156,9 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	}
 	r.badList(req.Pool, res[9])
 	o.retiring = n(15) == 1
+	o.overridden = n(17) == 1
+	o.limits = PoolLimits{Limits: req.Limits, Window: int(n(21)), Median: n(22) == 1, Default: time.Duration(n(23)) * time.Millisecond}
+	o.limits.MaxConcurrent, o.limits.MaxLifetime, o.limits.StaggerDrains = int(n(18)), int(n(19)), n(20) == 1
 	if !r.opts.NoStaleExpiry && !dry {
 		if len(o.decision.Stale) > 0 {
 			r.expireInBackground(req.Pool, o.decision.Stale, req.Limits.StaleAfter)
@@ -165,7 +175,7 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 		}
 	}
 	if n(0) != 1 {
-		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring}
+		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring, PoolLimits: o.limits, LimitsOverridden: o.overridden}
 	}
 	o.decision.OK = true
 	o.decision.ID = s(1)
@@ -189,7 +199,8 @@ func (r *Registry) claim(ctx context.Context, req ClaimRequest) (*Claim, error) 
 	if err != nil {
 		return nil, fmt.Errorf("claiming a worker in pool %q: %w", req.Pool, err)
 	}
-	return &Claim{LeaseID: lease, Pool: req.Pool, Worker: o.worker, Drain: o.drain, Decision: o.decision}, nil
+	return &Claim{LeaseID: lease, Pool: req.Pool, Worker: o.worker, Drain: o.drain, Decision: o.decision,
+		PoolLimits: o.limits, LimitsOverridden: o.overridden}, nil
 }
 
 func (r *Registry) pick(ctx context.Context, req ClaimRequest) (WorkerInfo, selection.Decision, error) {

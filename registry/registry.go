@@ -26,8 +26,10 @@ const (
 	maxVirtualNodes       = 64
 	defaultLeaseTTL       = 30 * time.Second
 	defaultExpireLeases   = 1000
-	// background expiries in flight per Registry (seed 002 uses 32 per process).
+	// background expiry calls in flight per Registry, each of up to
+	// expireBatch workers (seed 002 expires one per call, 32 per process).
 	expireConcurrency = 8
+	expireBatch       = 100
 	expireTimeout     = 5 * time.Second
 )
 
@@ -102,7 +104,7 @@ func (r *Registry) heartbeat(ctx context.Context, pool, id string, ttl time.Dura
 	if ttl <= 0 {
 		ttl = defaultRecordTTL
 	}
-	res, err := r.run(ctx, scriptHeartbeat, pool, 0, id, ms(ttl), r.opts.LeaseSweep, r.opts.DurationWindow).Slice()
+	res, err := r.run(ctx, scriptHeartbeat, pool, 0, id, ms(ttl), r.opts.LeaseSweep, r.opts.DurationWindow, ms(r.opts.CommandTTL)).Slice()
 	if err != nil {
 		return "", fmt.Errorf("heartbeat of worker %q in pool %q: %w", id, pool, err)
 	}
@@ -159,29 +161,68 @@ func (r *Registry) expireCheck(ctx context.Context, pool, id string, staleAfter 
 	return n == 1, nil
 }
 
-// expireInBackground hands stale workers a claim walked past to Expire with
-// skip_if_fresh, once per worker at a time in this process and at most
-// expireConcurrency at once; more are dropped (a later claim or the reaper
-// sees them again). It never changes the outcome of a claim.
+// expireInBackground hands stale workers a claim walked past to
+// expire_stale.lua (skip_if_fresh) in one background call per claim, up to
+// expireBatch ids, skipping those this process is expiring already; at
+// most expireConcurrency such calls run at once, more are dropped (a later
+// claim or the reaper sees them again). It never changes the outcome of a
+// claim.
 func (r *Registry) expireInBackground(pool string, ids []string, staleAfter time.Duration) {
+	var batch, keys []string
 	for _, id := range ids {
 		key := pool + "\x00" + id
 		if _, busy := r.expiring.LoadOrStore(key, struct{}{}); busy {
 			continue
 		}
-		select {
-		case r.expireSlots <- struct{}{}:
-		default:
-			r.expiring.Delete(key)
-			continue
+		batch, keys = append(batch, id), append(keys, key)
+		if len(batch) == expireBatch {
+			break
 		}
-		go func() {
-			defer func() { <-r.expireSlots; r.expiring.Delete(key) }()
-			ctx, cancel := context.WithTimeout(context.Background(), expireTimeout)
-			defer cancel()
-			_, _ = r.expireCheck(ctx, pool, id, staleAfter, true)
-		}()
 	}
+	if len(batch) == 0 {
+		return
+	}
+	done := func() {
+		for _, k := range keys {
+			r.expiring.Delete(k)
+		}
+	}
+	select {
+	case r.expireSlots <- struct{}{}:
+	default:
+		done()
+		return
+	}
+	go func() {
+		defer func() { <-r.expireSlots; done() }()
+		ctx, cancel := context.WithTimeout(context.Background(), expireTimeout)
+		defer cancel()
+		_, _ = r.expireStale(ctx, pool, batch, staleAfter)
+	}()
+}
+
+// expireStale runs expire_stale.lua over ids, expireBatch at a time, and
+// returns the ids removed.
+func (r *Registry) expireStale(ctx context.Context, pool string, ids []string, staleAfter time.Duration) ([]string, error) {
+	if err := checkPool(pool); err != nil {
+		return nil, fmt.Errorf("expiring stale workers: %w", err)
+	}
+	var removed []string
+	for len(ids) > 0 {
+		n := min(len(ids), expireBatch)
+		args := make([]any, 0, n+1)
+		args = append(args, ms(staleAfter))
+		for _, id := range ids[:n] {
+			args = append(args, id)
+		}
+		got, err := r.run(ctx, scriptExpireStale, pool, 0, args...).StringSlice()
+		if err != nil {
+			return removed, fmt.Errorf("expiring %d stale workers of pool %q: %w", n, pool, err)
+		}
+		removed = append(removed, got...)
+		ids = ids[n:]
+	}
+	return removed, nil
 }
 
 func (r *Registry) endLease(ctx context.Context, pool, leaseID, op string, suspectFor time.Duration) error {

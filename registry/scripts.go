@@ -20,6 +20,8 @@ var (
 	luaUpdate string
 	//go:embed lua/expire.lua
 	luaExpire string
+	//go:embed lua/expire_stale.lua
+	luaExpireStale string
 	//go:embed lua/lease.lua
 	luaLease string
 	//go:embed lua/claim.lua
@@ -29,14 +31,15 @@ var (
 	//go:embed lua/reconcile.lua
 	luaReconcile string
 
-	scriptRegister  = redis.NewScript(luaCommon + luaRegister)
-	scriptHeartbeat = redis.NewScript(luaCommon + luaHeartbeat)
-	scriptUpdate    = redis.NewScript(luaCommon + luaUpdate)
-	scriptExpire    = redis.NewScript(luaCommon + luaExpire)
-	scriptLease     = redis.NewScript(luaCommon + luaLease)
-	scriptClaim     = redis.NewScript(luaCommon + luaClaim)
-	scriptRead      = redis.NewScript(luaCommon + luaRead)
-	scriptReconcile = redis.NewScript(luaCommon + luaReconcile)
+	scriptRegister    = redis.NewScript(luaCommon + luaRegister)
+	scriptHeartbeat   = redis.NewScript(luaCommon + luaHeartbeat)
+	scriptUpdate      = redis.NewScript(luaCommon + luaUpdate)
+	scriptExpire      = redis.NewScript(luaCommon + luaExpire)
+	scriptExpireStale = redis.NewScript(luaCommon + luaExpireStale)
+	scriptLease       = redis.NewScript(luaCommon + luaLease)
+	scriptClaim       = redis.NewScript(luaCommon + luaClaim)
+	scriptRead        = redis.NewScript(luaCommon + luaRead)
+	scriptReconcile   = redis.NewScript(luaCommon + luaReconcile)
 )
 
 // scriptUnlock has no common prefix: it touches only the reaper's lock.

@@ -1,8 +1,8 @@
 -- claim.lua: select and claim a worker atomically (or only select: Pick).
 --
 -- Before selecting it frees a bounded number of expired leases (so counts
--- are true), stores the pool's limits and, when they changed, rebuilds the
--- indexes. Then the policy walks its index in preference order, as the
+-- are true) and settles the limits in force: the newest configuration's
+-- (see below; no rebuild when they change). Then the policy walks its index in preference order, as the
 -- selection package does over a snapshot (selection/limits.go and the policies):
 --   lifetime_first: idx:lifetime by score (lifetime DESC, active ASC, id ASC),
 --     primary phase above the margin edge, then the fallback phase.
@@ -10,8 +10,11 @@
 --     from the start (wrap); power-of-K on active + jitter, random tiebreak.
 --   fair_share: a merge of idx:fair_idle (key now + estimate) and
 --     idx:fair_busy (key predicted end + estimate), key ASC then id ASC.
--- Every walked entry that is not usable (missing, stale, suspect, bad, or
--- index debris) costs one unit of the max_scan budget; stale and missing ones
+-- Every walked entry that is not usable (missing, stale, suspect, held back
+-- or bad) costs one unit of the max_scan budget; index debris (a worker not
+-- indexed under the limits in force) costs none but is removed, at most 128
+-- per claim. The lifetime-first walk never reaches workers at or past
+-- max_lifetime (its fallback range stops at lifetime max_lifetime - 1). Stale and missing ones
 -- are reported for expiry, bad ones reported and dropped from the indexes.
 -- The chosen worker gets active +1, lifetime +1, a new predicted end, a lease
 -- with a TTL and, at the lifetime limit, a shutdown command (and joins the
@@ -35,15 +38,19 @@
 --       13 lease id, 14 lease ttl ms, 15 holder, 16 command ttl ms,
 --       17 durations kept, 18 max expired leases to free first,
 --       19 stagger drains (0/1),
---       20 K, then K pivots (32 hex), K jitters, K tiebreaks (tiebreak mod m for m = 1..K).
+--       20 configuration time ms (when the caller's limits were configured; 0: now),
+--       21 K, then K pivots (32 hex), K jitters, K tiebreaks (tiebreak mod m for m = 1..K).
 -- Returns: {ok, id, record, active, lifetime, durations, drain, scanned,
 --           {stale ids}, {bad id, reason, ...}, wraps, effective, dedupes, tied, now,
---           retiring (0/1: StaggerDrains held last sessions back), {stale retiring ids}}
+--           retiring (0/1: StaggerDrains held last sessions back), {stale retiring ids},
+--           overridden (0/1: the claim's limits lost to newer stored ones), then the
+--           limits in force: max_concurrent, max_lifetime, stagger (0/1),
+--           fs window, fs median (0/1), fs default ms}
 -- Complexity: O(log N + S) for S entries walked (S <= max_scan + K);
 --   vnode O(K (log NV + S)); plus O(R) for R members of the retiring set
 --   (StaggerDrains only; R is 1 or 0 while the rule holds, plus dead
 --   workers not yet expired); plus amortised O(log N) index upkeep, plus
---   O(N V) once when the pool's limits change.
+--   O(D V log N) for D <= 128 debris entries removed after a change of limits.
 local now = now_ms(ARGV[1])
 local policy = ARGV[4]
 local dry = ARGV[5] == '1'
@@ -52,31 +59,43 @@ local stale, maxscan = tonumber(ARGV[8]), tonumber(ARGV[9])
 local keep = tonumber(ARGV[17])
 local stagger = ARGV[19] == '1'
 -- VB is where the vnode arguments start.
-local VB = 20
+local VB = 21
 
 local freed = expire_leases(now, tonumber(ARGV[18]), keep)
 if freed > 0 then wake() end
 
--- Store the limits; rebuild the indexes when they changed.
+-- Which limits win (issue 9): the newest configuration. The pool's config
+-- hash holds the limits in force and set_at, the time of the configuration
+-- that brought them. A claim whose limits differ stores them when its
+-- configuration time (ARGV 20, 0: now) is not older than set_at; otherwise
+-- it runs under the stored limits and says so (overridden). Nothing is
+-- rebuilt when they change: the indexes converge worker by worker (see
+-- common.lua's invariant), so the change costs O(1) here.
 local cfg = load_cfg()
-local changed = false
-if cfg.mc ~= mc or cfg.ml ~= ml then
-  redis.call('HSET', K_CFG, 'max_concurrent', fmt(mc), 'max_lifetime', fmt(ml))
-  cfg.mc, cfg.ml = mc, ml
-  changed = true
-end
-if policy == 'fair_share' then
-  local win, med, def = tonumber(ARGV[10]), ARGV[11] == '1', tonumber(ARGV[12])
-  if cfg.win ~= win or cfg.med ~= med or cfg.def ~= def then
-    redis.call('HSET', K_CFG, 'fs_window', fmt(win), 'fs_median', ARGV[11], 'fs_default_ms', fmt(def))
-    cfg.win, cfg.med, cfg.def = win, med, def
-    changed = true
+local cfg_time = tonumber(ARGV[20])
+if cfg_time == 0 then cfg_time = now end
+local want_fs = policy == 'fair_share'
+local win, med, def = tonumber(ARGV[10]), ARGV[11] == '1', tonumber(ARGV[12])
+local differ = cfg.set_at == nil or cfg.mc ~= mc or cfg.ml ~= ml or cfg.stagger ~= stagger
+if want_fs and (cfg.win ~= win or cfg.med ~= med or cfg.def ~= def) then differ = true end
+local overridden = 0
+if differ then
+  if cfg.set_at == nil or cfg_time >= cfg.set_at then
+    redis.call('HSET', K_CFG, 'max_concurrent', fmt(mc), 'max_lifetime', fmt(ml), 'stagger_drains', ARGV[19],
+      'set_at', fmt(cfg_time))
+    cfg.mc, cfg.ml, cfg.stagger, cfg.set_at = mc, ml, stagger, cfg_time
+    if want_fs then
+      redis.call('HSET', K_CFG, 'fs_window', fmt(win), 'fs_median', ARGV[11], 'fs_default_ms', fmt(def))
+      cfg.win, cfg.med, cfg.def = win, med, def
+    end
+  else
+    overridden = 1
   end
 end
--- Kept for Inspect only (no index depends on them).
-local stored = redis.call('HMGET', K_CFG, 'stale_after_ms', 'max_scan', 'stagger_drains')
-if tonumber(stored[1]) ~= stale or tonumber(stored[2]) ~= maxscan or stored[3] ~= ARGV[19] then
-  redis.call('HSET', K_CFG, 'stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan), 'stagger_drains', ARGV[19])
+mc, ml, stagger = cfg.mc, cfg.ml, cfg.stagger
+-- Kept for Inspect and for heartbeat's freshness test (no index depends on them).
+if cfg.stale ~= stale or tonumber(redis.call('HGET', K_CFG, 'max_scan')) ~= maxscan then
+  redis.call('HSET', K_CFG, 'stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
 end
 
 local bad, bad_seen = {}, {}
@@ -87,17 +106,17 @@ local function add_bad(id, why)
     bad[#bad + 1] = why
   end
 end
-if changed then
-  local b = rebuild(cfg, now)
-  for i = 1, #b, 2 do add_bad(b[i], b[i + 1]) end
-end
 
 -- The walk's bookkeeping.
 local budget = maxscan
 if budget == 0 then budget = -1 end
 local scanned = 0
 local stale_ids, stale_seen = {}, {}
+-- Debris (entries of workers not indexed under the limits in force, left
+-- by a change of limits) costs no max_scan budget: it is removed as it is
+-- met, so it is paid for once. DEBRIS_MAX bounds what one claim removes.
 local debris = {}
+local DEBRIS_MAX = 128
 local loaded = {}
 
 local function get(id)
@@ -116,6 +135,18 @@ end
 local retiring = false
 local retired_stale = {}
 if stagger and ml > 0 then
+  -- Workers at or past max_lifetime still in idx:lifetime (the limit was
+  -- lowered, or first stored over a used pool) are retiring although no
+  -- script has put them in the set yet: move up to 8 per claim there (and
+  -- out of the indexes), as their heartbeats would. O(log N) when none.
+  local over = redis.call('ZRANGEBYSCORE', K_LF, '-inf', '(' .. fmt(-(ml - 1) * LF_SCALE), 'LIMIT', 0, 8)
+  for _, id in ipairs(over) do
+    local w = get(id)
+    if w and fresh(w, now, stale) and may_retire(w, cfg) then retiring = true end
+    if not dry then
+      if w then reindex(id, w, cfg, now) else unindex(id) end
+    end
+  end
   local prune = {}
   for _, id in ipairs(redis.call('SMEMBERS', K_RET)) do
     local w, err = get(id)
@@ -155,6 +186,7 @@ local function examine(id)
     end
   elseif not indexed(w, cfg) then
     debris[#debris + 1] = id
+    return nil
   elseif retiring and w.lifetime + 1 >= ml then
     -- held back (StaggerDrains): its last session waits for the retiring one
   elseif w.suspect_until > 0 and now < w.suspect_until then
@@ -167,7 +199,7 @@ local function examine(id)
 end
 
 local function exhausted()
-  return budget == 0
+  return budget == 0 or #debris >= DEBRIS_MAX
 end
 
 local BATCH = 32
@@ -217,7 +249,9 @@ if policy == 'lifetime_first' then
     if id then
       chosen, cw = id, r
     elseif not r then
-      chosen, cw = lf_walk('-inf', '(' .. edge)
+      -- Never walk workers at or past max_lifetime (left in the index by
+      -- a lowered limit): lifetime <= ml - 1 means score >= -(ml-1) * 2^21.
+      chosen, cw = lf_walk(fmt(-(ml - 1) * LF_SCALE), '(' .. edge)
     end
   end
 elseif policy == 'vnode' then
@@ -343,5 +377,10 @@ local ok = 0
 if chosen ~= '' then ok = 1 end
 local held = 0
 if retiring then held = 1 end
+local med_out = 0
+if cfg.med then med_out = 1 end
+local stagger_out = 0
+if cfg.stagger then stagger_out = 1 end
 return { ok, chosen, record, active, lifetime, durations, drain, scanned, stale_ids, bad,
-  wraps, effective, dedupes, tied, now, held, retired_stale }
+  wraps, effective, dedupes, tied, now, held, retired_stale,
+  overridden, cfg.mc, cfg.ml, stagger_out, cfg.win, med_out, cfg.def }

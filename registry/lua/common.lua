@@ -12,7 +12,11 @@
 --   6 vnodes         HASH id -> the worker's ring positions, 32 hex chars each, space separated
 --   7 leases         HASH lease id -> lease (JSON object)
 --   8 lease_expiry   ZSET lease id, score = expiry (ms)
---   9 config         HASH the pool's limits, as last written by a claim
+--   9 config         HASH the pool's limits in force: max_concurrent, max_lifetime,
+--                    stagger_drains, fs_window, fs_median, fs_default_ms, set_at
+--                    (ms, the time of the configuration that brought them; the
+--                    newest wins, see claim.lua), and stale_after_ms, max_scan
+--                    of the last claim
 --  10 idx:lifetime   ZSET indexed workers, score = -lifetime * 2^21 + active
 --  11 idx:ring       ZSET (all scores 0) "<pos hex>:<id>" for every indexed worker
 --  12 idx:fair_idle  ZSET indexed workers whose predicted end has passed, score = estimate (ms)
@@ -27,7 +31,13 @@
 -- Invariant kept by every script: a worker is in idx:lifetime, in idx:ring
 -- (all V positions) and in exactly one of idx:fair_idle / idx:fair_busy
 -- exactly when it is "indexed" (status available, below its cap, below the
--- lifetime limit) under the pool's stored config.
+-- lifetime limit) under the pool's stored config, as of the last script
+-- that touched the worker. When the stored limits change nothing rebuilds
+-- the indexes (that would be O(N) in one script): they converge worker by
+-- worker. A claim treats an entry whose worker is not indexed under the
+-- current limits as debris and removes it; every heartbeat, claim and
+-- release reindexes the worker it touches, so a worker that became
+-- indexed (a limit was raised) is back within one heartbeat interval.
 --
 -- Second invariant: every worker that is draining, at or past the stored
 -- lifetime limit, or has a shutdown command is in retiring (a superset: a
@@ -71,14 +81,22 @@ local function bytes_less(a, b)
   return #a < #b
 end
 
+-- load_cfg reads the pool's limits in force (config hash): the limits
+-- the newest configuration brought (claim.lua decides), set_at (ms) being
+-- that configuration's time (nil: never set), and stale_after_ms, kept
+-- from the last claim.
 local function load_cfg()
-  local v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms')
+  local v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms',
+    'stagger_drains', 'set_at', 'stale_after_ms')
   return {
     mc = tonumber(v[1]) or 0,
     ml = tonumber(v[2]) or 0,
     win = tonumber(v[3]) or 20,
     med = v[4] == '1',
     def = tonumber(v[5]) or 30000,
+    stagger = v[6] == '1',
+    set_at = tonumber(v[7]),
+    stale = tonumber(v[8]) or 0,
   }
 end
 
@@ -205,6 +223,27 @@ local function retire_sync(id, w, cfg)
   end
 end
 
+-- restart_turn reports whether worker id may be told to drain now under
+-- StaggerDrains: no other fresh member of the retiring set is restarting
+-- (draining, or holding a live shutdown command). Members that are merely
+-- at the lifetime limit wait their turn like id does, so they do not hold
+-- it back (else two at the limit would wait for each other for ever).
+-- O(R) for R members (usually 0 or 1 restarting, plus those waiting).
+local function restart_turn(id, now, stale)
+  for _, o in ipairs(redis.call('SMEMBERS', K_RET)) do
+    if o ~= id then
+      local w = decode(redis.call('HGET', K_WORKERS, o))
+      if w and fresh(w, now, stale) then
+        if w.status == 'draining' then return false end
+        local c = redis.call('HGET', K_CMD, o)
+        local exp = c and string.match(c, '^[^|]*|(%d+)$')
+        if exp and tonumber(exp) >= now then return false end
+      end
+    end
+  end
+  return true
+end
+
 -- live_command reports whether the worker has a shutdown command that has
 -- not expired at now (reads only; pending_command also drops expired ones).
 local function live_command(id, now)
@@ -298,28 +337,6 @@ local function fs_migrate(now)
     redis.call('ZREM', K_FSB, id)
     redis.call('ZADD', K_FSI, fmt(key - pend), id)
   end
-end
-
--- rebuild puts every worker where its figures say it belongs, after the
--- pool's config changed. Ring positions are written only for workers whose
--- membership changes (most do not: an idle worker is indexed under any
--- limits), so this is O(N log N) plus O(V log N) per change. Returns the
--- bad records seen as a flat list id, reason. (Orphans are the reaper's:
--- reconcile.lua.)
-local function rebuild(cfg, now)
-  local ids = redis.call('HKEYS', K_WORKERS)
-  local bad = {}
-  for _, id in ipairs(ids) do
-    local w, err = load_worker(id)
-    if w then
-      reindex(id, w, cfg, now)
-    else
-      if redis.call('ZSCORE', K_LF, id) then unindex(id) end
-      bad[#bad + 1] = id
-      bad[#bad + 1] = err
-    end
-  end
-  return bad
 end
 
 local function append_duration(id, w, ms, keep)

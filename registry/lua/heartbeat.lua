@@ -1,13 +1,22 @@
 -- heartbeat.lua: renew a worker's heartbeat and record TTL and return its
 -- pending command in the same round trip. Also frees a few expired leases
 -- of the pool, so active counts heal even when no claims arrive.
+-- It reindexes the worker under the pool's stored limits (they may have
+-- changed since a claim or release last touched it: see common.lua's
+-- invariant), and tells a worker at or past the stored max_lifetime to
+-- drain, a lowered limit included: it sets the shutdown command (returned
+-- in this reply) unless StaggerDrains is stored and another fresh worker
+-- is restarting (restart_turn); then it waits in the retiring set for a
+-- later heartbeat.
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id, 5 ttl ms,
---       6 max leases to expire, 7 durations kept.
+--       6 max leases to expire, 7 durations kept, 8 command ttl ms.
 -- Returns: {1, command} when renewed; {0, reason} when the record is gone
 --          ('missing'), past its TTL ('expired') or does not parse (the reason).
--- Complexity: O(log N) plus O(log N) per lease expired.
+-- Complexity: O(log N) plus O(log N) per lease expired, plus O(V log N)
+--   when the worker re-enters the indexes, plus O(R) for R members of the
+--   retiring set when the worker is at the limit under StaggerDrains.
 local now = now_ms(ARGV[1])
 local id = ARGV[4]
 local freed = expire_leases(now, tonumber(ARGV[6]), tonumber(ARGV[7]))
@@ -18,4 +27,14 @@ if w.expires < now then return { 0, 'expired' } end
 w.heartbeat = now
 w.expires = now + tonumber(ARGV[5])
 store(id, w)
+local cfg = load_cfg()
+local lw = load_worker(id)
+if lw then
+  reindex(id, lw, cfg, now)
+  if cfg.ml > 0 and lw.lifetime >= cfg.ml and lw.status == 'available' and not live_command(id, now)
+      and (not cfg.stagger or restart_turn(id, now, cfg.stale)) then
+    redis.call('HSET', K_CMD, id, 'shutdown|' .. fmt(now + tonumber(ARGV[8])))
+    redis.call('SADD', K_RET, id)
+  end
+end
 return { 1, pending_command(id, now) }

@@ -1,0 +1,184 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/selection"
+	"github.com/redis/go-redis/v9"
+)
+
+// agents simulates the worker agents of a pool: each heartbeat round
+// renews every worker; a worker told to shut down marks itself draining
+// and, once idle, deregisters and comes back as a fresh worker under a new
+// id (as a restarted agent does).
+type agents struct {
+	t    *testing.T
+	r    *Registry
+	pool string
+	ids  []string
+	next int
+}
+
+func (a *agents) heartbeat() {
+	a.t.Helper()
+	ctx := context.Background()
+	for i, id := range a.ids {
+		cmd, err := a.r.Heartbeat(ctx, a.pool, id, time.Minute)
+		if err != nil {
+			a.t.Fatalf("heartbeat of %s: %v", id, err)
+		}
+		w, err := a.r.Worker(ctx, a.pool, id)
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		if cmd == CommandShutdown && w.Status != selection.Draining {
+			if err := a.r.SetDraining(ctx, a.pool, id); err != nil {
+				a.t.Fatal(err)
+			}
+			w.Status = selection.Draining
+		}
+		if w.Status == selection.Draining && w.Active == 0 {
+			if err := a.r.Deregister(ctx, a.pool, id); err != nil {
+				a.t.Fatal(err)
+			}
+			a.next++
+			nid := fmt.Sprintf("%s-r%d", strings.SplitN(id, "-", 2)[0], a.next)
+			register(a.t, a.r, a.pool, nid, 0)
+			a.ids[i] = nid
+		}
+	}
+}
+
+// retiring counts the workers draining or holding a live shutdown
+// command: the ones restarting.
+func (a *agents) retiring() []string {
+	a.t.Helper()
+	info, err := a.r.Inspect(context.Background(), a.pool)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	var out []string
+	for _, w := range info.Workers {
+		if w.Status == selection.Draining || w.Command == CommandShutdown {
+			out = append(out, fmt.Sprintf("%s(life %d)", w.ID, w.Lifetime))
+		}
+	}
+	return out
+}
+
+// A lowered max_lifetime does not stall the pool (issue 9, item 1): three
+// workers, max_lifetime 20, 8 sessions (all on the first worker, as
+// lifetime_first does), then every claim brings max_lifetime 5 with a newer
+// configuration. The worker at 8/5 is told to drain by its heartbeat, the
+// others follow one at a time (StaggerDrains), and every session is served.
+func TestLoweredMaxLifetimeKeepsServing(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "stall"
+	a := &agents{t: t, r: r, pool: pool, ids: []string{"a", "b", "c"}}
+	for _, id := range a.ids {
+		register(t, r, pool, id, 0)
+	}
+	old := time.Now().Add(-time.Hour)
+	req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: old,
+		Limits: selection.Limits{MaxLifetime: 20, StaleAfter: 30 * time.Second, StaggerDrains: true}}
+	for range 8 {
+		c, err := r.Claim(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req.Limits.MaxLifetime = 5
+	req.ConfigTime = time.Now()
+	served := 0
+	for i := range 60 {
+		a.heartbeat()
+		if ret := a.retiring(); len(ret) > 1 {
+			t.Fatalf("session %d: %d workers restarting at once: %v", i, len(ret), ret)
+		}
+		c, err := r.Claim(ctx, req)
+		if err != nil {
+			t.Fatalf("session %d after max_lifetime 20 -> 5 (%d served): %v; pool %v", i, served, err, counts(t, r, pool))
+		}
+		served++
+		if c.Worker.Lifetime > 5 {
+			t.Fatalf("session %d went to %s at lifetime %d, past max_lifetime 5", i, c.Worker.ID, c.Worker.Lifetime)
+		}
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// scriptCalls is how many Redis commands of the given names ran so far,
+// scripts' own calls included (INFO commandstats).
+func scriptCalls(t *testing.T, rdb redis.UniversalClient, names ...string) int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, line := range strings.Split(info, "\n") {
+		for _, n := range names {
+			if !strings.HasPrefix(line, "cmdstat_"+n+":calls=") {
+				continue
+			}
+			v := strings.TrimPrefix(line, "cmdstat_"+n+":calls=")
+			k, _ := strconv.Atoi(v[:strings.IndexByte(v, ',')])
+			total += k
+		}
+	}
+	return total
+}
+
+// Two claimers that disagree on the limits (both with a zero ConfigTime,
+// so each one's limits win in turn) cost O(log N) per claim: no claim
+// reads the whole pool (issue 9, item 1: it used to rebuild the indexes,
+// 52 ms per claim at 5,000 workers).
+func TestDisagreeingLimitsCostNoRebuild(t *testing.T) {
+	r, rdb := startRegistry(t, Options{NoStaleExpiry: true})
+	ctx := context.Background()
+	const pool = "flip"
+	const n = 2000
+	now := time.Now()
+	pipe := rdb.Pipeline()
+	if err := scriptPut.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		w := selection.Worker{ID: fmt.Sprintf("w%04d", i), Status: selection.Available, Active: i % 3, Lifetime: i % 7, LastHeartbeat: now}
+		putCmd(ctx, pipe, r, pool, w, 8, now)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var leases []string
+	for i := range 40 {
+		req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, Limits: selection.Limits{MaxConcurrent: 2 + i%2, MaxLifetime: 100, StaleAfter: time.Minute}}
+		before := scriptCalls(t, rdb, "hkeys", "hget", "hgetall", "hscan")
+		c, err := r.Claim(ctx, req)
+		calls := scriptCalls(t, rdb, "hkeys", "hget", "hgetall", "hscan") - before
+		if err != nil && !errors.Is(err, ErrNoWorker) {
+			t.Fatal(err)
+		}
+		if err == nil {
+			leases = append(leases, c.LeaseID)
+		}
+		if calls > 600 {
+			t.Fatalf("claim %d (max_concurrent %d) made %d hash reads at %d workers: it reads the whole pool", i, req.Limits.MaxConcurrent, calls, n)
+		}
+	}
+	if len(leases) == 0 {
+		t.Fatal("no claim succeeded")
+	}
+}
