@@ -168,19 +168,24 @@ func (r *Reaper) reapPool(ctx context.Context, pool string, rep *Report) (err er
 	// Candidates are picked with the local clock; registry.Expire re-checks
 	// each one against Redis' clock inside its script and keeps it when it
 	// is fresh, so a skewed clock here costs a script call, never a worker.
+	// They are expired in batches (registry.ExpireStale: up to 100 per
+	// script call, each bounded), so thousands of stale records of a lost
+	// zone go in a few dozen calls without blocking Redis.
 	now := r.now()
+	var stale []string
 	for _, w := range info.Workers {
 		if now.Sub(w.LastHeartbeat) <= r.StaleAfter && !now.After(w.ExpiresAt) {
 			continue
 		}
-		removed, err := r.Registry.Expire(ctx, pool, w.ID, r.StaleAfter)
-		if err != nil {
-			return fmt.Errorf("reaping pool %q: %w", pool, err)
-		}
-		if removed {
-			rep.Expired = append(rep.Expired, WorkerRef{pool, w.ID})
-			r.emit(Event{Kind: KindWorkerExpired, Pool: pool, Worker: w.ID})
-		}
+		stale = append(stale, w.ID)
+	}
+	removed, err := r.Registry.ExpireStale(ctx, pool, stale, r.StaleAfter)
+	for _, id := range removed {
+		rep.Expired = append(rep.Expired, WorkerRef{pool, id})
+		r.emit(Event{Kind: KindWorkerExpired, Pool: pool, Worker: id})
+	}
+	if err != nil {
+		return fmt.Errorf("reaping pool %q: %w", pool, err)
 	}
 	// A record that does not parse cannot heartbeat (its agent is told it
 	// is not registered and registers again): Expire removes it.

@@ -182,3 +182,132 @@ func TestDisagreeingLimitsCostNoRebuild(t *testing.T) {
 		t.Fatal("no claim succeeded")
 	}
 }
+
+// The newest configuration's limits win: a claim configured earlier than
+// the stored limits runs under them and says so; a newer one replaces
+// them; a zero ConfigTime (now) always wins.
+func TestNewestConfigurationWins(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "cfg"
+	register(t, r, pool, "a", 0)
+	t0 := time.Now().Add(-time.Hour)
+	claim := func(mc int, at time.Time) *Claim {
+		t.Helper()
+		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: at,
+			Limits: selection.Limits{MaxConcurrent: mc, MaxLifetime: 100}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	stored := func() int {
+		t.Helper()
+		info, err := r.Inspect(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Limits.MaxConcurrent
+	}
+	if c := claim(2, t0); c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 2 || stored() != 2 {
+		t.Fatalf("first claim: overridden %v, in force %d, stored %d; want its own 2", c.LimitsOverridden, c.PoolLimits.MaxConcurrent, stored())
+	}
+	if c := claim(3, t0.Add(-time.Minute)); !c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 2 || stored() != 2 {
+		t.Fatalf("older claim: overridden %v, in force %d, stored %d; want overridden by 2", c.LimitsOverridden, c.PoolLimits.MaxConcurrent, stored())
+	}
+	if c := claim(3, t0.Add(time.Minute)); c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 3 || stored() != 3 {
+		t.Fatalf("newer claim: overridden %v, in force %d, stored %d; want its own 3", c.LimitsOverridden, c.PoolLimits.MaxConcurrent, stored())
+	}
+	if c := claim(2, t0.Add(30*time.Second)); !c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 3 {
+		t.Fatalf("claim older than the stored 3: overridden %v, in force %d", c.LimitsOverridden, c.PoolLimits.MaxConcurrent)
+	}
+	if c := claim(4, time.Time{}); c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 4 || stored() != 4 {
+		t.Fatalf("zero ConfigTime: overridden %v, in force %d, stored %d; want its own 4", c.LimitsOverridden, c.PoolLimits.MaxConcurrent, stored())
+	}
+	// The refusal reports the limits in force too.
+	_, err := r.Claim(ctx, ClaimRequest{Pool: "cfg-empty", Policy: LifetimeFirst, ConfigTime: t0,
+		Limits: selection.Limits{MaxConcurrent: 1}})
+	var nw *NoWorkerError
+	if !errors.As(err, &nw) || nw.LimitsOverridden || nw.PoolLimits.MaxConcurrent != 1 {
+		t.Fatalf("claim on an empty pool: %v (%+v), want NoWorkerError with its own limits", err, nw)
+	}
+}
+
+// A lowered max_lifetime costs nothing per claim: the lifetime-first walk
+// stops at lifetime max_lifetime - 1, so the many workers past the new
+// limit still in the index are never walked.
+func TestLoweredMaxLifetimeWalksNothingPastIt(t *testing.T) {
+	r, rdb := startRegistry(t, Options{NoStaleExpiry: true})
+	ctx := context.Background()
+	const pool = "lowered"
+	now := time.Now()
+	req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: now.Add(-time.Hour),
+		Limits: selection.Limits{MaxLifetime: 20, StaleAfter: time.Minute}}
+	if _, _, err := r.Pick(ctx, req); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("pick on an empty pool: %v", err)
+	}
+	if err := scriptPut.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pipe := rdb.Pipeline()
+	for i := range 500 {
+		putCmd(ctx, pipe, r, pool, selection.Worker{ID: fmt.Sprintf("old%03d", i), Status: selection.Available, Lifetime: 10, LastHeartbeat: now}, 8, now)
+	}
+	// one session short of the new limit: in the fallback phase, where the
+	// workers past it sort first
+	for i := range 3 {
+		putCmd(ctx, pipe, r, pool, selection.Worker{ID: fmt.Sprintf("young%d", i), Status: selection.Available, Lifetime: 4, LastHeartbeat: now}, 8, now)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	req.Limits.MaxLifetime = 5
+	req.ConfigTime = now
+	for i := range 3 {
+		c, err := r.Claim(ctx, req)
+		if err != nil {
+			t.Fatalf("claim %d after max_lifetime 20 -> 5: %v", i, err)
+		}
+		if !strings.HasPrefix(c.Worker.ID, "young") || c.Decision.Scanned != 1 {
+			t.Fatalf("claim %d: %s after scanning %d, want a young worker after 1", i, c.Worker.ID, c.Decision.Scanned)
+		}
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// max_scan 0 is bounded for lifetime_first and fair_share: a claim walks
+// past at most DefaultMaxScan unusable workers and reports as many stale.
+func TestDefaultMaxScanIsBounded(t *testing.T) {
+	r, rdb := startRegistry(t, Options{NoStaleExpiry: true})
+	ctx := context.Background()
+	now := time.Now()
+	for _, policy := range []Policy{LifetimeFirst, FairShare} {
+		pool := "scan-" + string(policy)
+		if err := scriptPut.Load(ctx, rdb).Err(); err != nil {
+			t.Fatal(err)
+		}
+		pipe := rdb.Pipeline()
+		for i := range 300 {
+			// stale, and ahead of the fresh worker in both orders
+			putCmd(ctx, pipe, r, pool, selection.Worker{ID: fmt.Sprintf("s%03d", i), Status: selection.Available,
+				Lifetime: 5, LastHeartbeat: now.Add(-time.Hour), Durations: []time.Duration{time.Millisecond}}, 8, now)
+		}
+		putCmd(ctx, pipe, r, pool, selection.Worker{ID: "z-fresh", Status: selection.Available, LastHeartbeat: now,
+			Durations: []time.Duration{time.Hour}}, 8, now)
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_, d, err := r.Pick(ctx, ClaimRequest{Pool: pool, Policy: policy, Now: now, Limits: selection.Limits{StaleAfter: time.Minute}})
+		if d.Scanned > DefaultMaxScan || len(d.Stale) > DefaultMaxScan {
+			t.Fatalf("%s with max_scan 0: scanned %d, %d stale reported (%v); want at most %d", policy, d.Scanned, len(d.Stale), err, DefaultMaxScan)
+		}
+		if !errors.Is(err, ErrNoWorker) {
+			t.Fatalf("%s: %v, want ErrNoWorker after %d stale workers", policy, err, DefaultMaxScan)
+		}
+	}
+}

@@ -328,40 +328,61 @@ func (r *Registry) pools(ctx context.Context) ([]string, error) {
 	return ps, nil
 }
 
-// read runs read.lua for one worker (id) or the whole pool (id "").
+// readChunk is the number of workers one read.lua call reads (HSCAN
+// COUNT): about 1 ms of Redis time.
+const readChunk = 200
+
+// read runs read.lua for one worker (id) or the whole pool (id ""), the
+// pool in chunks (see read.lua); figures other than rows are the first
+// chunk's.
 func (r *Registry) read(ctx context.Context, pool, id string) (now int64, leases int, cfg map[string]string, rows []rawWorker, retiring []string, err error) {
-	res, err := r.run(ctx, scriptRead, pool, 0, id).Slice()
-	if err != nil {
-		return 0, 0, nil, nil, nil, err
-	}
-	if len(res) != 5 {
-		return 0, 0, nil, nil, nil, fmt.Errorf("unexpected reply of %d items", len(res))
-	}
-	now, _ = res[0].(int64)
-	l, _ := res[1].(int64)
-	cfg = map[string]string{}
-	flat, _ := res[2].([]any)
-	for i := 0; i+1 < len(flat); i += 2 {
-		k, _ := flat[i].(string)
-		v, _ := flat[i+1].(string)
-		cfg[k] = v
-	}
-	cells, _ := res[3].([]any)
-	for i := 0; i+5 < len(cells); i += 6 {
-		s := make([]string, 6)
-		for j := range s {
-			s[j], _ = cells[i+j].(string)
+	cursor := "0"
+	seen := map[string]bool{}
+	for first := true; ; first = false {
+		res, err := r.run(ctx, scriptRead, pool, 0, id, cursor, readChunk).Slice()
+		if err != nil {
+			return 0, 0, nil, nil, nil, err
 		}
-		rows = append(rows, rawWorker{id: s[0], record: s[1], active: s[2], lifetime: s[3], durations: s[4], command: s[5]})
-	}
-	ret, _ := res[4].([]any)
-	for _, v := range ret {
-		if id, ok := v.(string); ok {
-			retiring = append(retiring, id)
+		if len(res) != 6 {
+			return 0, 0, nil, nil, nil, fmt.Errorf("unexpected reply of %d items", len(res))
+		}
+		if first {
+			now, _ = res[0].(int64)
+			l, _ := res[1].(int64)
+			leases = int(l)
+			cfg = map[string]string{}
+			flat, _ := res[2].([]any)
+			for i := 0; i+1 < len(flat); i += 2 {
+				k, _ := flat[i].(string)
+				v, _ := flat[i+1].(string)
+				cfg[k] = v
+			}
+			ret, _ := res[4].([]any)
+			for _, v := range ret {
+				if id, ok := v.(string); ok {
+					retiring = append(retiring, id)
+				}
+			}
+		}
+		cells, _ := res[3].([]any)
+		for i := 0; i+5 < len(cells); i += 6 {
+			s := make([]string, 6)
+			for j := range s {
+				s[j], _ = cells[i+j].(string)
+			}
+			if seen[s[0]] {
+				continue // HSCAN may return a field twice
+			}
+			seen[s[0]] = true
+			rows = append(rows, rawWorker{id: s[0], record: s[1], active: s[2], lifetime: s[3], durations: s[4], command: s[5]})
+		}
+		cursor, _ = res[5].(string)
+		if cursor == "0" || cursor == "" {
+			break
 		}
 	}
 	slices.Sort(retiring)
-	return now, int(l), cfg, rows, retiring, nil
+	return now, leases, cfg, rows, retiring, nil
 }
 
 func (r *Registry) worker(ctx context.Context, pool, id string) (WorkerInfo, error) {

@@ -27,5 +27,7 @@ for i = 5, #ARGV do
     if n > 0 or had then removed[#removed + 1] = id end
   end
 end
-if woke then wake() end
+-- Wake the pool's waiters when anything went: a claim refused after
+-- walking max_scan stale workers finds the next ones at its retry.
+if woke or #removed > 0 then wake() end
 return removed
