@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -329,8 +330,8 @@ func (r *Registry) pools(ctx context.Context) ([]string, error) {
 }
 
 // readChunk is the number of workers one read.lua call reads (HSCAN
-// COUNT): about 1 ms of Redis time.
-const readChunk = 200
+// COUNT): well under a millisecond of Redis time.
+const readChunk = 100
 
 // read runs read.lua for one worker (id) or the whole pool (id ""), the
 // pool in chunks (see read.lua); figures other than rows are the first
@@ -448,22 +449,153 @@ type ReconcileResult struct {
 	BadRecords []BadRecord
 }
 
+// Chunk sizes of the reconcile pass's calls (see reconcile.lua): each call
+// stays around a millisecond of Redis time at any pool size.
+const (
+	reconcileLeases  = 100 // expired leases freed per call
+	reconcileWorkers = 32  // workers checked per call (HSCAN COUNT)
+	reconcileScan    = 200 // entries of one key per call (HSCAN/SSCAN COUNT; ZSCAN half)
+	reconcileCount   = 100 // workers whose count is set per call
+	leaseScanCount   = 500 // leases read per HSCAN
+)
+
+// reconcileKeys are the keys the scan stage walks, by reconcile.lua's names.
+var reconcileKeys = []string{"lf", "fsi", "fsb", "fsp", "ring", "active", "lifetime", "durations", "commands", "vnodes", "retiring"}
+
+// reconcile runs reconcile.lua's stages over the pool, each in bounded
+// calls (cursor passes). The pass is not atomic: what changes meanwhile is
+// either seen or left to the next pass, never miscounted (see the count
+// stage).
 func (r *Registry) reconcile(ctx context.Context, pool string) (ReconcileResult, error) {
-	if err := checkPool(pool); err != nil {
-		return ReconcileResult{}, fmt.Errorf("reconciling pool: %w", err)
-	}
-	res, err := r.run(ctx, scriptReconcile, pool, 0, r.opts.DurationWindow, defaultExpireLeases).Slice()
-	if err != nil {
-		return ReconcileResult{}, fmt.Errorf("reconciling pool %q: %w", pool, err)
-	}
-	if len(res) != 4 {
-		return ReconcileResult{}, fmt.Errorf("reconciling pool %q: unexpected reply of %d items", pool, len(res))
-	}
 	var out ReconcileResult
+	if err := checkPool(pool); err != nil {
+		return out, fmt.Errorf("reconciling pool: %w", err)
+	}
+	fail := func(what string, err error) (ReconcileResult, error) {
+		return out, fmt.Errorf("reconciling pool %q: %s: %w", pool, what, err)
+	}
 	n := func(v any) int { x, _ := v.(int64); return int(x) }
-	out.LeasesFreed, out.CountersFixed, out.OrphansRemoved = n(res[0]), n(res[1]), n(res[2])
-	out.BadRecords = r.badList(pool, res[3])
+	for {
+		res, err := r.run(ctx, scriptReconcile, pool, 0, "leases", r.opts.DurationWindow, reconcileLeases).Slice()
+		if err != nil || len(res) != 1 {
+			return fail("freeing expired leases", replyErr(err, res))
+		}
+		out.LeasesFreed += n(res[0])
+		if n(res[0]) < reconcileLeases {
+			break
+		}
+	}
+	// The workers, as they are before the leases are counted.
+	type seen struct {
+		gen              string
+		lifetime, active int
+	}
+	workers := map[string]seen{}
+	cursor := "0"
+	for {
+		res, err := r.run(ctx, scriptReconcile, pool, 0, "workers", cursor, reconcileWorkers).Slice()
+		if err != nil || len(res) != 4 {
+			return fail("checking workers", replyErr(err, res))
+		}
+		out.CountersFixed += n(res[1])
+		out.BadRecords = append(out.BadRecords, r.badList(pool, res[2])...)
+		rows, _ := res[3].([]any)
+		for i := 0; i+3 < len(rows); i += 4 {
+			id, _ := rows[i].(string)
+			gen, _ := rows[i+1].(string)
+			workers[id] = seen{gen: gen, lifetime: n(rows[i+2]), active: n(rows[i+3])}
+		}
+		cursor, _ = res[0].(string)
+		if cursor == "0" || cursor == "" {
+			break
+		}
+	}
+	// Live leases per worker of its current generation.
+	leases := map[string][]string{}
+	var lc uint64
+	for {
+		kv, next, err := r.rdb.HScan(ctx, r.Key(pool, keyLeases), lc, "", leaseScanCount).Result()
+		if err != nil {
+			return fail("reading leases", err)
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			var l struct {
+				Worker string `json:"worker"`
+				Gen    string `json:"gen"`
+			}
+			if json.Unmarshal([]byte(kv[i+1]), &l) != nil {
+				continue
+			}
+			if w, ok := workers[l.Worker]; ok && w.gen == l.Gen && !slices.Contains(leases[l.Worker], kv[i]) {
+				leases[l.Worker] = append(leases[l.Worker], kv[i])
+			}
+		}
+		lc = next
+		if lc == 0 {
+			break
+		}
+	}
+	var args []any
+	groups := 0
+	flush := func() error {
+		if groups == 0 {
+			return nil
+		}
+		res, err := r.run(ctx, scriptReconcile, pool, 0, append([]any{"count"}, args...)...).Slice()
+		if err != nil || len(res) != 1 {
+			return replyErr(err, res)
+		}
+		out.CountersFixed += n(res[0])
+		args, groups = args[:0], 0
+		return nil
+	}
+	ids := make([]string, 0, len(workers))
+	for id := range workers {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		w, ls := workers[id], leases[id]
+		if w.active == len(ls) {
+			continue
+		}
+		args = append(args, id, w.gen, w.lifetime, len(ls))
+		for _, l := range ls {
+			args = append(args, l)
+		}
+		if groups++; groups == reconcileCount || len(args) > 4*reconcileCount {
+			if err := flush(); err != nil {
+				return fail("setting active counts", err)
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return fail("setting active counts", err)
+	}
+	for _, key := range reconcileKeys {
+		cursor := "0"
+		for {
+			res, err := r.run(ctx, scriptReconcile, pool, 0, "scan", key, cursor, reconcileScan).Slice()
+			if err != nil || len(res) != 3 {
+				return fail("cleaning "+key, replyErr(err, res))
+			}
+			out.CountersFixed += n(res[1])
+			out.OrphansRemoved += n(res[2])
+			cursor, _ = res[0].(string)
+			if cursor == "0" || cursor == "" {
+				break
+			}
+		}
+	}
 	return out, nil
+}
+
+// replyErr is err, or an error saying a script's reply had the wrong shape.
+func replyErr(err error, res []any) error {
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("unexpected reply of %d items", len(res))
 }
 
 // ReaperLock takes the pool's reaper lock for at most ttl so that of many

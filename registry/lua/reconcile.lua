@@ -1,134 +1,198 @@
--- reconcile.lua: the reaper's consistency pass over one pool, in one atomic
--- step. It frees expired leases, sets every worker's active count to the
--- number of live leases of its current registration, puts every worker in
--- exactly the indexes its figures call for, removes index entries, counters
--- and ring positions that belong to no record (orphans), drops expired
--- commands, and rebuilds the retiring set from the records (draining, at
--- the lifetime limit, or with a command). Bad records are reported, not
--- touched (Expire removes them).
+-- reconcile.lua: one bounded step of the reaper's consistency pass over a
+-- pool. The pass (reconcile in registry.go) runs these stages, each in
+-- calls of a bounded size, so that no call blocks Redis for long at any
+-- pool size (cursor passes: HSCAN / ZSCAN / SSCAN with a COUNT):
+--   'leases'   frees up to ARGV 6 expired leases.
+--   'workers'  one chunk of workers (HSCAN): each is put in exactly the
+--              indexes its figures call for under the stored limits (ring
+--              positions included), in the retiring set when draining, at
+--              the lifetime limit or holding a command, and an expired
+--              command is dropped. Returns each worker's generation,
+--              lifetime and active count, for the count stage.
+--   'count'    sets the active count of listed workers to their live
+--              leases. Go counted the leases (HSCAN of the leases hash)
+--              after reading the worker; the count is exact when the
+--              worker's generation and lifetime are unchanged since (no
+--              claim since, so no lease Go could not have seen): then its
+--              live leases are those Go listed that still exist. A worker
+--              that changed is left to the next pass.
+--   'scan'     one chunk of one key: index entries (idx:*, ring) of no
+--              record or of a worker not indexed under the stored limits
+--              (debris after a change of limits), per-worker fields of no
+--              record (active, lifetime, durations, commands, vnodes),
+--              retiring-set members that no longer qualify.
+-- Bad records are reported, not touched (Expire removes them).
 --
 -- KEYS: the pool keys (see common.lua).
--- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 durations kept,
---       5 max expired leases to free.
--- Returns: {leases freed, counters fixed, orphans removed, {bad id, reason, ...}}
--- Complexity: O(N + L) reads for N workers and L leases, plus O(N V) when the
---   ring's size disagrees with the records; writes only what it fixes.
+-- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 stage,
+--   leases:  5 durations kept, 6 max leases
+--   workers: 5 cursor, 6 count
+--   count:   5.. groups of: id, generation, lifetime, k, k lease ids
+--   scan:    5 key name (lf fsi fsb fsp ring active lifetime durations
+--            commands vnodes retiring), 6 cursor, 7 count
+-- Returns: leases: {freed}; workers: {cursor, fixed, {bad id, reason, ...},
+--   {id, gen, lifetime, active, ...}}; count: {fixed}; scan: {cursor,
+--   fixed, orphans}.
+-- Complexity: leases O(M V log N) for M <= max; workers O(C V log N) for a
+--   chunk of C; count O(sum of k log L); scan O(C (V + log N)).
 local now = now_ms(ARGV[1])
-local keep = tonumber(ARGV[4])
-local freed = expire_leases(now, tonumber(ARGV[5]), keep)
+local stage = ARGV[4]
+
+if stage == 'leases' then
+  local freed = expire_leases(now, tonumber(ARGV[6]), tonumber(ARGV[5]))
+  if freed > 0 then wake() end
+  return { freed }
+end
+
 local cfg = load_cfg()
 
-local workers, bad = {}, {}
-for _, id in ipairs(redis.call('HKEYS', K_WORKERS)) do
-  local w, err = load_worker(id)
-  if w then
-    workers[id] = w
-  else
-    bad[#bad + 1] = id
-    bad[#bad + 1] = err
-    workers[id] = false
-  end
-end
-
--- Live leases per worker of its current generation.
-local counts = {}
-local lease_ids = redis.call('HKEYS', K_LEASES)
-for _, lid in ipairs(lease_ids) do
-  local ok, l = pcall(cjson.decode, redis.call('HGET', K_LEASES, lid) or '')
-  if ok and type(l) == 'table' and type(l.worker) == 'string' then
-    local w = workers[l.worker]
-    if w and w.gen == l.gen then counts[l.worker] = (counts[l.worker] or 0) + 1 end
-  end
-end
-
-local fixed, orphans = 0, 0
-local want_ring = 0
-for id, w in pairs(workers) do
-  if w then
-    local n = counts[id] or 0
-    if w.active ~= n then
-      w.active = n
-      redis.call('HSET', K_ACTIVE, id, fmt(n))
-      fixed = fixed + 1
-      reindex(id, w, cfg, now)
-    elseif indexed(w, cfg) then
-      if not redis.call('ZSCORE', K_LF, id) then
-        fixed = fixed + 1
-        reindex(id, w, cfg, now)
+if stage == 'workers' then
+  local res = redis.call('HSCAN', K_WORKERS, ARGV[5], 'COUNT', tonumber(ARGV[6]))
+  local kv = res[2]
+  local fixed, bad, rows = 0, {}, {}
+  for i = 1, #kv, 2 do
+    local id = kv[i]
+    local w, err = load_worker(id)
+    if not w then
+      bad[#bad + 1] = id
+      bad[#bad + 1] = err
+    else
+      pending_command(id, now)
+      local ix = indexed(w, cfg)
+      local in_lf = redis.call('ZSCORE', K_LF, id)
+      local fix = false
+      if ix then
+        if not in_lf then
+          fix = true
+        else
+          for _, m in ipairs(ring_members(id)) do
+            if not redis.call('ZSCORE', K_RING, m) then
+              fix = true
+              break
+            end
+          end
+        end
+      elseif in_lf then
+        fix = true
       end
-    elseif redis.call('ZSCORE', K_LF, id) then
-      fixed = fixed + 1
-      unindex(id)
-    end
-    if indexed(w, cfg) then
-      want_ring = want_ring + #ring_members(id)
-    end
-  end
-end
-if freed > 0 or fixed > 0 then wake() end
-
--- Index entries of workers that are gone or not indexed.
-local function indexed_id(id)
-  local w = workers[id]
-  return w and indexed(w, cfg)
-end
-for _, k in ipairs({ K_LF, K_FSI, K_FSB, K_FSP }) do
-  for _, id in ipairs(redis.call('ZRANGE', k, 0, -1)) do
-    if not indexed_id(id) then
-      redis.call('ZREM', k, id)
-      orphans = orphans + 1
+      local want_ret = may_retire(w, cfg) or redis.call('HEXISTS', K_CMD, id) == 1
+      if want_ret and redis.call('SISMEMBER', K_RET, id) == 0 then fix = true end
+      if fix then
+        fixed = fixed + 1
+        if ix and in_lf then ring_add(id) end
+        reindex(id, w, cfg, now)
+        if want_ret then redis.call('SADD', K_RET, id) end
+      end
+      rows[#rows + 1] = id
+      rows[#rows + 1] = w.gen
+      rows[#rows + 1] = w.lifetime
+      rows[#rows + 1] = w.active
     end
   end
-end
-if redis.call('ZCARD', K_RING) ~= want_ring then
-  local valid = {}
-  for id, w in pairs(workers) do
-    if w and indexed(w, cfg) then
-      for _, m in ipairs(ring_members(id)) do valid[m] = true end
-    end
-  end
-  for _, m in ipairs(redis.call('ZRANGE', K_RING, 0, -1)) do
-    if not valid[m] then
-      redis.call('ZREM', K_RING, m)
-      orphans = orphans + 1
-    end
-  end
-  for id, w in pairs(workers) do
-    if w and indexed(w, cfg) then ring_add(id) end
-  end
+  if fixed > 0 then wake() end
+  return { res[1], fixed, bad, rows }
 end
 
--- Per-worker fields whose record is gone.
-for _, k in ipairs({ K_ACTIVE, K_LIFETIME, K_DUR, K_CMD, K_VPOS }) do
-  for _, id in ipairs(redis.call('HKEYS', k)) do
-    if workers[id] == nil then
-      redis.call('HDEL', k, id)
-      orphans = orphans + 1
+if stage == 'count' then
+  local fixed = 0
+  local i = 5
+  while i <= #ARGV do
+    local id, gen, life, k = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+    local w = load_worker(id)
+    if w and w.gen == gen and w.lifetime == life then
+      local n = 0
+      for j = i + 4, i + 3 + k do
+        if redis.call('HEXISTS', K_LEASES, ARGV[j]) == 1 then n = n + 1 end
+      end
+      if w.active ~= n then
+        w.active = n
+        redis.call('HSET', K_ACTIVE, id, fmt(n))
+        reindex(id, w, cfg, now)
+        fixed = fixed + 1
+      end
     end
+    i = i + 4 + k
   end
+  if fixed > 0 then wake() end
+  return { fixed }
 end
-for _, id in ipairs(redis.call('HKEYS', K_CMD)) do pending_command(id, now) end
 
--- The retiring set, from the records. A member taken out may have held a
--- last session back (StaggerDrains): wake the waiters.
-local want = {}
-for id, w in pairs(workers) do
-  if w and (may_retire(w, cfg) or redis.call('HEXISTS', K_CMD, id) == 1) then want[id] = true end
-end
-local dropped = false
-for _, id in ipairs(redis.call('SMEMBERS', K_RET)) do
-  if want[id] then
-    want[id] = nil
+if stage == 'scan' then
+  local which = ARGV[5]
+  local zsets = { lf = K_LF, fsi = K_FSI, fsb = K_FSB, fsp = K_FSP, ring = K_RING }
+  local hashes = { active = K_ACTIVE, lifetime = K_LIFETIME, durations = K_DUR, commands = K_CMD, vnodes = K_VPOS }
+  local fixed, orphans = 0, 0
+  local cursor
+  local ws, rings = {}, {}
+  local function worker(id)
+    local c = ws[id]
+    if c == nil then
+      c = load_worker(id) or false
+      ws[id] = c
+    end
+    return c
+  end
+  if zsets[which] then
+    local key = zsets[which]
+    -- an idx:lifetime entry costs a worker read: half the chunk of a hash's
+    local res = redis.call('ZSCAN', key, ARGV[6], 'COUNT', math.max(1, math.floor(tonumber(ARGV[7]) / 2)))
+    cursor = res[1]
+    local ms = res[2]
+    for i = 1, #ms, 2 do
+      local m = ms[i]
+      local id, ok = m, true
+      if which == 'ring' then id = string.sub(m, 34) end
+      if which == 'lf' then
+        local w = worker(id)
+        ok = w and indexed(w, cfg)
+      elseif not redis.call('ZSCORE', K_LF, id) then
+        -- the workers stage made idx:lifetime exactly the indexed workers
+        -- (what changed since, the scripts that changed it keep right)
+        ok = false
+      elseif which == 'ring' then
+        local own = rings[id]
+        if not own then
+          own = {}
+          for _, x in ipairs(ring_members(id)) do own[x] = true end
+          rings[id] = own
+        end
+        ok = own[m] == true
+      end
+      if not ok then
+        redis.call('ZREM', key, m)
+        if redis.call('HEXISTS', K_WORKERS, id) == 1 then fixed = fixed + 1 else orphans = orphans + 1 end
+      end
+    end
+  elseif hashes[which] then
+    local key = hashes[which]
+    local res = redis.call('HSCAN', key, ARGV[6], 'COUNT', tonumber(ARGV[7]))
+    cursor = res[1]
+    local kv = res[2]
+    for i = 1, #kv, 2 do
+      if redis.call('HEXISTS', K_WORKERS, kv[i]) == 0 then
+        redis.call('HDEL', key, kv[i])
+        orphans = orphans + 1
+      end
+    end
+  elseif which == 'retiring' then
+    local res = redis.call('SSCAN', K_RET, ARGV[6], 'COUNT', tonumber(ARGV[7]))
+    cursor = res[1]
+    for _, id in ipairs(res[2]) do
+      local w = worker(id)
+      if redis.call('HEXISTS', K_WORKERS, id) == 0 then
+        redis.call('SREM', K_RET, id)
+        orphans = orphans + 1
+      elseif w and not (may_retire(w, cfg) or redis.call('HEXISTS', K_CMD, id) == 1) then
+        redis.call('SREM', K_RET, id)
+        fixed = fixed + 1
+      end
+    end
+    -- A member taken out may have held a last session back (StaggerDrains).
+    if fixed + orphans > 0 then wake() end
   else
-    redis.call('SREM', K_RET, id)
-    dropped = true
-    if workers[id] == nil then orphans = orphans + 1 else fixed = fixed + 1 end
+    return redis.error_reply('unknown reconcile key ' .. tostring(which))
   end
+  return { cursor, fixed, orphans }
 end
-for id in pairs(want) do
-  redis.call('SADD', K_RET, id)
-  fixed = fixed + 1
-end
-if dropped then wake() end
 
-return { freed, fixed, orphans, bad }
+return redis.error_reply('unknown reconcile stage ' .. tostring(stage))
