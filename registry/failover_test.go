@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -402,5 +403,49 @@ func registerFor(t *testing.T, r *Registry, pool string, ttl time.Duration, ids 
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// With passwords on the data nodes and on the sentinels, the URL's
+// userinfo reaches the data nodes and sentinel_password the sentinels; a
+// wrong one of either fails without the error repeating a secret.
+func TestSentinelPasswords(t *testing.T) {
+	s := testenv.StartSentinelAuth(t, 1, "data-s3cret", "sent-s3cret")
+	rdb, err := NewClient(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	r := New(rdb, Options{})
+	registerFor(t, r, "chromium", time.Minute, "w1")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := r.Claim(ctx, ClaimRequest{Pool: "chromium", Policy: LifetimeFirst}); err != nil {
+		t.Fatalf("claim through %s: %v", RedactURL(s.URL()), err)
+	}
+	good := s.URL()
+	for name, u := range map[string]string{
+		"wrong data password":     strings.Replace(good, "data-s3cret", "data-wr0ng", 1),
+		"wrong sentinel password": strings.Replace(good, "sent-s3cret", "sent-wr0ng", 1),
+		"no sentinel password":    good[:strings.IndexByte(good, '?')],
+	} {
+		t.Run(name, func(t *testing.T) {
+			bad, err := NewClient(u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer bad.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			err = bad.Ping(ctx).Err()
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, secret := range []string{"s3cret", "wr0ng"} {
+				if strings.Contains(err.Error(), secret) || strings.Contains(RedactURL(u), secret) {
+					t.Errorf("a secret shows: %v / %s", err, RedactURL(u))
+				}
+			}
+		})
 	}
 }

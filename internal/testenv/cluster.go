@@ -190,7 +190,7 @@ func (r *Redis) Client() *redis.Client {
 	defer r.mu.Unlock()
 	if r.client == nil {
 		r.client = redis.NewClient(&redis.Options{
-			Addr: r.Addr, DialTimeout: time.Second, ReadTimeout: 2 * time.Second,
+			Addr: r.Addr, Password: r.password, DialTimeout: time.Second, ReadTimeout: 2 * time.Second,
 			WriteTimeout: 2 * time.Second, MaxRetries: -1, PoolSize: 4,
 			ContextTimeoutEnabled: true,
 		})

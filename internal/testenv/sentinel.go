@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,7 +30,11 @@ type Sentinel struct {
 	Servers []*Redis
 	// Sentinels are the three sentinel processes.
 	Sentinels []*Redis
-	t         testing.TB
+	// Password is the data nodes' requirepass (and masterauth), and
+	// SentinelPassword the sentinels' requirepass; "" for none. URL
+	// carries both.
+	Password, SentinelPassword string
+	t                          testing.TB
 	clients   map[*Redis]*redis.SentinelClient
 }
 
@@ -40,7 +45,15 @@ func (s *Sentinel) URL() string {
 	for i, x := range s.Sentinels {
 		addrs[i] = x.Addr
 	}
-	return "redis+sentinel://" + s.MasterName + "@" + strings.Join(addrs, ",") + "/0"
+	u := "redis+sentinel://"
+	if s.Password != "" {
+		u += ":" + url.PathEscape(s.Password) + "@"
+	}
+	u += s.MasterName + "@" + strings.Join(addrs, ",") + "/0"
+	if s.SentinelPassword != "" {
+		u += "?" + url.Values{"sentinel_password": {s.SentinelPassword}}.Encode()
+	}
+	return u
 }
 
 // StartSentinel starts a master, replicas replicas of it and three
@@ -51,11 +64,25 @@ func (s *Sentinel) URL() string {
 // sentinels. Everything stops when the test ends.
 func StartSentinel(t testing.TB, replicas int) *Sentinel {
 	t.Helper()
-	s := &Sentinel{MasterName: "grid", t: t, clients: map[*Redis]*redis.SentinelClient{}}
-	master := StartRedis(t)
+	return StartSentinelAuth(t, replicas, "", "")
+}
+
+// StartSentinelAuth is StartSentinel with passwords: password for the data
+// nodes (requirepass and masterauth, and the sentinels' auth-pass),
+// sentinelPassword for the sentinels themselves; "" for none.
+func StartSentinelAuth(t testing.TB, replicas int, password, sentinelPassword string) *Sentinel {
+	t.Helper()
+	s := &Sentinel{MasterName: "grid", t: t, clients: map[*Redis]*redis.SentinelClient{},
+		Password: password, SentinelPassword: sentinelPassword}
+	var auth []string
+	if password != "" {
+		auth = []string{"--requirepass", password, "--masterauth", password}
+	}
+	master := StartRedis(t, auth...)
 	s.Servers = append(s.Servers, master)
 	for range replicas {
-		s.Servers = append(s.Servers, StartRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port)))
+		args := append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port)}, auth...)
+		s.Servers = append(s.Servers, StartRedis(t, args...))
 	}
 	s.WaitInSync(30 * time.Second)
 	conf := fmt.Sprintf(`sentinel monitor %[1]s 127.0.0.1 %[2]d 2
@@ -63,6 +90,13 @@ sentinel down-after-milliseconds %[1]s %[3]d
 sentinel failover-timeout %[1]s %[4]d
 sentinel parallel-syncs %[1]s 1
 `, s.MasterName, master.Port, SentinelDownAfter.Milliseconds(), SentinelFailoverTimeout.Milliseconds())
+	if password != "" {
+		conf += fmt.Sprintf("sentinel auth-pass %s %s\n", s.MasterName, password)
+	}
+	if sentinelPassword != "" {
+		// A sentinel uses its own requirepass to talk to the other sentinels.
+		conf += fmt.Sprintf("requirepass %s\n", sentinelPassword)
+	}
 	for range 3 {
 		x := &Redis{Dir: t.TempDir(), t: t, conf: conf}
 		x.launch(true)
@@ -90,7 +124,7 @@ func (s *Sentinel) sentinelClient(x *Redis) *redis.SentinelClient {
 	if c := s.clients[x]; c != nil {
 		return c
 	}
-	c := redis.NewSentinelClient(&redis.Options{Addr: x.Addr, DialTimeout: time.Second,
+	c := redis.NewSentinelClient(&redis.Options{Addr: x.Addr, Password: s.SentinelPassword, DialTimeout: time.Second,
 		ReadTimeout: 2 * time.Second, MaxRetries: -1, ContextTimeoutEnabled: true})
 	s.t.Cleanup(func() { c.Close() })
 	s.clients[x] = c

@@ -155,6 +155,8 @@ type Redis struct {
 	t       testing.TB
 	mu      sync.Mutex
 	client  *redis.Client // see Client
+	// password is the --requirepass argument, for Client.
+	password string
 }
 
 // URL is the redis:// URL of the server.
@@ -168,9 +170,12 @@ func (r *Redis) URL() string { return "redis://" + r.Addr + "/0" }
 func StartRedis(t testing.TB, extra ...string) *Redis {
 	t.Helper()
 	r := &Redis{Dir: t.TempDir(), t: t, extra: extra}
-	for _, a := range extra {
-		if a == "--cluster-enabled" {
+	for i, a := range extra {
+		switch {
+		case a == "--cluster-enabled":
 			r.bus = true
+		case a == "--requirepass" && i+1 < len(extra):
+			r.password = extra[i+1]
 		}
 	}
 	r.launch(true)
