@@ -35,7 +35,7 @@ type Sentinel struct {
 	// carries both.
 	Password, SentinelPassword string
 	t                          testing.TB
-	clients   map[*Redis]*redis.SentinelClient
+	clients                    map[*Redis]*redis.SentinelClient
 }
 
 // URL is the redis+sentinel:// URL of the group, database 0

@@ -91,6 +91,15 @@ func FreePort(t testing.TB) int {
 // its child fails to bind.
 var pickPort = pickFreePort
 
+// PickPort returns a port below the kernel's ephemeral range that is free
+// now. Like FreePort it can be taken before a child binds it: a starter
+// that uses it must start again on another port when the child reports
+// "address already in use" (as StartRedis does).
+func PickPort(t testing.TB) int {
+	t.Helper()
+	return pickPort(t, false)
+}
+
 func pickFreePort(t testing.TB, bus bool) int {
 	t.Helper()
 	for range 200 {
