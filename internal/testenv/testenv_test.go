@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A port taken between the pick and the child's bind (another package's
@@ -38,5 +39,43 @@ func TestStartRedisRetriesATakenPort(t *testing.T) {
 	}
 	if !strings.Contains(info, "process_id:"+strconv.Itoa(r.Pid())+"\r\n") {
 		t.Fatalf("the server on %s is not the child started (pid %d):\n%s", r.Addr, r.Pid(), info)
+	}
+}
+
+// A killed Cluster master restarted on its port rejoins as a replica of
+// the node that took over its slots, and catches up.
+func TestClusterMasterRestartRejoins(t *testing.T) {
+	c := StartClusterReplicas(t, 1)
+	slot := c.Slot("{grid:chromium}")
+	m := c.MasterOf(slot)
+	m.Kill()
+	n := c.WaitPromoted(slot, m, 30*time.Second)
+	m.Restart()
+	Eventually(t, 30*time.Second, "the old master to replicate the new one", func() bool {
+		for _, r := range c.ReplicasOf(n) {
+			if r == m {
+				return true
+			}
+		}
+		return false
+	})
+	c.WaitInSync(30 * time.Second)
+}
+
+// A killed Sentinel master restarted on its port is turned into a replica
+// of the promoted one by the sentinels.
+func TestSentinelMasterRestartRejoins(t *testing.T) {
+	s := StartSentinel(t, 1)
+	m := s.Master()
+	m.Kill()
+	n := s.WaitFailover(m, 30*time.Second)
+	m.Restart()
+	Eventually(t, 30*time.Second, "the old master to replicate the new one", func() bool {
+		info := replicationInfo(m)
+		return info["role"] == "slave" && info["master_host"]+":"+info["master_port"] == n.Addr
+	})
+	s.WaitInSync(30 * time.Second)
+	if s.Master() != n {
+		t.Fatalf("the sentinels name %v as master, want %s", s.Master(), n.Addr)
 	}
 }
