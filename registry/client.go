@@ -420,7 +420,10 @@ func notRun(err error) bool {
 }
 
 // topologyError reports whether err may mean that a Cluster node died or
-// lost its slots: then the slot map is worth reloading.
+// lost its slots: then the slot map is worth reloading. Timeouts count (a
+// host that vanished without a reset only ever times out); go-redis
+// coalesces the reloads, so a stalled node costs one CLUSTER SLOTS every
+// few hundred milliseconds at most.
 func topologyError(err error) bool {
 	if errors.Is(err, context.Canceled) {
 		return false

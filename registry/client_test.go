@@ -2,7 +2,12 @@ package registry
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -179,5 +184,49 @@ func TestNewClientOptions(t *testing.T) {
 				t.Errorf("NewClient(%s):\n got %+v\nwant %+v", tc.url, g, w)
 			}
 		})
+	}
+}
+
+// replyErr is an error reply as go-redis returns one.
+type replyErr string
+
+func (e replyErr) Error() string { return string(e) }
+func (replyErr) RedisError()     {}
+
+// Only an error that proves a script never ran lets the client send it
+// again; every error that may mean a lost node reloads a Cluster's slots.
+func TestRetryClassification(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	cases := []struct {
+		name             string
+		err              error
+		notRun, topology bool
+	}{
+		{"dial refused", fmt.Errorf("claiming: %w", refused), true, true},
+		{"no pooled connection", redis.ErrPoolTimeout, true, false},
+		{"LOADING", replyErr("LOADING Redis is loading the dataset in memory"), true, false},
+		{"MASTERDOWN", replyErr("MASTERDOWN Link with MASTER is down"), true, true},
+		{"READONLY", replyErr("READONLY You can't write against a read only replica."), true, true},
+		{"CLUSTERDOWN", replyErr("CLUSTERDOWN The cluster is down"), true, true},
+		{"TRYAGAIN", replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), true, true},
+		{"too many clients", replyErr("ERR max number of clients reached"), true, false},
+		{"EOF after the write", io.EOF, false, true},
+		{"reset after the write", reset, false, true},
+		{"read timeout", timeout, false, true},
+		// A host that vanished (no refusal, no reset) only ever times out.
+		{"deadline", context.DeadlineExceeded, false, true},
+		{"canceled", context.Canceled, false, false},
+		{"script error", replyErr("ERR user_script:1: boom"), false, false},
+		{"NOSCRIPT", replyErr("NOSCRIPT No matching script"), false, false},
+	}
+	for _, tc := range cases {
+		if got := notRun(tc.err); got != tc.notRun {
+			t.Errorf("%s: notRun = %v, want %v", tc.name, got, tc.notRun)
+		}
+		if got := topologyError(tc.err); got != tc.topology {
+			t.Errorf("%s: topologyError = %v, want %v", tc.name, got, tc.topology)
+		}
 	}
 }

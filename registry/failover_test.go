@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,23 +125,29 @@ type dropProxy struct {
 	drops  atomic.Int32
 }
 
-func startDropProxy(t *testing.T, target string) *dropProxy {
+// listenDropProxy listens on a free port; start relays to target.
+func listenDropProxy(t *testing.T) *dropProxy {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &dropProxy{l: l, target: target}
 	t.Cleanup(func() { l.Close() })
+	return &dropProxy{l: l}
+}
+
+func (p *dropProxy) port() int { return p.l.Addr().(*net.TCPAddr).Port }
+
+func (p *dropProxy) start(target string) {
+	p.target = target
 	go func() {
 		for {
-			c, err := l.Accept()
+			c, err := p.l.Accept()
 			if err != nil {
 				return
 			}
 			go p.serve(c)
 		}
 	}()
-	return p
 }
 
 func (p *dropProxy) serve(c net.Conn) {
@@ -189,40 +196,69 @@ func (p *dropProxy) serve(c net.Conn) {
 }
 
 // A script whose reply is lost with its connection is not sent again:
-// go-redis would retry it after the dropped connection and run it twice.
+// go-redis would retry it after the dropped connection and run it twice
+// (a single node's retry loop, and a Cluster client's, which tries the same
+// node again). The Cluster case is a one-node cluster that announces the
+// proxy's port, so the client reaches it only through the proxy.
 func TestScriptNotRetriedAfterLostReply(t *testing.T) {
-	ctx := context.Background()
-	srv := testenv.StartRedis(t)
-	p := startDropProxy(t, srv.Addr)
-	rdb, err := NewClient("redis://" + p.l.Addr().String() + "/0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
-	incr := redis.NewScript(`return redis.call('INCR', KEYS[1])`)
-	if err := incr.Load(ctx, rdb).Err(); err != nil {
-		t.Fatal(err)
-	}
-	p.armed.Store(true)
-	_, err = incr.Run(ctx, rdb, []string{"runs"}).Int()
-	if p.drops.Load() != 1 {
-		t.Fatalf("the proxy dropped %d replies, want 1", p.drops.Load())
-	}
-	if err == nil {
-		t.Error("a script whose reply was lost reported success")
-	} else if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
-		var ne net.Error
-		if !errors.As(err, &ne) {
-			t.Errorf("error %v does not say the connection was lost", err)
+	for _, cluster := range []bool{false, true} {
+		name := "single"
+		if cluster {
+			name = "cluster"
 		}
-	}
-	n, err := srv.Client().Get(ctx, "runs").Int()
-	if err != nil || n != 1 {
-		t.Fatalf("the script ran %d times (%v), want once", n, err)
-	}
-	// The connection is healthy again for the next call.
-	if got, err := incr.Run(ctx, rdb, []string{"runs"}).Int(); err != nil || got != 2 {
-		t.Fatalf("next run: %d %v", got, err)
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			p := listenDropProxy(t)
+			var srv *testenv.Redis
+			url := "redis://" + p.l.Addr().String() + "/0"
+			if cluster {
+				srv = testenv.StartRedis(t, "--cluster-enabled", "yes",
+					"--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", strconv.Itoa(p.port()))
+				if err := srv.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+					t.Fatal(err)
+				}
+				testenv.Eventually(t, 10*time.Second, "the one-node cluster ready", func() bool {
+					info, err := srv.Client().ClusterInfo(ctx).Result()
+					return err == nil && strings.Contains(info, "cluster_state:ok")
+				})
+				url = "redis+cluster://" + p.l.Addr().String()
+			} else {
+				srv = testenv.StartRedis(t)
+			}
+			p.start(srv.Addr)
+			rdb, err := NewClient(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rdb.Close()
+			incr := redis.NewScript(`return redis.call('INCR', KEYS[1])`)
+			// Loaded first, so the dropped call is the script's EVALSHA
+			// itself, not a NOSCRIPT reply before the EVAL fallback.
+			if err := incr.Run(ctx, rdb, []string{"warm"}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			p.armed.Store(true)
+			_, err = incr.Run(ctx, rdb, []string{"runs"}).Int()
+			if p.drops.Load() != 1 {
+				t.Fatalf("the proxy dropped %d replies, want 1", p.drops.Load())
+			}
+			if err == nil {
+				t.Error("a script whose reply was lost reported success")
+			} else if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				var ne net.Error
+				if !errors.As(err, &ne) {
+					t.Errorf("error %v does not say the connection was lost", err)
+				}
+			}
+			n, err := srv.Client().Get(ctx, "runs").Int()
+			if err != nil || n != 1 {
+				t.Fatalf("the script ran %d times (%v), want once", n, err)
+			}
+			// The client works again for the next call.
+			if got, err := incr.Run(ctx, rdb, []string{"runs"}).Int(); err != nil || got != 2 {
+				t.Fatalf("next run: %d %v", got, err)
+			}
+		})
 	}
 }
 
