@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 )
@@ -29,16 +27,7 @@ func TestRedisStalled(t *testing.T) {
 	mustDial(t, c.url("/playwright/chromium")).close()
 	testenv.Eventually(t, 10*time.Second, "slot released", func() bool { return g.info("chromium", "w1").Active == 0 })
 
-	sleeper := redis.NewClient(&redis.Options{Addr: g.redis.Addr, ReadTimeout: 15 * time.Second, MaxRetries: -1})
-	defer sleeper.Close()
-	go sleeper.Do(context.Background(), "DEBUG", "SLEEP", 7)
-	probe := redis.NewClient(&redis.Options{Addr: g.redis.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
-	defer probe.Close()
-	testenv.Eventually(t, 5*time.Second, "Redis to stall", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-		defer cancel()
-		return probe.Ping(ctx).Err() != nil
-	})
+	g.redis.Stall(7 * time.Second)
 
 	start := time.Now()
 	_, err := dial(context.Background(), c.url("/playwright/chromium"))

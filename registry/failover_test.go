@@ -32,25 +32,6 @@ const (
 	failoverBound = 5 * time.Second
 )
 
-// stall runs DEBUG SLEEP on srv (in the background, on a connection of its
-// own) and returns once the server has stopped answering.
-func stall(t *testing.T, srv *testenv.Redis, d time.Duration) {
-	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: d + 5*time.Second, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
-	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("ping before the stall: %v", err)
-	}
-	go c.Do(context.Background(), "DEBUG", "SLEEP", d.Seconds())
-	probe := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
-	defer probe.Close()
-	testenv.Eventually(t, 5*time.Second, "the server to stall", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-		defer cancel()
-		return probe.Ping(ctx).Err() != nil
-	})
-}
-
 // With Redis stalled (DEBUG SLEEP 7), a claim with a 2 s deadline fails
 // within 2.5 s on every kind of client, and so does a read; go-redis
 // without ContextTimeoutEnabled waits for its 5 s read timeout instead.
@@ -89,7 +70,7 @@ func TestStalledRedisHonoursDeadline(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			stall(t, data, 7*time.Second)
+			data.Stall(7 * time.Second)
 			for _, call := range []struct {
 				what string
 				run  func(ctx context.Context) error

@@ -247,3 +247,24 @@ func waitInSync(t testing.TB, servers []*Redis, timeout time.Duration) {
 		})
 	}
 }
+
+// Stall makes the server stop answering for d (DEBUG SLEEP, sent on a
+// connection of its own in the background: the server accepts connections
+// and reads commands but runs none) and returns once it has stopped
+// answering. Every server testenv starts allows DEBUG.
+func (r *Redis) Stall(d time.Duration) {
+	r.t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, Password: r.password, ReadTimeout: d + 5*time.Second, MaxRetries: -1})
+	r.t.Cleanup(func() { c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		r.t.Fatalf("ping %s before stalling it: %v", r.Addr, err)
+	}
+	go c.Do(context.Background(), "DEBUG", "SLEEP", d.Seconds())
+	probe := redis.NewClient(&redis.Options{Addr: r.Addr, Password: r.password, MaxRetries: -1, ContextTimeoutEnabled: true})
+	defer probe.Close()
+	Eventually(r.t, 5*time.Second, r.Addr+" to stall", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		return probe.Ping(ctx).Err() != nil
+	})
+}
