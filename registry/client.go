@@ -29,9 +29,9 @@ const (
 	DefaultWriteTimeout = 3 * time.Second
 	// DefaultPoolTimeout bounds the wait for a free pooled connection.
 	DefaultPoolTimeout = 3 * time.Second
-	// DefaultMaxRetries bounds the retries of one command (see NewClient
-	// for which are retried), each after a backoff growing from
-	// DefaultMinRetryBackoff to DefaultMaxRetryBackoff.
+	// DefaultMaxRetries bounds the retries of one command (retryGuard says
+	// which are retried), each after a backoff doubling from
+	// DefaultMinRetryBackoff up to DefaultMaxRetryBackoff.
 	DefaultMaxRetries      = 3
 	DefaultMinRetryBackoff = 8 * time.Millisecond
 	DefaultMaxRetryBackoff = 256 * time.Millisecond
@@ -76,13 +76,8 @@ func newClient(raw string) (redis.UniversalClient, error) {
 		g := newRetryGuard(opts.MaxRetries)
 		opts.MaxRetries = g.goRedisRetries()
 		opts.ContextTimeoutEnabled = true
-		opts.DialTimeout = orDefault(opts.DialTimeout, DefaultDialTimeout)
-		opts.ReadTimeout = orDefault(opts.ReadTimeout, DefaultReadTimeout)
-		opts.WriteTimeout = orDefault(opts.WriteTimeout, DefaultWriteTimeout)
-		opts.PoolTimeout = orDefault(opts.PoolTimeout, DefaultPoolTimeout)
-		opts.MinRetryBackoff = orDefault(opts.MinRetryBackoff, DefaultMinRetryBackoff)
-		opts.MaxRetryBackoff = orDefault(opts.MaxRetryBackoff, DefaultMaxRetryBackoff)
-		g.setBackoff(opts.MinRetryBackoff, opts.MaxRetryBackoff)
+		g.defaults(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.PoolTimeout,
+			&opts.MinRetryBackoff, &opts.MaxRetryBackoff)
 		c := redis.NewClient(opts)
 		c.AddHook(g)
 		return c, nil
@@ -179,13 +174,8 @@ func newClusterClient(raw, scheme, rest string, bad func(error) error) (redis.Un
 	// max_retries when the URL sets it.
 	g := newRetryGuard(opts.MaxRetries)
 	opts.ContextTimeoutEnabled = true
-	opts.DialTimeout = orDefault(opts.DialTimeout, DefaultDialTimeout)
-	opts.ReadTimeout = orDefault(opts.ReadTimeout, DefaultReadTimeout)
-	opts.WriteTimeout = orDefault(opts.WriteTimeout, DefaultWriteTimeout)
-	opts.PoolTimeout = orDefault(opts.PoolTimeout, DefaultPoolTimeout)
-	opts.MinRetryBackoff = orDefault(opts.MinRetryBackoff, DefaultMinRetryBackoff)
-	opts.MaxRetryBackoff = orDefault(opts.MaxRetryBackoff, DefaultMaxRetryBackoff)
-	g.setBackoff(opts.MinRetryBackoff, opts.MaxRetryBackoff)
+	g.defaults(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.PoolTimeout,
+		&opts.MinRetryBackoff, &opts.MaxRetryBackoff)
 	// Writes and scripts must reach the slot's master; reads too, so that
 	// a read never sees a replica behind the master it just wrote.
 	opts.ReadOnly, opts.RouteByLatency, opts.RouteRandomly = false, false, false
@@ -254,24 +244,28 @@ func newSentinelClient(raw, scheme, rest string, bad func(error) error) (redis.U
 	g := newRetryGuard(opts.MaxRetries)
 	opts.MaxRetries = g.goRedisRetries()
 	opts.ContextTimeoutEnabled = true
-	opts.DialTimeout = orDefault(opts.DialTimeout, DefaultDialTimeout)
-	opts.ReadTimeout = orDefault(opts.ReadTimeout, DefaultReadTimeout)
-	opts.WriteTimeout = orDefault(opts.WriteTimeout, DefaultWriteTimeout)
-	opts.PoolTimeout = orDefault(opts.PoolTimeout, DefaultPoolTimeout)
-	opts.MinRetryBackoff = orDefault(opts.MinRetryBackoff, DefaultMinRetryBackoff)
-	opts.MaxRetryBackoff = orDefault(opts.MaxRetryBackoff, DefaultMaxRetryBackoff)
-	g.setBackoff(opts.MinRetryBackoff, opts.MaxRetryBackoff)
+	g.defaults(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.PoolTimeout,
+		&opts.MinRetryBackoff, &opts.MaxRetryBackoff)
 	c := redis.NewFailoverClient(opts)
 	c.AddHook(g)
 	return c, nil
 }
 
-// orDefault is v, or def when the URL left v unset (0).
-func orDefault(v, def time.Duration) time.Duration {
-	if v == 0 {
-		return def
+// defaults fills the settings the URL left unset (0) with the package's
+// defaults and adopts the backoff for the guard's own retries.
+func (g *retryGuard) defaults(dial, read, write, pool, minBackoff, maxBackoff *time.Duration) {
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{
+		{dial, DefaultDialTimeout}, {read, DefaultReadTimeout}, {write, DefaultWriteTimeout},
+		{pool, DefaultPoolTimeout}, {minBackoff, DefaultMinRetryBackoff}, {maxBackoff, DefaultMaxRetryBackoff},
+	} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
 	}
-	return v
+	g.minBackoff, g.maxBackoff = max(*minBackoff, 0), max(*maxBackoff, 0)
 }
 
 // retryGuard is the retry policy of every client NewClient returns. go-redis
@@ -321,10 +315,6 @@ func (g *retryGuard) goRedisRetries() int {
 		return -1
 	}
 	return g.retries
-}
-
-func (g *retryGuard) setBackoff(lo, hi time.Duration) {
-	g.minBackoff, g.maxBackoff = max(lo, 0), max(hi, 0)
 }
 
 // backoff is the pause before retry n (1, 2, ...): doubling from
