@@ -230,3 +230,17 @@ func TestRetryClassification(t *testing.T) {
 		}
 	}
 }
+
+// rediss+sentinel:// speaks TLS to sentinels and data nodes alike, each
+// verified against the host it dials (no fixed server name).
+func TestSentinelTLSOptions(t *testing.T) {
+	rdb, err := NewClient("rediss+sentinel://grid@sentinel-1:26379,sentinel-2:26379/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	o := rdb.(*redis.Client).Options()
+	if o.TLSConfig == nil || o.TLSConfig.ServerName != "" || o.TLSConfig.InsecureSkipVerify {
+		t.Fatalf("TLS config %+v, want TLS verified against each host dialled", o.TLSConfig)
+	}
+}

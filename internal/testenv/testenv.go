@@ -146,6 +146,8 @@ func WaitTCP(addr string, timeout time.Duration) error {
 // Redis is a redis-server (or a Sentinel, which is redis-server with a
 // config file and --sentinel) started for one test. Every server runs with
 // enable-debug-command yes, so a test can stall it with DEBUG SLEEP.
+// Start, Kill, Restart and Running belong to one goroutine (the test's);
+// Client may be called from any.
 type Redis struct {
 	Addr string
 	Dir  string
