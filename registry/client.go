@@ -122,7 +122,7 @@ func splitMultiHost(rest string, withPrefix bool) (multiHostURL, error) {
 		if i := strings.LastIndexByte(before, '@'); i >= 0 {
 			m.userinfo, before = before[:i+1], before[i+1:]
 		}
-		if before == "" {
+		if before == "" || strings.Contains(before, ":") {
 			return m, errors.New("no master name: want redis+sentinel://[user:password@]master-name@host:port,...")
 		}
 		name, err := url.PathUnescape(before)
@@ -459,6 +459,9 @@ func redactURL(raw string) string {
 			userinfo = ""
 			if i := strings.LastIndexByte(master, '@'); i >= 0 {
 				userinfo, master = master[:i], master[i:]
+			} else if strings.Contains(master, ":") {
+				// No master name: "user:password@hosts" (NewClient refuses it).
+				userinfo, master = master, ""
 			}
 		}
 		// A lone userinfo is a user name (go-redis reads it so), not a secret.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"strings"
 	"syscall"
@@ -243,4 +244,35 @@ func TestSentinelTLSOptions(t *testing.T) {
 	if o.TLSConfig == nil || o.TLSConfig.ServerName != "" || o.TLSConfig.InsecureSkipVerify {
 		t.Fatalf("TLS config %+v, want TLS verified against each host dialled", o.TLSConfig)
 	}
+}
+
+// FuzzRedactSentinelURL: neither the data nodes' password (before the
+// master name) nor the sentinels' (an option) survives redaction.
+func FuzzRedactSentinelURL(f *testing.F) {
+	f.Add("user", "s3cretpw", "grid", "h1:1,h2:2", "/0", "sentinelpw")
+	f.Add("", "pässwörd", "my-master", "h:1", "", "")
+	f.Fuzz(func(t *testing.T, user, pass, master, hosts, path, spass string) {
+		// A secret that is part of the URL's fixed text cannot be told apart.
+		all := user + master + hosts + path + "redis+sentinel://?sentinel_password=xxxxx"
+		if len(pass) < 6 || strings.ContainsAny(pass, "@/?#") || strings.Contains(all, pass) ||
+			strings.ContainsAny(user, ":@/?") || strings.ContainsAny(master+hosts+path, "@?#") ||
+			strings.ContainsAny(master+hosts, "/") || master == "" {
+			return
+		}
+		u := "redis+sentinel://" + user + ":" + pass + "@" + master + "@" + hosts + path
+		check := []string{pass}
+		if len(spass) >= 6 && !strings.Contains(all+pass, spass) && !strings.Contains(all, url.QueryEscape(spass)) {
+			u += "?" + url.Values{"sentinel_password": {spass}}.Encode()
+			check = append(check, spass, url.QueryEscape(spass))
+		}
+		got := RedactURL(u)
+		for _, secret := range check {
+			if strings.Contains(got, secret) {
+				t.Fatalf("RedactURL(%q) = %q keeps a password", u, got)
+			}
+		}
+		if !strings.Contains(got, "@"+master+"@") {
+			t.Fatalf("RedactURL(%q) = %q lost the master name", u, got)
+		}
+	})
 }
