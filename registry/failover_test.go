@@ -27,7 +27,7 @@ import (
 
 // stallBound is the bound on a 2 s claim deadline.
 const (
-	claimDeadline = 2 * time.Second
+	testClaimDeadline = 2 * time.Second
 	stallBound    = 2500 * time.Millisecond
 	failoverBound = 5 * time.Second
 )
@@ -78,7 +78,7 @@ func TestStalledRedisHonoursDeadline(t *testing.T) {
 				{"claim", func(ctx context.Context) error { _, err := r.Claim(ctx, req); return err }},
 				{"inspect", func(ctx context.Context) error { _, err := r.Inspect(ctx, "chromium"); return err }},
 			} {
-				ctx, cancel := context.WithTimeout(context.Background(), claimDeadline)
+				ctx, cancel := context.WithTimeout(context.Background(), testClaimDeadline)
 				start := time.Now()
 				err := call.run(ctx)
 				took := time.Since(start)
@@ -88,7 +88,7 @@ func TestStalledRedisHonoursDeadline(t *testing.T) {
 					t.Fatalf("%s succeeded on a stalled Redis", call.what)
 				}
 				if took > stallBound {
-					t.Errorf("%s with a %s deadline answered after %s, want within %s", call.what, claimDeadline, took, stallBound)
+					t.Errorf("%s with a %s deadline answered after %s, want within %s", call.what, testClaimDeadline, took, stallBound)
 				}
 			}
 		})
@@ -243,9 +243,9 @@ func TestScriptNotRetriedAfterLostReply(t *testing.T) {
 	}
 }
 
-// traffic claims and releases in a loop through r and records when each
+// claimLoop claims and releases in a loop through r and records when each
 // successful claim started, until stop is closed.
-type traffic struct {
+type claimLoop struct {
 	mu        sync.Mutex
 	successes []time.Time // start time of each successful claim
 	errors    int
@@ -254,8 +254,8 @@ type traffic struct {
 	stop      chan struct{}
 }
 
-func startTraffic(r *Registry, pool string, workers int) *traffic {
-	tr := &traffic{stop: make(chan struct{})}
+func startClaimLoop(r *Registry, pool string, workers int) *claimLoop {
+	tr := &claimLoop{stop: make(chan struct{})}
 	req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, Limits: selection.Limits{StaleAfter: time.Hour}}
 	for range workers {
 		tr.wg.Add(1)
@@ -268,7 +268,7 @@ func startTraffic(r *Registry, pool string, workers int) *traffic {
 				default:
 				}
 				start := time.Now()
-				ctx, cancel := context.WithTimeout(context.Background(), claimDeadline)
+				ctx, cancel := context.WithTimeout(context.Background(), testClaimDeadline)
 				c, err := r.Claim(ctx, req)
 				if err == nil {
 					err = r.Release(ctx, pool, c.LeaseID)
@@ -293,7 +293,7 @@ func startTraffic(r *Registry, pool string, workers int) *traffic {
 
 // firstSuccessAfter is the start of the first successful claim that began
 // after t (zero if none yet).
-func (tr *traffic) firstSuccessAfter(t time.Time) time.Time {
+func (tr *claimLoop) firstSuccessAfter(t time.Time) time.Time {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	for _, s := range tr.successes {
@@ -304,14 +304,14 @@ func (tr *traffic) firstSuccessAfter(t time.Time) time.Time {
 	return time.Time{}
 }
 
-func (tr *traffic) close() {
+func (tr *claimLoop) close() {
 	close(tr.stop)
 	tr.wg.Wait()
 }
 
-// failoverFigures waits for claims, a heartbeat and an inspect to succeed
+// checkFailoverFigures waits for claims, a heartbeat and an inspect to succeed
 // again after the promotion and checks the bound.
-func failoverFigures(t *testing.T, r *Registry, tr *traffic, killed, promoted time.Time) {
+func checkFailoverFigures(t *testing.T, r *Registry, tr *claimLoop, killed, promoted time.Time) {
 	t.Helper()
 	var served time.Time
 	testenv.Eventually(t, 90*time.Second, "a claim served after the failover", func() bool {
@@ -321,7 +321,7 @@ func failoverFigures(t *testing.T, r *Registry, tr *traffic, killed, promoted ti
 	t.Logf("kill -> first claim served %s", served.Sub(killed).Round(time.Millisecond))
 	ok := func(f func(ctx context.Context) error) time.Time {
 		for {
-			ctx, cancel := context.WithTimeout(context.Background(), claimDeadline)
+			ctx, cancel := context.WithTimeout(context.Background(), testClaimDeadline)
 			err := f(ctx)
 			cancel()
 			if err == nil {
@@ -349,7 +349,7 @@ func failoverFigures(t *testing.T, r *Registry, tr *traffic, killed, promoted ti
 }
 
 // The Redis Cluster master that owns the pool's slot is killed under
-// traffic: claims are served again within ~5 s of its replica's promotion,
+// claimLoop: claims are served again within ~5 s of its replica's promotion,
 // and heartbeats and reads recover the same way.
 func TestClusterFailover(t *testing.T) {
 	cl := testenv.StartClusterReplicas(t, 1)
@@ -359,15 +359,15 @@ func TestClusterFailover(t *testing.T) {
 	}
 	defer rdb.Close()
 	r := New(rdb, Options{})
-	registerFor(t, r, "chromium", time.Hour, "w1", "w2", "w3")
+	registerLongLived(t, r, "chromium", time.Hour, "w1", "w2", "w3")
 	slot := cl.Slot("{grid:chromium}")
 	master := cl.MasterOf(slot)
 	if len(cl.ReplicasOf(master)) == 0 {
 		t.Fatalf("master %s of slot %d has no replica", master.Addr, slot)
 	}
-	tr := startTraffic(r, "chromium", 4)
+	tr := startClaimLoop(r, "chromium", 4)
 	defer tr.close()
-	testenv.Eventually(t, 10*time.Second, "traffic flowing", func() bool { return !tr.firstSuccessAfter(time.Time{}).IsZero() })
+	testenv.Eventually(t, 10*time.Second, "claims flowing", func() bool { return !tr.firstSuccessAfter(time.Time{}).IsZero() })
 	cl.WaitInSync(10 * time.Second)
 
 	killed := time.Now()
@@ -375,10 +375,10 @@ func TestClusterFailover(t *testing.T) {
 	promoted := cl.WaitPromoted(slot, master, 60*time.Second)
 	promotedAt := time.Now()
 	t.Logf("slot %d: master %s killed, replica %s promoted", slot, master.Addr, promoted.Addr)
-	failoverFigures(t, r, tr, killed, promotedAt)
+	checkFailoverFigures(t, r, tr, killed, promotedAt)
 }
 
-// The master of a Sentinel group is killed under traffic: claims are
+// The master of a Sentinel group is killed under claimLoop: claims are
 // served again within ~5 s of the promotion.
 func TestSentinelFailover(t *testing.T) {
 	s := testenv.StartSentinel(t, 1)
@@ -391,14 +391,14 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("NewClient(%s) gave %T", s.URL(), rdb)
 	}
 	r := New(rdb, Options{})
-	registerFor(t, r, "chromium", time.Hour, "w1", "w2", "w3")
+	registerLongLived(t, r, "chromium", time.Hour, "w1", "w2", "w3")
 	master := s.Master()
 	if master != s.Servers[0] {
 		t.Fatalf("the sentinels name %v as master, want %s", master, s.Servers[0].Addr)
 	}
-	tr := startTraffic(r, "chromium", 4)
+	tr := startClaimLoop(r, "chromium", 4)
 	defer tr.close()
-	testenv.Eventually(t, 10*time.Second, "traffic flowing", func() bool { return !tr.firstSuccessAfter(time.Time{}).IsZero() })
+	testenv.Eventually(t, 10*time.Second, "claims flowing", func() bool { return !tr.firstSuccessAfter(time.Time{}).IsZero() })
 	s.WaitInSync(10 * time.Second)
 
 	killed := time.Now()
@@ -406,11 +406,11 @@ func TestSentinelFailover(t *testing.T) {
 	promoted := s.WaitFailover(master, 60*time.Second)
 	promotedAt := time.Now()
 	t.Logf("master %s killed, replica %s promoted", master.Addr, promoted.Addr)
-	failoverFigures(t, r, tr, killed, promotedAt)
+	checkFailoverFigures(t, r, tr, killed, promotedAt)
 }
 
-// registerFor registers workers whose records outlive the test.
-func registerFor(t *testing.T, r *Registry, pool string, ttl time.Duration, ids ...string) {
+// registerLongLived registers workers whose records outlive the test.
+func registerLongLived(t *testing.T, r *Registry, pool string, ttl time.Duration, ids ...string) {
 	t.Helper()
 	for _, id := range ids {
 		err := r.Register(context.Background(), Registration{
@@ -434,7 +434,7 @@ func TestSentinelPasswords(t *testing.T) {
 	}
 	defer rdb.Close()
 	r := New(rdb, Options{})
-	registerFor(t, r, "chromium", time.Minute, "w1")
+	registerLongLived(t, r, "chromium", time.Minute, "w1")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := r.Claim(ctx, ClaimRequest{Pool: "chromium", Policy: LifetimeFirst}); err != nil {
