@@ -28,8 +28,8 @@ import (
 // stallBound is the bound on a 2 s claim deadline.
 const (
 	testClaimDeadline = 2 * time.Second
-	stallBound    = 2500 * time.Millisecond
-	failoverBound = 5 * time.Second
+	stallBound        = 2500 * time.Millisecond
+	failoverBound     = 5 * time.Second
 )
 
 // With Redis stalled (DEBUG SLEEP 7), a claim with a 2 s deadline fails
