@@ -150,11 +150,26 @@ func caddyBin(t *testing.T) string {
 	return testenv.Bin(t, "caddy")
 }
 
-// startCaddy runs bin/caddy with the generated config on free ports.
+// startCaddy runs bin/caddy with the generated config on free ports. A
+// port taken between the pick and Caddy's bind (by a test of another
+// package) costs a start on other ports, not a failed test.
 func startCaddy(t *testing.T, o caddyOpts) *caddy {
 	t.Helper()
+	for attempt := 1; ; attempt++ {
+		c, err := tryStartCaddy(t, o)
+		if err == nil {
+			return c
+		}
+		if !strings.Contains(err.Error(), "address already in use") || attempt == 5 {
+			t.Fatalf("caddy did not start: %v", err)
+		}
+	}
+}
+
+func tryStartCaddy(t *testing.T, o caddyOpts) (*caddy, error) {
+	t.Helper()
 	bin := caddyBin(t)
-	c := &caddy{t: t, dir: t.TempDir(), adminPort: testenv.FreePort(t), httpPort: testenv.FreePort(t), plainPort: testenv.FreePort(t), tls: o.tls}
+	c := &caddy{t: t, dir: t.TempDir(), adminPort: testenv.PickPort(t), httpPort: testenv.PickPort(t), plainPort: testenv.PickPort(t), tls: o.tls}
 	c.config = filepath.Join(c.dir, "Caddyfile")
 	c.write(o)
 	c.env = []string{
@@ -169,13 +184,24 @@ func startCaddy(t *testing.T, o caddyOpts) *caddy {
 			t.Errorf("caddy reported a data race:\n%s", c.proc.Output())
 		}
 	})
-	if err := testenv.WaitTCP(c.addr(), 20*time.Second); err != nil {
-		t.Fatalf("caddy did not start: %v\n%s", err, c.proc.Output())
+	// Caddy's own log line, not a listener on the port (which could be
+	// another process's): it is logged once every listener is bound.
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(c.proc.Output(), "serving initial configuration") {
+		select {
+		case <-c.proc.Done():
+			return nil, fmt.Errorf("caddy exited:\n%s", c.proc.Output())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("not serving after 20s:\n%s", c.proc.Output())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if err := testenv.WaitTCP(fmt.Sprintf("127.0.0.1:%d", c.adminPort), 5*time.Second); err != nil {
-		t.Fatalf("caddy admin did not start: %v", err)
+	if err := testenv.WaitTCP(c.addr(), 5*time.Second); err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, c.proc.Output())
 	}
-	return c
+	return c, nil
 }
 
 func (c *caddy) write(o caddyOpts) {

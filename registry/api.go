@@ -81,8 +81,13 @@ type Registry struct {
 func New(rdb redis.UniversalClient, opts Options) *Registry { return newRegistry(rdb, opts) }
 
 // NewClient connects to the Redis named by a URL: redis://, rediss:// (TLS),
-// with user:password and /db, or redis+cluster:// / rediss+cluster:// with
-// several host:port separated by commas for Redis Cluster.
+// with user:password and /db; redis+cluster:// / rediss+cluster:// with
+// several host:port separated by commas for Redis Cluster; or
+// redis+sentinel://[user:password@]master-name@h1:p1,h2:p2[/db] for a
+// master watched by Redis Sentinel (the sentinels' own password is the
+// option sentinel_password). Every client honours its caller's context
+// deadline, has the Default* timeouts unless the URL sets its own, and
+// never resends a script that may have run (see retryGuard in client.go).
 func NewClient(url string) (redis.UniversalClient, error) { return newClient(url) }
 
 // RedactURL returns url with any password replaced, fit for logs.

@@ -40,6 +40,7 @@ func FuzzDecodeWorker(f *testing.F) {
 func FuzzRedactURL(f *testing.F) {
 	f.Add("redis", "user", "s3cretpw", "h1:1,h2:2", "/0?x=1")
 	f.Add("rediss+cluster", "", "pässwörd", "h:1", "")
+	f.Add("redis+sentinel", "", "s3cretpw", "h1:1,h2:2", "/0") // a password, no master name
 	f.Fuzz(func(t *testing.T, scheme, user, pass, hosts, tail string) {
 		if len(pass) < 6 || strings.ContainsAny(pass, "@/?#") || strings.Contains(scheme+user+hosts+tail, pass) ||
 			strings.ContainsAny(scheme+user, ":@/?") || strings.ContainsAny(hosts, "@/?") || strings.Contains("xxxxx", pass) {

@@ -50,9 +50,9 @@ func writeCert(t *testing.T, dir string) (certFile, keyFile string) {
 func TestNewClientTLS(t *testing.T) {
 	ctx := context.Background()
 	cert, key := writeCert(t, t.TempDir())
-	tlsPort := testenv.FreePort(t)
-	testenv.StartRedis(t, "--requirepass", "s3cret", "--tls-port", strconv.Itoa(tlsPort),
+	srv := testenv.StartRedis(t, "--requirepass", "s3cret", "--tls-port", testenv.PortArg,
 		"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert, "--tls-auth-clients", "no")
+	tlsPort := srv.ExtraPorts[0]
 	if err := testenv.WaitTCP("127.0.0.1:"+strconv.Itoa(tlsPort), 10*time.Second); err != nil {
 		t.Fatal(err)
 	}

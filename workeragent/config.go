@@ -182,7 +182,7 @@ func bindings() []binding {
 		}
 	}
 	return []binding{
-		{Option{"redis", "REDIS_URL", d.RedisURL, "Redis URL: redis://, rediss://, redis+cluster://host:port,host:port"}, str(func(c *Config) *string { return &c.RedisURL })},
+		{Option{"redis", "REDIS_URL", d.RedisURL, "Redis URL: redis://, rediss://, redis+cluster://host:port,host:port, redis+sentinel://master@host:port,host:port/db"}, str(func(c *Config) *string { return &c.RedisURL })},
 		{Option{"key-prefix", "GRID_KEY_PREFIX", d.KeyPrefix, "registry key prefix; must match the Caddy side"}, str(func(c *Config) *string { return &c.KeyPrefix })},
 		{Option{"pool", "POOL", "the browser type", "pool to register in"}, str(func(c *Config) *string { return &c.Pool })},
 		{Option{"browser-type", "BROWSER_TYPE", d.BrowserType, "chromium, firefox or webkit"}, str(func(c *Config) *string { return &c.BrowserType })},

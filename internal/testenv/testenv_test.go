@@ -1,0 +1,81 @@
+package testenv
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A port taken between the pick and the child's bind (another package's
+// test took it) costs a retry on another port, not a failed test, and the
+// server the test gets is its own, not whatever holds the taken port.
+func TestStartRedisRetriesATakenPort(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	taken := held.Addr().(*net.TCPAddr).Port
+	picks := 0
+	pickPort = func(t testing.TB, bus bool) int {
+		picks++
+		if picks == 1 {
+			return taken
+		}
+		return pickFreePort(t, bus)
+	}
+	defer func() { pickPort = pickFreePort }()
+
+	r := StartRedis(t)
+	if r.Port == taken || picks != 2 {
+		t.Fatalf("started on port %d after %d picks; want a second pick, not the taken port %d", r.Port, picks, taken)
+	}
+	info, err := r.Client().Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(info, "process_id:"+strconv.Itoa(r.Pid())+"\r\n") {
+		t.Fatalf("the server on %s is not the child started (pid %d):\n%s", r.Addr, r.Pid(), info)
+	}
+}
+
+// A killed Cluster master restarted on its port rejoins as a replica of
+// the node that took over its slots, and catches up.
+func TestClusterMasterRestartRejoins(t *testing.T) {
+	c := StartClusterReplicas(t, 1)
+	slot := c.Slot("{grid:chromium}")
+	m := c.MasterOf(slot)
+	m.Kill()
+	n := c.WaitPromoted(slot, m, 30*time.Second)
+	m.Restart()
+	Eventually(t, 30*time.Second, "the old master to replicate the new one", func() bool {
+		for _, r := range c.ReplicasOf(n) {
+			if r == m {
+				return true
+			}
+		}
+		return false
+	})
+	c.WaitInSync(30 * time.Second)
+}
+
+// A killed Sentinel master restarted on its port is turned into a replica
+// of the promoted one by the sentinels.
+func TestSentinelMasterRestartRejoins(t *testing.T) {
+	s := StartSentinel(t, 1)
+	m := s.Master()
+	m.Kill()
+	n := s.WaitFailover(m, 30*time.Second)
+	m.Restart()
+	Eventually(t, 30*time.Second, "the old master to replicate the new one", func() bool {
+		info := replicationInfo(m)
+		return info["role"] == "slave" && info["master_host"]+":"+info["master_port"] == n.Addr
+	})
+	s.WaitInSync(30 * time.Second)
+	if s.Master() != n {
+		t.Fatalf("the sentinels name %v as master, want %s", s.Master(), n.Addr)
+	}
+}
