@@ -327,6 +327,9 @@ func slowScripts(t *testing.T, rdb redis.UniversalClient) map[string]string {
 			continue
 		}
 		what := l.Args[21]
+		if what == "" {
+			what = "inspect"
+		}
 		if what == "scan" {
 			what += " " + l.Args[22]
 		}
