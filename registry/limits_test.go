@@ -227,6 +227,13 @@ func TestNewestConfigurationWins(t *testing.T) {
 	if c := claim(4, time.Time{}); c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 4 || stored() != 4 {
 		t.Fatalf("zero ConfigTime: overridden %v, in force %d, stored %d; want its own 4", c.LimitsOverridden, c.PoolLimits.MaxConcurrent, stored())
 	}
+	// A Pick (the admin API's preview) changes nothing, whatever its limits.
+	if _, _, err := r.Pick(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Limits: selection.Limits{MaxConcurrent: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	if stored() != 4 {
+		t.Fatalf("a Pick with max_concurrent 7 stored %d", stored())
+	}
 	// The refusal reports the limits in force too.
 	_, err := r.Claim(ctx, ClaimRequest{Pool: "cfg-empty", Policy: LifetimeFirst, ConfigTime: t0,
 		Limits: selection.Limits{MaxConcurrent: 1}})
@@ -246,8 +253,8 @@ func TestLoweredMaxLifetimeWalksNothingPastIt(t *testing.T) {
 	now := time.Now()
 	req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: now.Add(-time.Hour),
 		Limits: selection.Limits{MaxLifetime: 20, StaleAfter: time.Minute}}
-	if _, _, err := r.Pick(ctx, req); !errors.Is(err, ErrNoWorker) {
-		t.Fatalf("pick on an empty pool: %v", err)
+	if _, err := r.Claim(ctx, req); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("claim on an empty pool: %v", err)
 	}
 	if err := scriptPut.Load(ctx, rdb).Err(); err != nil {
 		t.Fatal(err)

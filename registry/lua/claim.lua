@@ -81,20 +81,24 @@ if want_fs and (cfg.win ~= win or cfg.med ~= med or cfg.def ~= def) then differ 
 local overridden = 0
 if differ then
   if cfg.set_at == nil or cfg_time >= cfg.set_at then
-    redis.call('HSET', K_CFG, 'max_concurrent', fmt(mc), 'max_lifetime', fmt(ml), 'stagger_drains', ARGV[19],
-      'set_at', fmt(cfg_time))
-    cfg.mc, cfg.ml, cfg.stagger, cfg.set_at = mc, ml, stagger, cfg_time
-    if want_fs then
-      redis.call('HSET', K_CFG, 'fs_window', fmt(win), 'fs_median', ARGV[11], 'fs_default_ms', fmt(def))
-      cfg.win, cfg.med, cfg.def = win, med, def
+    -- A Pick (dry) uses its limits but stores nothing: an admin's preview
+    -- must not change what the pool runs under.
+    if not dry then
+      redis.call('HSET', K_CFG, 'max_concurrent', fmt(mc), 'max_lifetime', fmt(ml), 'stagger_drains', ARGV[19],
+        'set_at', fmt(cfg_time))
+      if want_fs then
+        redis.call('HSET', K_CFG, 'fs_window', fmt(win), 'fs_median', ARGV[11], 'fs_default_ms', fmt(def))
+      end
     end
+    cfg.mc, cfg.ml, cfg.stagger, cfg.set_at = mc, ml, stagger, cfg_time
+    if want_fs then cfg.win, cfg.med, cfg.def = win, med, def end
   else
     overridden = 1
   end
 end
 mc, ml, stagger = cfg.mc, cfg.ml, cfg.stagger
 -- Kept for Inspect and for heartbeat's freshness test (no index depends on them).
-if cfg.stale ~= stale or tonumber(redis.call('HGET', K_CFG, 'max_scan')) ~= maxscan then
+if not dry and cfg.stale ~= stale or tonumber(redis.call('HGET', K_CFG, 'max_scan')) ~= maxscan then
   redis.call('HSET', K_CFG, 'stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
 end
 
