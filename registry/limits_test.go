@@ -439,3 +439,52 @@ func logsOver(t *testing.T, rdb redis.UniversalClient, d time.Duration) []time.D
 	}
 	return out
 }
+
+// A raised max_concurrent reaches a worker that was full under the old
+// one at its next heartbeat (no rebuild: the heartbeat reindexes it), and
+// the heartbeat wakes the pool's waiters.
+func TestRaisedMaxConcurrentReachesWorkerAtHeartbeat(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "raised"
+	register(t, r, pool, "a", 0)
+	t0 := time.Now().Add(-time.Hour)
+	req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: t0, Limits: selection.Limits{MaxConcurrent: 1}}
+	if _, err := r.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	wake, err := r.Wakeups(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Limits.MaxConcurrent, req.ConfigTime = 2, time.Now()
+	if _, err := r.Heartbeat(ctx, pool, "a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// The heartbeat ran under the stored max_concurrent 1: a stays full.
+	if _, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: t0, Limits: selection.Limits{MaxConcurrent: 1}}); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("claim at max_concurrent 1 with a full: %v", err)
+	}
+	// A newer configuration raises it; a's heartbeat puts it back.
+	if _, err := r.Claim(ctx, req); !errors.Is(err, ErrNoWorker) {
+		t.Fatal(err)
+	}
+	for len(wake) > 0 {
+		<-wake
+	}
+	if _, err := r.Heartbeat(ctx, pool, "a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wake:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no wakeup after the heartbeat put a back in the indexes")
+	}
+	c, err := r.Claim(ctx, req)
+	if err != nil {
+		t.Fatalf("claim at max_concurrent 2 after a's heartbeat: %v", err)
+	}
+	if c.Worker.ID != "a" || c.Worker.Active != 2 {
+		t.Fatalf("claimed %s at active %d, want a at 2", c.Worker.ID, c.Worker.Active)
+	}
+}
