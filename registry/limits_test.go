@@ -488,3 +488,41 @@ func TestRaisedMaxConcurrentReachesWorkerAtHeartbeat(t *testing.T) {
 		t.Fatalf("claimed %s at active %d, want a at 2", c.Worker.ID, c.Worker.Active)
 	}
 }
+
+// While one worker restarts, the heartbeats of the many waiting their turn
+// past a lowered max_lifetime (StaggerDrains) cost O(1): none reads the
+// retiring set, and none of them is told to drain.
+func TestWaitingHeartbeatsAreCheap(t *testing.T) {
+	r, rdb := startRegistry(t, Options{NoStaleExpiry: true})
+	ctx := context.Background()
+	const pool = "waiting"
+	now := time.Now()
+	req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, Limits: selection.Limits{MaxLifetime: 5, StaleAfter: time.Minute, StaggerDrains: true}}
+	if _, err := r.Claim(ctx, req); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("claim on an empty pool: %v", err)
+	}
+	if err := scriptPut.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pipe := rdb.Pipeline()
+	for i := range 2000 {
+		putCmd(ctx, pipe, r, pool, selection.Worker{ID: fmt.Sprintf("w%04d", i), Status: selection.Available, Lifetime: 10, LastHeartbeat: now}, 8, now)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cmd, err := r.Heartbeat(ctx, pool, "w0000", time.Minute); err != nil || cmd != CommandShutdown {
+		t.Fatalf("first heartbeat past the limit: %q, %v; want shutdown", cmd, err)
+	}
+	for i := 1; i < 20; i++ {
+		before := scriptCalls(t, rdb, "smembers", "hget")
+		cmd, err := r.Heartbeat(ctx, pool, fmt.Sprintf("w%04d", i), time.Minute)
+		calls := scriptCalls(t, rdb, "smembers", "hget") - before
+		if err != nil || cmd != "" {
+			t.Fatalf("heartbeat of w%04d while w0000 restarts: %q, %v; want no command", i, cmd, err)
+		}
+		if calls > 20 {
+			t.Fatalf("heartbeat of w%04d made %d reads (SMEMBERS/HGET) with 2,000 workers waiting: want O(1)", i, calls)
+		}
+	}
+}
