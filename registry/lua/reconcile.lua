@@ -134,8 +134,11 @@ if stage == 'scan' then
   end
   if zsets[which] then
     local key = zsets[which]
-    -- an idx:lifetime entry costs a worker read: half the chunk of a hash's
-    local res = redis.call('ZSCAN', key, ARGV[6], 'COUNT', math.max(1, math.floor(tonumber(ARGV[7]) / 2)))
+    -- an index entry costs a ZSCORE, an idx:lifetime one a worker read:
+    -- a half and a quarter of a hash's chunk
+    local share = 2
+    if which == 'lf' then share = 4 end
+    local res = redis.call('ZSCAN', key, ARGV[6], 'COUNT', math.max(1, math.floor(tonumber(ARGV[7]) / share)))
     cursor = res[1]
     local ms = res[2]
     for i = 1, #ms, 2 do
