@@ -67,14 +67,19 @@ func TestReloadLoweringMaxLifetimeKeepsServing(t *testing.T) {
 					_ = g.reg.SetDraining(ctx, pool, id)
 					w.Status = selection.Draining
 				}
-				if w.Status == selection.Draining || w.Command == registry.CommandShutdown {
-					restarting++
-				}
 				if w.Status == selection.Draining && w.Active == 0 {
 					// the agent restarts its browser: a new registration
 					_ = g.reg.Deregister(ctx, pool, id)
 					_ = g.reg.Register(ctx, reg)
 					restarts++
+				}
+			}
+			// One atomic read of the pool (a small pool is one chunk).
+			if info, err := g.reg.Inspect(ctx, pool); err == nil {
+				for _, w := range info.Workers {
+					if w.Status == selection.Draining || w.Command == registry.CommandShutdown {
+						restarting++
+					}
 				}
 			}
 			if restarting > 1 {
