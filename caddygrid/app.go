@@ -75,6 +75,12 @@ type App struct {
 
 	backend *backend
 	logger  *zap.Logger
+	// provisioned is when this config was provisioned; limits holds when
+	// each set of limits its policies claim with was first configured, and
+	// prevLimits the running config's at provisioning (limits.go).
+	provisioned time.Time
+	limits      limitsClock
+	prevLimits  map[string]time.Time
 
 	mu         sync.Mutex
 	stopReaper context.CancelFunc
@@ -104,6 +110,10 @@ func gridApp(ctx caddy.Context) (*App, error) {
 // client does no network I/O; `caddy validate` runs this too).
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
+	a.provisioned = time.Now()
+	if cur := current.Load(); cur != nil {
+		a.prevLimits = cur.limits.snapshot()
+	}
 	if a.Redis == "" {
 		a.Redis = DefaultRedis
 	}

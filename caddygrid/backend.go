@@ -197,6 +197,12 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 	metrics.selectDuration.WithLabelValues(req.Pool, policy).Observe(time.Since(start).Seconds())
 	var nw *registry.NoWorkerError
 	switch {
+	case err == nil && c.LimitsOverridden:
+		b.limitsOverridden(req, c.PoolLimits)
+	case errors.As(err, &nw) && nw.LimitsOverridden:
+		b.limitsOverridden(req, nw.PoolLimits)
+	}
+	switch {
 	case err == nil:
 		metrics.selections.WithLabelValues(req.Pool, policy).Inc()
 		metrics.activeSessions.WithLabelValues(req.Pool).Inc()

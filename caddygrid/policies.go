@@ -54,7 +54,7 @@ type ClaimOptions struct {
 	MaxLifetime int `json:"max_lifetime,omitempty"`
 	// MaxScan bounds how many unusable workers (stale heartbeat, suspect)
 	// one decision walks past before it reports none, 0-256. 0: the
-	// policy's default (vnode 16, the others unbounded).
+	// policy's default (vnode 16, lifetime_first and fair_share 64).
 	MaxScan int `json:"max_scan,omitempty"`
 	// SelectTimeout is how long a request waits in the pool's queue for a
 	// free worker before it gets 503 with Retry-After. Default: 5s.
@@ -321,6 +321,7 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	}
 	req.Vnode.Limits = req.Limits
 	req.FairShare.Limits = req.Limits
+	req.ConfigTime = c.app.limits.configTime(limitsKey(req), c.app.prevLimits, c.app.provisioned)
 	b := c.app.backend
 	claim, o, _ := b.acquire(r.Context(), req, samples, opts.QueueSize, deadline)
 	if claim == nil {

@@ -176,6 +176,11 @@ func putCmd(ctx context.Context, c redis.Scripter, r *Registry, pool string, w s
 
 // expected is what the selection package decides on the same state.
 func (st poolState) expected(policy Policy, now time.Time, seed uint64) selection.Decision {
+	// The registry's max_scan 0 is DefaultMaxScan for these two; selection's
+	// is unbounded.
+	if st.limits.MaxScan == 0 && policy != Vnode {
+		st.limits.MaxScan = DefaultMaxScan
+	}
 	switch policy {
 	case LifetimeFirst:
 		return selection.LifetimeFirst{Limits: st.limits}.Select(st.ws, now)

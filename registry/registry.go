@@ -453,7 +453,7 @@ type ReconcileResult struct {
 // stays around a millisecond of Redis time at any pool size.
 const (
 	reconcileLeases  = 100 // expired leases freed per call
-	reconcileWorkers = 32  // workers checked per call (HSCAN COUNT)
+	reconcileWorkers = 16  // workers checked per call (HSCAN COUNT)
 	reconcileScan    = 200 // entries of one key per call (HSCAN/SSCAN COUNT; ZSCAN half)
 	reconcileCount   = 100 // workers whose count is set per call
 	leaseScanCount   = 500 // leases read per HSCAN

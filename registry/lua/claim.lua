@@ -2,8 +2,9 @@
 --
 -- Before selecting it frees a bounded number of expired leases (so counts
 -- are true) and settles the limits in force: the newest configuration's
--- (see below; no rebuild when they change). Then the policy walks its index in preference order, as the
--- selection package does over a snapshot (selection/limits.go and the policies):
+-- (see below; no rebuild when they change). Then the policy walks its index
+-- in preference order, as the selection package does over a snapshot
+-- (selection/limits.go and the policies):
 --   lifetime_first: idx:lifetime by score (lifetime DESC, active ASC, id ASC),
 --     primary phase above the margin edge, then the fallback phase.
 --   vnode: for each of K pivots, idx:ring from the pivot (ZRANGEBYLEX), then
@@ -14,8 +15,9 @@
 -- or bad) costs one unit of the max_scan budget; index debris (a worker not
 -- indexed under the limits in force) costs none but is removed, at most 128
 -- per claim. The lifetime-first walk never reaches workers at or past
--- max_lifetime (its fallback range stops at lifetime max_lifetime - 1). Stale and missing ones
--- are reported for expiry, bad ones reported and dropped from the indexes.
+-- max_lifetime (its fallback range stops at lifetime max_lifetime - 1).
+-- Stale and missing ones are reported for expiry, bad ones reported and
+-- dropped from the indexes.
 -- The chosen worker gets active +1, lifetime +1, a new predicted end, a lease
 -- with a TTL and, at the lifetime limit, a shutdown command (and joins the
 -- retiring set).
@@ -81,20 +83,24 @@ if want_fs and (cfg.win ~= win or cfg.med ~= med or cfg.def ~= def) then differ 
 local overridden = 0
 if differ then
   if cfg.set_at == nil or cfg_time >= cfg.set_at then
-    redis.call('HSET', K_CFG, 'max_concurrent', fmt(mc), 'max_lifetime', fmt(ml), 'stagger_drains', ARGV[19],
-      'set_at', fmt(cfg_time))
-    cfg.mc, cfg.ml, cfg.stagger, cfg.set_at = mc, ml, stagger, cfg_time
-    if want_fs then
-      redis.call('HSET', K_CFG, 'fs_window', fmt(win), 'fs_median', ARGV[11], 'fs_default_ms', fmt(def))
-      cfg.win, cfg.med, cfg.def = win, med, def
+    -- A Pick (dry) uses its limits but stores nothing: an admin's preview
+    -- must not change what the pool runs under.
+    if not dry then
+      redis.call('HSET', K_CFG, 'max_concurrent', fmt(mc), 'max_lifetime', fmt(ml), 'stagger_drains', ARGV[19],
+        'set_at', fmt(cfg_time))
+      if want_fs then
+        redis.call('HSET', K_CFG, 'fs_window', fmt(win), 'fs_median', ARGV[11], 'fs_default_ms', fmt(def))
+      end
     end
+    cfg.mc, cfg.ml, cfg.stagger, cfg.set_at = mc, ml, stagger, cfg_time
+    if want_fs then cfg.win, cfg.med, cfg.def = win, med, def end
   else
     overridden = 1
   end
 end
 mc, ml, stagger = cfg.mc, cfg.ml, cfg.stagger
 -- Kept for Inspect and for heartbeat's freshness test (no index depends on them).
-if cfg.stale ~= stale or tonumber(redis.call('HGET', K_CFG, 'max_scan')) ~= maxscan then
+if not dry and (cfg.stale ~= stale or tonumber(redis.call('HGET', K_CFG, 'max_scan')) ~= maxscan) then
   redis.call('HSET', K_CFG, 'stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
 end
 

@@ -15,8 +15,8 @@
 --   9 config         HASH the pool's limits in force: max_concurrent, max_lifetime,
 --                    stagger_drains, fs_window, fs_median, fs_default_ms, set_at
 --                    (ms, the time of the configuration that brought them; the
---                    newest wins, see claim.lua), and stale_after_ms, max_scan
---                    of the last claim
+--                    newest wins, see claim.lua), stale_after_ms, max_scan
+--                    of the last claim, and restarting (see restart_turn)
 --  10 idx:lifetime   ZSET indexed workers, score = -lifetime * 2^21 + active
 --  11 idx:ring       ZSET (all scores 0) "<pos hex>:<id>" for every indexed worker
 --  12 idx:fair_idle  ZSET indexed workers whose predicted end has passed, score = estimate (ms)
@@ -223,27 +223,6 @@ local function retire_sync(id, w, cfg)
   end
 end
 
--- restart_turn reports whether worker id may be told to drain now under
--- StaggerDrains: no other fresh member of the retiring set is restarting
--- (draining, or holding a live shutdown command). Members that are merely
--- at the lifetime limit wait their turn like id does, so they do not hold
--- it back (else two at the limit would wait for each other for ever).
--- O(R) for R members (usually 0 or 1 restarting, plus those waiting).
-local function restart_turn(id, now, stale)
-  for _, o in ipairs(redis.call('SMEMBERS', K_RET)) do
-    if o ~= id then
-      local w = decode(redis.call('HGET', K_WORKERS, o))
-      if w and fresh(w, now, stale) then
-        if w.status == 'draining' then return false end
-        local c = redis.call('HGET', K_CMD, o)
-        local exp = c and string.match(c, '^[^|]*|(%d+)$')
-        if exp and tonumber(exp) >= now then return false end
-      end
-    end
-  end
-  return true
-end
-
 -- live_command reports whether the worker has a shutdown command that has
 -- not expired at now (reads only; pending_command also drops expired ones).
 local function live_command(id, now)
@@ -251,6 +230,36 @@ local function live_command(id, now)
   if not c then return false end
   local exp = string.match(c, '^[^|]*|(%d+)$')
   return exp ~= nil and tonumber(exp) >= now
+end
+
+-- restarting reports whether worker o is restarting now: fresh, and
+-- draining or holding a live shutdown command.
+local function restarting(o, now, stale)
+  local w = decode(redis.call('HGET', K_WORKERS, o))
+  if not (w and fresh(w, now, stale)) then return false end
+  return w.status == 'draining' or live_command(o, now)
+end
+
+-- restart_turn reports whether worker id may be told to drain now under
+-- StaggerDrains: no other member of the retiring set is restarting.
+-- Members that are merely at the lifetime limit wait their turn as id
+-- does, so they do not hold it back (else two at the limit would wait for
+-- each other for ever). The config hash's 'restarting' field remembers the
+-- last restarting worker found, so while one restarts each waiting
+-- worker's heartbeat costs O(1); the set is read (O(R)) only when that one
+-- is gone, about once per restart. When id's turn has come it becomes the
+-- remembered one.
+local function restart_turn(id, now, stale)
+  local m = redis.call('HGET', K_CFG, 'restarting')
+  if m and m ~= id and restarting(m, now, stale) then return false end
+  for _, o in ipairs(redis.call('SMEMBERS', K_RET)) do
+    if o ~= id and restarting(o, now, stale) then
+      redis.call('HSET', K_CFG, 'restarting', o)
+      return false
+    end
+  end
+  redis.call('HSET', K_CFG, 'restarting', id)
+  return true
 end
 
 local function lf_score(w)

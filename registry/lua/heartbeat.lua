@@ -30,7 +30,10 @@ store(id, w)
 local cfg = load_cfg()
 local lw = load_worker(id)
 if lw then
+  local was = redis.call('ZSCORE', K_LF, id)
   reindex(id, lw, cfg, now)
+  -- back in the indexes (a raised limit): waiting claims may take it
+  if not was and redis.call('ZSCORE', K_LF, id) then wake() end
   if cfg.ml > 0 and lw.lifetime >= cfg.ml and lw.status == 'available' and not live_command(id, now)
       and (not cfg.stagger or restart_turn(id, now, cfg.stale)) then
     redis.call('HSET', K_CMD, id, 'shutdown|' .. fmt(now + tonumber(ARGV[8])))

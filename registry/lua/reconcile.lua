@@ -123,7 +123,7 @@ if stage == 'scan' then
   local hashes = { active = K_ACTIVE, lifetime = K_LIFETIME, durations = K_DUR, commands = K_CMD, vnodes = K_VPOS }
   local fixed, orphans = 0, 0
   local cursor
-  local ws, rings = {}, {}
+  local ws = {}
   local function worker(id)
     local c = ws[id]
     if c == nil then
@@ -134,8 +134,11 @@ if stage == 'scan' then
   end
   if zsets[which] then
     local key = zsets[which]
-    -- an idx:lifetime entry costs a worker read: half the chunk of a hash's
-    local res = redis.call('ZSCAN', key, ARGV[6], 'COUNT', math.max(1, math.floor(tonumber(ARGV[7]) / 2)))
+    -- an index entry costs a ZSCORE, an idx:lifetime one a worker read:
+    -- a half and a quarter of a hash's chunk
+    local share = 2
+    if which == 'lf' then share = 4 end
+    local res = redis.call('ZSCAN', key, ARGV[6], 'COUNT', math.max(1, math.floor(tonumber(ARGV[7]) / share)))
     cursor = res[1]
     local ms = res[2]
     for i = 1, #ms, 2 do
@@ -149,15 +152,9 @@ if stage == 'scan' then
         -- the workers stage made idx:lifetime exactly the indexed workers
         -- (what changed since, the scripts that changed it keep right)
         ok = false
-      elseif which == 'ring' then
-        local own = rings[id]
-        if not own then
-          own = {}
-          for _, x in ipairs(ring_members(id)) do own[x] = true end
-          rings[id] = own
-        end
-        ok = own[m] == true
       end
+      -- (A ring entry of an indexed worker is one of its positions:
+      -- register.lua removes the old positions before writing new ones.)
       if not ok then
         redis.call('ZREM', key, m)
         if redis.call('HEXISTS', K_WORKERS, id) == 1 then fixed = fixed + 1 else orphans = orphans + 1 end

@@ -1,0 +1,102 @@
+package caddygrid
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// Which limits a pool runs under when Caddy instances (or the configs of
+// one instance during a reload) disagree: the newest configuration's (see
+// registry.ClaimRequest.ConfigTime). An instance's configuration time for
+// a set of limits is when a config bringing them was first loaded: a
+// reload that keeps the limits keeps their time, so reloading an instance
+// for another reason does not make its limits win again.
+
+// limitsClock remembers, per set of limits (policy and its limits), when
+// the config that first brought them was provisioned.
+type limitsClock struct {
+	mu    sync.Mutex
+	since map[string]time.Time
+}
+
+// configTime returns when these limits were configured: their time in the
+// previous running config (prev) when it used them, else at (this config's
+// provisioning).
+func (c *limitsClock) configTime(key string, prev map[string]time.Time, at time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t, ok := c.since[key]; ok {
+		return t
+	}
+	t := at
+	if p, ok := prev[key]; ok {
+		t = p
+	}
+	if c.since == nil {
+		c.since = map[string]time.Time{}
+	}
+	c.since[key] = t
+	return t
+}
+
+// snapshot copies the times (a new config keeps a copy, not the previous
+// app, so configs do not chain in memory).
+func (c *limitsClock) snapshot() map[string]time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]time.Time, len(c.since))
+	for k, v := range c.since {
+		out[k] = v
+	}
+	return out
+}
+
+// limitsKey names a claim's limits (those the pool stores).
+func limitsKey(req registry.ClaimRequest) string {
+	k := fmt.Sprintf("%s mc=%d ml=%d stagger=%v", req.Policy, req.Limits.MaxConcurrent, req.Limits.MaxLifetime, req.Limits.StaggerDrains)
+	if req.Policy == registry.FairShare {
+		k += fmt.Sprintf(" window=%d median=%v default=%s", req.FairShare.Window, req.FairShare.Median, req.FairShare.Default)
+	}
+	return k
+}
+
+// limitsOverridden logs, at most once a minute per distinct pair, that a
+// claim ran under the pool's stored limits (a newer configuration's), not
+// the ones this config brought.
+func (b *backend) limitsOverridden(req registry.ClaimRequest, inForce registry.PoolLimits) {
+	k := fmt.Sprintf("limits\x00%s\x00%s\x00%+v", req.Pool, limitsKey(req), inForce)
+	b.mu.Lock()
+	last, seen := b.recent[k]
+	now := time.Now()
+	if seen && now.Sub(last) < time.Minute {
+		b.mu.Unlock()
+		return
+	}
+	if len(b.recent) > 10000 {
+		clear(b.recent)
+	}
+	b.recent[k] = now
+	b.mu.Unlock()
+	fields := []zap.Field{
+		zap.String("pool", req.Pool),
+		zap.Int("configured_max_concurrent", req.Limits.MaxConcurrent),
+		zap.Int("pool_max_concurrent", inForce.MaxConcurrent),
+		zap.Int("configured_max_lifetime", req.Limits.MaxLifetime),
+		zap.Int("pool_max_lifetime", inForce.MaxLifetime),
+		zap.Bool("configured_stagger_drains", req.Limits.StaggerDrains),
+		zap.Bool("pool_stagger_drains", inForce.StaggerDrains),
+		zap.Time("configured_at", req.ConfigTime),
+	}
+	if req.Policy == registry.FairShare {
+		fields = append(fields,
+			zap.Int("configured_window", req.FairShare.Window), zap.Int("pool_window", inForce.Window),
+			zap.Bool("configured_median", req.FairShare.Median), zap.Bool("pool_median", inForce.Median),
+			zap.Duration("configured_default", req.FairShare.Default), zap.Duration("pool_default", inForce.Default))
+	}
+	b.logger.Warn("this config's limits differ from the pool's, which a newer configuration set; claims use the pool's", fields...)
+}
