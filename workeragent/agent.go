@@ -254,6 +254,9 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		Capacity:     a.cfg.MaxConcurrent,
 		TTL:          a.cfg.KeyTTL,
 		VirtualNodes: a.cfg.VirtualNodes,
+		// One generation for this browser process: registering again after
+		// the record was lost carries on with its live sessions' leases.
+		Generation: registry.NewGeneration(),
 	}
 	if reg.Path == "" {
 		reg.Path = "/"
@@ -318,16 +321,22 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 			return endCrashed, fmt.Errorf("the browser stopped answering: %w", err)
 		case <-tick.C:
 			cctx, cancel := rctx()
-			cmd, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
+			hb, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
 			cancel()
+			cmd := hb.Command
+			if err == nil {
+				// Kept to re-assert if Redis loses the record.
+				reg.Lifetime = hb.Lifetime
+			}
 			switch {
 			case errors.Is(err, registry.ErrNotRegistered):
-				log.Warn("worker record gone (expired, reaped or redis restarted); registering again")
+				log.Warn("worker record gone (expired, reaped or redis restarted); registering again",
+					zap.Int("lifetime", reg.Lifetime))
 				cctx, cancel := rctx()
 				if err := a.reg.Register(cctx, reg); err != nil {
 					log.Warn("registering again failed; will retry at the next heartbeat", zap.Error(err))
 				} else {
-					log.Info("worker registered again", zap.String("addr", reg.Addr))
+					log.Info("worker registered again", zap.String("addr", reg.Addr), zap.Int("lifetime", reg.Lifetime))
 				}
 				cancel()
 			case err != nil:

@@ -2,10 +2,11 @@
 -- step. It frees expired leases, sets every worker's active count to the
 -- number of live leases of its current registration, puts every worker in
 -- exactly the indexes its figures call for, removes index entries, counters
--- and ring positions that belong to no record (orphans), drops expired
--- commands, and rebuilds the retiring set from the records (draining, at
--- the lifetime limit, or with a command). Bad records are reported, not
--- touched (Expire removes them).
+-- and ring positions that belong to no record (orphans; a stale worker's
+-- live command is kept for its comeback), makes lease_owner match the
+-- leases, drops expired commands, and rebuilds the retiring set from the
+-- records (draining, at the lifetime limit, or with a command). Bad
+-- records are reported, not touched (Expire removes them).
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 durations kept,
@@ -42,6 +43,7 @@ for _, lid in ipairs(lease_ids) do
 end
 
 local fixed, orphans = 0, 0
+orphans = orphans + owner_repair(lease_ids)
 local want_ring = 0
 for id, w in pairs(workers) do
   if w then
@@ -101,7 +103,8 @@ end
 -- Per-worker fields whose record is gone.
 for _, k in ipairs({ K_ACTIVE, K_LIFETIME, K_DUR, K_CMD, K_VPOS }) do
   for _, id in ipairs(redis.call('HKEYS', k)) do
-    if workers[id] == nil then
+    -- (a live command of a stale worker waits for its comeback: expire.lua)
+    if workers[id] == nil and not (k == K_CMD and live_command(id, now)) then
       redis.call('HDEL', k, id)
       orphans = orphans + 1
     end
