@@ -79,6 +79,11 @@ func TestPausedWorkerKeepsItsSessionsAndLifetime(t *testing.T) {
 		t.Fatal(err)
 	}
 	expireStale(t, r, "w")
+	// The reaper's pass meanwhile keeps the stale worker's live command
+	// and its leases.
+	if _, err := r.Reconcile(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
 
 	mustRegister(t, r, capReg("w", "gen-1", 2))
 	if a, l, cmd := figures(t, r, "w"); a != 2 || l != 2 || cmd != CommandShutdown {
@@ -318,5 +323,36 @@ func TestClaimRunTwiceByARetryCountsOnce(t *testing.T) {
 	}
 	if a, l, _ := figures(t, r, "w"); a != 1 || l != 1 || c.Worker.Active != 1 {
 		t.Fatalf("a claim sent twice: active %d lifetime %d (reply %d); want 1 and 1", a, l, c.Worker.Active)
+	}
+}
+
+// Reconcile makes lease_owner match the leases: an entry missing (a lease
+// written by an older version) is added and counts, an entry of no lease is
+// dropped.
+func TestReconcileRepairsLeaseOwners(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	mustRegister(t, r, capReg("w", "gen-1", 0))
+	c, err := claimP(t, r, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners := r.Key("p", keyLeaseOwner)
+	if err := rdb.Del(ctx, owners).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZAdd(ctx, owners, redis.Z{Member: "w gen-1 no-such-lease"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Reconcile(ctx, "p")
+	if err != nil || res.OrphansRemoved < 2 {
+		t.Fatalf("reconcile: %+v %v; want the missing entry added and the stray one removed", res, err)
+	}
+	got, err := rdb.ZRange(ctx, owners, 0, -1).Result()
+	if err != nil || !slices.Equal(got, []string{"w gen-1 " + c.LeaseID}) {
+		t.Fatalf("lease_owner after reconcile: %v %v", got, err)
+	}
+	if a, _, _ := figures(t, r, "w"); a != 1 {
+		t.Fatalf("active %d, want 1", a)
 	}
 }

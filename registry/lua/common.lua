@@ -429,7 +429,10 @@ local function owner_repair(lease_ids)
     if ok and type(l) == 'table' and type(l.worker) == 'string' and type(l.gen) == 'string' then
       local m = owner_member(l.worker, l.gen, lid)
       want[m] = true
-      fixed = fixed + redis.call('ZADD', K_OWNER, 0, m)
+      if not redis.call('ZSCORE', K_OWNER, m) then
+        redis.call('ZADD', K_OWNER, 0, m)
+        fixed = fixed + 1
+      end
     end
   end
   for _, m in ipairs(redis.call('ZRANGE', K_OWNER, 0, -1)) do
