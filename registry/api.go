@@ -124,6 +124,9 @@ type Registration struct {
 	// re-asserted when it registers again: the registered lifetime is at
 	// least this. Default: 0.
 	Lifetime int
+	// Draining registers the worker as draining (never selected), for an
+	// agent whose record was lost while it drains. Default: false.
+	Draining bool
 }
 
 // HeartbeatReply is what a heartbeat returns.
@@ -202,7 +205,8 @@ func (r *Registry) SetDraining(ctx context.Context, pool, id string) error {
 	return r.update(ctx, pool, id, "draining")
 }
 
-// Deregister removes a worker's record and everything registration wrote.
+// Deregister removes a worker's record and everything registration wrote
+// (its leases stay until released or lapsed).
 func (r *Registry) Deregister(ctx context.Context, pool, id string) error {
 	_, err := r.expire(ctx, pool, id, 0)
 	return err
@@ -372,9 +376,11 @@ func (r *Registry) Wakeups(ctx context.Context, pools ...string) (<-chan string,
 }
 
 // Expire removes a worker whose heartbeat is older than staleAfter (seed
-// 002's skip_if_fresh), with its ring positions, counters, leases and index
-// entries, in one script. staleAfter 0 removes it unconditionally. Reports
-// whether it removed anything.
+// 002's skip_if_fresh), with its ring positions, counters and index
+// entries, in one script. staleAfter 0 removes it unconditionally. Its
+// leases stay (they count again if the same generation registers again;
+// abandoned ones lapse by their TTL), and so does a live shutdown command
+// of a worker removed as stale. Reports whether it removed anything.
 func (r *Registry) Expire(ctx context.Context, pool, id string, staleAfter time.Duration) (bool, error) {
 	return r.expire(ctx, pool, id, staleAfter)
 }

@@ -401,8 +401,7 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 	err := a.reg.SetDraining(cctx, reg.Pool, reg.ID)
 	cancel()
 	if errors.Is(err, registry.ErrNotRegistered) {
-		log.Info("worker record already gone; nothing to drain")
-		return
+		a.registerDraining(log, reg)
 	} else if err != nil {
 		log.Warn("marking the worker draining failed; waiting for its sessions anyway", zap.Error(err))
 	}
@@ -428,8 +427,7 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 				return
 			}
 		case errors.Is(err, registry.ErrNotRegistered):
-			log.Warn("worker record gone while draining; stopping now")
-			return
+			a.registerDraining(log, reg)
 		default:
 			log.Warn("reading active sessions failed", zap.Error(err))
 		}
@@ -452,6 +450,20 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 			log.Warn("browser exited while draining", zap.NamedError("exit", b.ExitError()))
 			return
 		}
+	}
+}
+
+// registerDraining registers a draining worker again when its record was
+// lost (expired while the agent was paused, or Redis lost it): with the
+// same generation its live sessions still count, so the drain waits for
+// them rather than cutting them.
+func (a *Agent) registerDraining(log *zap.Logger, reg registry.Registration) {
+	log.Warn("worker record gone while draining; registering it again as draining to wait for its sessions")
+	reg.Draining = true
+	cctx, cancel := rctx()
+	defer cancel()
+	if err := a.reg.Register(cctx, reg); err != nil {
+		log.Warn("registering the draining worker again failed; will retry", zap.Error(err))
 	}
 }
 

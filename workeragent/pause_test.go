@@ -228,3 +228,39 @@ func TestLifetimeSurvivesAnEmptyRedisRestart(t *testing.T) {
 		return ok && e["lifetime"] == float64(3)
 	})
 }
+
+// A draining worker whose record is lost (here removed outright) registers
+// again as draining with its live session still counted, and waits for it
+// rather than cutting it.
+func TestDrainSurvivesALostRecord(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	p := startWorker(t, r)
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	s := claim(t, reg, "chromium")
+	if err := reg.Drain(context.Background(), "chromium", w.ID); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "status draining", func() bool {
+		w, ok := registered(t, reg, "chromium", w.ID)
+		return ok && w.Status == "draining"
+	})
+	if _, err := reg.Expire(context.Background(), "chromium", w.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "the worker registered again as draining with its session", func() bool {
+		w, ok := registered(t, reg, "chromium", w.ID)
+		return ok && w.Status == "draining" && w.Active == 1
+	})
+	heartbeatsWhile(t, reg, "chromium", w.ID, 2, func(w registry.WorkerInfo) bool { return w.Status == "draining" && w.Active == 1 })
+	select {
+	case <-p.Done():
+		t.Fatal("grid-worker exited with a session still live")
+	default:
+	}
+	release(t, reg, s)
+	if code := exitCode(t, p, 15*time.Second); code != 0 {
+		t.Fatalf("exit code %d after the drain, want 0", code)
+	}
+}

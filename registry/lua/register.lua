@@ -18,7 +18,8 @@
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool,
 --       4 id, 5 browser, 6 addr, 7 path, 8 capacity, 9 V, 10 ttl ms,
 --       11 generation (no spaces), 12 ring positions (hex, space separated),
---       13 lifetime the agent re-asserts, 14 command ttl ms.
+--       13 lifetime the agent re-asserts, 14 command ttl ms,
+--       15 '1' to register as draining (an agent draining when its record was lost).
 -- Returns: {active, lifetime} as registered.
 -- Complexity: O(V log N) plus O(A log L) for A live leases of the worker.
 local now = now_ms(ARGV[1])
@@ -35,6 +36,7 @@ local w = {
   expires = now + tonumber(ARGV[10]), suspect_until = 0, predicted_end = 0,
   active = 0, lifetime = 0, durations = {},
 }
+if ARGV[15] == '1' then w.status = 'draining' end
 if carry then
   w.active = owner_count(id, gen)
   w.lifetime = math.max(tonumber(ARGV[13]) or 0, w.active, owned_life(id, gen))
