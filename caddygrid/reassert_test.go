@@ -205,3 +205,52 @@ func startReplyDropper(t *testing.T, target string) *replyDropper {
 	}()
 	return p
 }
+
+// TestEndedLeaseIsCountedOnce: a live session's lease ended by someone else
+// (released outside this Caddy) is reported once and no longer renewed,
+// not re-counted at every renewal for the rest of the session, and not
+// brought back.
+func TestEndedLeaseIsCountedOnce(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "w1", fake.Behavior{})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), global: "lease_ttl 1s", site: `
+	route /playwright/* {
+		browser_grid chromium
+	}`})
+	ctx := context.Background()
+	a := mustDial(t, c.url("/playwright/chromium"))
+	defer a.close()
+	b := mustDial(t, c.url("/playwright/chromium"))
+	defer b.close()
+	const expiry = "{grid:chromium}:lease_expiry"
+	ids, err := g.rdb.ZRange(ctx, expiry, 0, -1).Result()
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("leases: %v %v", ids, err)
+	}
+	ended, clock := ids[0], ids[1]
+	if err := g.reg.Release(ctx, "chromium", ended); err != nil {
+		t.Fatal(err)
+	}
+	const lost = `caddy_grid_leases_lost_total{pool="chromium"}`
+	testenv.Eventually(t, 10*time.Second, "the ended lease reported", func() bool { return c.metric(lost) == 1 })
+	// Two more renewals (the other lease's expiry moves on each time).
+	for range 2 {
+		last, err := g.rdb.ZScore(ctx, expiry, clock).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 10*time.Second, "a renewal", func() bool {
+			s, err := g.rdb.ZScore(ctx, expiry, clock).Result()
+			return err == nil && s > last
+		})
+	}
+	if n := c.metric(lost); n != 1 {
+		t.Fatalf("leases_lost_total %v after more renewals, want 1 (counted once)", n)
+	}
+	if n, _ := g.rdb.ZCard(ctx, expiry).Result(); n != 1 {
+		t.Fatalf("%d leases in Redis, want 1: the ended one must not come back", n)
+	}
+	if err := a.echo("still here"); err != nil {
+		t.Fatal(err)
+	}
+}
