@@ -6,8 +6,9 @@
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id, 5 ttl ms,
 --       6 max leases to expire, 7 durations kept.
 -- Returns: {1, command, lifetime, active} when renewed (the agent keeps the
---          lifetime, to re-assert it if the record is lost); {0, reason} when the record is gone
---          ('missing'), past its TTL ('expired') or does not parse (the reason).
+--          lifetime, to re-assert it if the record is lost); {0, reason}
+--          when the record is gone ('missing'), past its TTL ('expired') or
+--          does not parse (the reason).
 -- Complexity: O(log N) plus O(log N) per lease expired.
 local now = now_ms(ARGV[1])
 local id = ARGV[4]

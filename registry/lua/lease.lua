@@ -53,7 +53,8 @@ elseif op == 'renew' then
   local touched, order = {}, {}
   for i = 9, #ARGV - 4, 5 do
     local lid, wid, gen = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-    local claimed, life = tonumber(ARGV[i + 3]) or now, tonumber(ARGV[i + 4]) or 0
+    local claimed, life = tonumber(ARGV[i + 3]) or 0, tonumber(ARGV[i + 4]) or 0
+    if claimed <= 0 or claimed > now then claimed = now end
     if redis.call('HEXISTS', K_LEASES, lid) == 1 then
       redis.call('ZADD', K_LEXP, exp, lid)
     elseif tombstoned(lid, now) then
