@@ -356,3 +356,19 @@ func TestReconcileRepairsLeaseOwners(t *testing.T) {
 		t.Fatalf("active %d, want 1", a)
 	}
 }
+
+// A command kept for a stale worker is for the process that left: a new
+// process under the same id (no live session, no lifetime) does not get it.
+func TestKeptCommandIsNotForANewProcess(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	mustRegister(t, r, capReg("w", "old-process", 2))
+	if err := r.Drain(ctx, "p", "w"); err != nil {
+		t.Fatal(err)
+	}
+	expireStale(t, r, "w")
+	mustRegister(t, r, capReg("w", "new-process", 2))
+	if _, _, cmd := figures(t, r, "w"); cmd != "" {
+		t.Fatalf("a new process under a stale worker's id got its command %q", cmd)
+	}
+}
