@@ -52,7 +52,22 @@ const (
 	// claimCallTimeout bounds one select-and-claim call, so that an
 	// unreachable Redis answers 503 quickly rather than at select_timeout.
 	claimCallTimeout = 2 * time.Second
+	// cancelAttempts and cancelFirstBackoff bound how hard a claim whose
+	// call failed is cancelled while Redis is away (the backoff doubles:
+	// about 8s of waiting plus the calls' own timeouts).
+	cancelAttempts     = 6
+	cancelFirstBackoff = 250 * time.Millisecond
 )
+
+// liveLease is a lease of a live session of this process, with what a
+// renewal needs to re-assert it if Redis lost it.
+type liveLease struct {
+	renewal registry.LeaseRenewal
+	// ended: a renewal found the lease released or cancelled (by someone
+	// else): it is no longer renewed, though its session still counts here
+	// until it finishes.
+	ended bool
+}
 
 // backend is everything one Redis gives the grid inside this process: the
 // client, the registry over it, the leases of the sessions this process
@@ -70,7 +85,7 @@ type backend struct {
 	leaseTTL atomic.Int64
 
 	mu       sync.Mutex
-	leases   map[string]map[string]struct{} // pool → lease IDs held by this process
+	leases   map[string]map[string]*liveLease // pool → lease ID → lease held by this process
 	queues   map[string]*waitQueue
 	watching map[string]bool // pools with a wake-up subscription
 	recent   map[string]time.Time
@@ -109,7 +124,7 @@ func newBackend(key backendKey, logger *zap.Logger) (*backend, error) {
 		rdb:      rdb,
 		holder:   host + ":" + strconv.Itoa(os.Getpid()) + ":" + strconv.FormatUint(rand.Uint64()&0xffffff, 16),
 		logger:   logger.With(zap.String("redis", registry.RedactURL(key.url))),
-		leases:   map[string]map[string]struct{}{},
+		leases:   map[string]map[string]*liveLease{},
 		queues:   map[string]*waitQueue{},
 		watching: map[string]bool{},
 		recent:   map[string]time.Time{},
@@ -190,6 +205,10 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 	policy := string(req.Policy)
 	req.Holder = b.holder
 	req.LeaseTTL = time.Duration(b.leaseTTL.Load())
+	// The lease ID is chosen here so that a claim whose outcome is unknown
+	// (its call failed or timed out, and it may have run or still run) can
+	// be cancelled.
+	req.LeaseID = registry.NewLeaseID()
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
 	c, err := b.reg.Claim(cctx, req)
@@ -210,10 +229,12 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		b.mu.Lock()
 		ls := b.leases[req.Pool]
 		if ls == nil {
-			ls = map[string]struct{}{}
+			ls = map[string]*liveLease{}
 			b.leases[req.Pool] = ls
 		}
-		ls[c.LeaseID] = struct{}{}
+		ls[c.LeaseID] = &liveLease{renewal: registry.LeaseRenewal{
+			ID: c.LeaseID, Worker: c.Worker.ID, Gen: c.Gen, Claimed: start, Lifetime: c.Worker.Lifetime,
+		}}
 		b.lastPick[req.Pool] = req
 		b.mu.Unlock()
 		if c.Drain {
@@ -235,8 +256,48 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		return nil, err
 	default:
 		metrics.redisErrors.WithLabelValues("claim").Inc()
+		b.cancelClaim(req.Pool, req.LeaseID, err)
 		return nil, err
 	}
+}
+
+// cancelClaim makes sure a claim whose call failed leaves nothing once
+// Redis answers: the claim may have run with its reply lost, or may still
+// run (sent before Redis stalled). Cancel undoes it, or tombstones its
+// lease ID so it claims nothing when it runs. It runs in the background
+// with its own deadlines, retried with a doubling backoff while Redis is
+// away, a bounded number of times; it holds a reference on the backend so
+// the client outlives it.
+func (b *backend) cancelClaim(pool, leaseID string, cause error) {
+	rb, err := b.retain()
+	if err != nil {
+		return
+	}
+	go func() {
+		defer rb.drop()
+		delay := cancelFirstBackoff
+		for attempt := 1; ; attempt++ {
+			ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
+			err := rb.reg.Cancel(ctx, pool, leaseID)
+			cancel()
+			if err == nil {
+				metrics.claimsCancelled.WithLabelValues(pool).Inc()
+				rb.logger.Info("cancelled a claim whose call failed; it leaves nothing",
+					zap.String("pool", pool), zap.String("lease_id", leaseID), zap.NamedError("claim_error", cause))
+				return
+			}
+			metrics.redisErrors.WithLabelValues("cancel").Inc()
+			if attempt == cancelAttempts {
+				rb.logger.Error("could not cancel a claim whose call failed; if it ran, its lease expires by itself",
+					zap.String("pool", pool), zap.String("lease_id", leaseID), zap.Int("attempts", attempt),
+					zap.Duration("lease_ttl", time.Duration(rb.leaseTTL.Load())), zap.Error(err))
+				return
+			}
+			t := time.NewTimer(delay)
+			<-t.C
+			delay *= 2
+		}
+	}()
 }
 
 // finish ends a claim: Release when the session was served (the lifetime
@@ -312,32 +373,46 @@ func (b *backend) keepLeases() {
 
 func (b *backend) renewAll(ttl time.Duration) {
 	b.mu.Lock()
-	batch := make(map[string][]string, len(b.leases))
+	batch := make(map[string][]registry.LeaseRenewal, len(b.leases))
 	for pool, ls := range b.leases {
-		for id := range ls {
-			batch[pool] = append(batch[pool], id)
+		for _, l := range ls {
+			if !l.ended {
+				batch[pool] = append(batch[pool], l.renewal)
+			}
 		}
 	}
 	b.mu.Unlock()
-	for pool, ids := range batch {
-		if len(ids) == 0 {
+	for pool, leases := range batch {
+		if len(leases) == 0 {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(b.ctx, redisCallTimeout)
-		gone, err := b.reg.RenewLeases(ctx, pool, ids, ttl)
+		res, err := b.reg.RenewLeases(ctx, pool, leases, ttl)
 		cancel()
 		if err != nil {
 			metrics.redisErrors.WithLabelValues("renew").Inc()
 			b.logger.Error("renewing leases of live sessions", zap.String("pool", pool),
-				zap.Int("leases", len(ids)), zap.Error(err))
+				zap.Int("leases", len(leases)), zap.Error(err))
 			continue
 		}
-		if len(gone) == 0 {
+		if len(res.Recreated) > 0 {
+			metrics.leasesReasserted.WithLabelValues(pool).Add(float64(len(res.Recreated)))
+			b.logger.Warn("leases of live sessions were missing from Redis; written again and their workers' counts re-asserted",
+				zap.String("pool", pool), zap.Strings("lease_ids", res.Recreated))
+		}
+		if len(res.Ended) == 0 {
 			continue
 		}
-		metrics.leasesLost.WithLabelValues(pool).Add(float64(len(gone)))
-		b.logger.Warn("leases of live sessions are gone from Redis; their slots no longer count",
-			zap.String("pool", pool), zap.Strings("lease_ids", gone))
+		b.mu.Lock()
+		for _, id := range res.Ended {
+			if l := b.leases[pool][id]; l != nil {
+				l.ended = true
+			}
+		}
+		b.mu.Unlock()
+		metrics.leasesLost.WithLabelValues(pool).Add(float64(len(res.Ended)))
+		b.logger.Warn("leases of live sessions were ended elsewhere (released or cancelled); no longer renewed",
+			zap.String("pool", pool), zap.Strings("lease_ids", res.Ended))
 	}
 }
 

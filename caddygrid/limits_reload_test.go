@@ -55,7 +55,7 @@ func TestReloadLoweringMaxLifetimeKeepsServing(t *testing.T) {
 			restarting := 0
 			mu.Lock()
 			for id, reg := range regs {
-				cmd, err := g.reg.Heartbeat(ctx, pool, id, time.Minute)
+				hb, err := g.reg.Heartbeat(ctx, pool, id, time.Minute)
 				if err != nil {
 					continue // the test is ending
 				}
@@ -63,7 +63,7 @@ func TestReloadLoweringMaxLifetimeKeepsServing(t *testing.T) {
 				if err != nil {
 					continue
 				}
-				if cmd == registry.CommandShutdown && w.Status != selection.Draining {
+				if hb.Command == registry.CommandShutdown && w.Status != selection.Draining {
 					_ = g.reg.SetDraining(ctx, pool, id)
 					w.Status = selection.Draining
 				}

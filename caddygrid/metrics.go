@@ -33,6 +33,11 @@ var metrics = struct {
 	samples        *prometheus.HistogramVec
 	dedupes        *prometheus.CounterVec
 	tiedMin        *prometheus.CounterVec
+
+	// leasesReasserted and claimsCancelled: see lease renewal and
+	// cancelClaim in backend.go.
+	leasesReasserted *prometheus.CounterVec
+	claimsCancelled  *prometheus.CounterVec
 }{
 	selections: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "selections_total",
@@ -82,7 +87,15 @@ var metrics = struct {
 	}, []string{"op"}),
 	leasesLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "leases_lost_total",
-		Help: "Leases of live sessions that were gone from Redis when this instance renewed them (expired or reaped).",
+		Help: "Leases of live sessions that a renewal found ended by someone else (released or cancelled); they are no longer renewed.",
+	}, []string{"pool"}),
+	leasesReasserted: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "grid", Name: "leases_reasserted_total",
+		Help: "Leases of live sessions that were missing from Redis (expired while it was unreachable, or lost by a restart or failover) and that a renewal wrote again, re-asserting their workers' counts.",
+	}, []string{"pool"}),
+	claimsCancelled: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "grid", Name: "claims_cancelled_total",
+		Help: "Claims whose call failed (timeout, lost connection) that were cancelled afterwards, so they leave no lease and no count.",
 	}, []string{"pool"}),
 	staleSeen: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "stale_workers_seen_total",
@@ -123,6 +136,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		metrics.selections, metrics.noWorker, metrics.selectDuration, metrics.queueWait,
 		metrics.queueDepth, metrics.activeSessions, metrics.rejections, metrics.dialRetries,
 		metrics.releases, metrics.drains, metrics.redisErrors, metrics.leasesLost,
+		metrics.leasesReasserted, metrics.claimsCancelled,
 		metrics.staleSeen, metrics.scanDepth, metrics.wraps, metrics.samples,
 		metrics.dedupes, metrics.tiedMin, reaperEvents,
 	} {

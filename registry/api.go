@@ -27,6 +27,9 @@ var (
 	ErrNotRegistered = errors.New("worker not registered")
 	// ErrBadPool: a pool name that cannot be used in a key.
 	ErrBadPool = errors.New("invalid pool name")
+	// ErrClaimCancelled: the claim's lease ID was cancelled (or its lease
+	// already ended) before the claim ran; nothing was claimed.
+	ErrClaimCancelled = errors.New("claim cancelled")
 )
 
 // Policy names a select-and-claim algorithm.
@@ -65,6 +68,12 @@ type Options struct {
 	// before it does its own work, so that active counts heal without a
 	// reaper. Default: 64.
 	LeaseSweep int
+	// TombstoneTTL is how long the ID of a released, undone or cancelled
+	// lease is remembered: a claim with that ID arriving meanwhile (run
+	// late, after its caller gave up and cancelled it) claims nothing, and
+	// a renewal does not bring the lease back. It must outlast the longest
+	// time a claim may wait in a connection or a stalled Redis. Default: 10m.
+	TombstoneTTL time.Duration
 }
 
 // Registry talks to one Redis (single node, Sentinel or Cluster).
@@ -108,6 +117,31 @@ type Registration struct {
 	TTL time.Duration
 	// VirtualNodes is V, the worker's ring positions. Default: 8.
 	VirtualNodes int
+	// Generation names the browser process this registration is for
+	// (letters, digits and punctuation, no spaces, at most 200 bytes). An
+	// agent picks one per browser process and passes the same one when it
+	// registers again after its record was lost (ErrNotRegistered): the
+	// worker then keeps its live sessions' count (its leases), its lifetime
+	// and a pending shutdown command. A different generation starts from
+	// zero. Default: "" (a random one: a new start).
+	Generation string
+	// Lifetime is the lifetime count the agent last saw (HeartbeatReply),
+	// re-asserted when it registers again: the registered lifetime is at
+	// least this. Default: 0.
+	Lifetime int
+	// Draining registers the worker as draining (never selected), for an
+	// agent whose record was lost while it drains. Default: false.
+	Draining bool
+}
+
+// HeartbeatReply is what a heartbeat returns.
+type HeartbeatReply struct {
+	// Command is the pending command ("" when none).
+	Command Command
+	// Lifetime and Active are the worker's counts as Redis holds them: the
+	// agent keeps Lifetime to re-assert it (Registration.Lifetime) if the
+	// record is lost.
+	Lifetime, Active int
 }
 
 // WorkerInfo is a worker's record as stored, with its counters.
@@ -157,13 +191,17 @@ type PoolInfo struct {
 	Retiring []string
 }
 
-// Register writes (or rewrites) a worker's record, counters at zero, status
-// available, its ring positions, and adds the pool to the pool list.
+// Register writes (or rewrites) a worker's record, status available, its
+// ring positions, and adds the pool to the pool list. Counters start at
+// zero for a new generation; the same generation (or no stored record)
+// carries on with its live leases and lifetime (see
+// Registration.Generation).
 func (r *Registry) Register(ctx context.Context, reg Registration) error { return r.register(ctx, reg) }
 
 // Heartbeat renews the record and its TTL, and returns the pending command
-// in the same round trip. ErrNotRegistered when the record is gone.
-func (r *Registry) Heartbeat(ctx context.Context, pool, id string, ttl time.Duration) (Command, error) {
+// and the worker's counts in the same round trip. ErrNotRegistered when
+// the record is gone.
+func (r *Registry) Heartbeat(ctx context.Context, pool, id string, ttl time.Duration) (HeartbeatReply, error) {
 	return r.heartbeat(ctx, pool, id, ttl)
 }
 
@@ -172,7 +210,8 @@ func (r *Registry) SetDraining(ctx context.Context, pool, id string) error {
 	return r.update(ctx, pool, id, "draining")
 }
 
-// Deregister removes a worker's record and everything registration wrote.
+// Deregister removes a worker's record and everything registration wrote
+// (its leases stay until released or lapsed).
 func (r *Registry) Deregister(ctx context.Context, pool, id string) error {
 	_, err := r.expire(ctx, pool, id, 0)
 	return err
@@ -221,6 +260,14 @@ type ClaimRequest struct {
 	Holder string
 	// LeaseTTL is how long the lease lives unless renewed. Default: 30s.
 	LeaseTTL time.Duration
+	// LeaseID keys the claim (no spaces, at most 200 bytes; NewLeaseID
+	// makes one): a claim run again with the same ID (a client retry, a
+	// caller that lost the reply) returns the claim it made rather than
+	// claiming twice, and a claim whose ID was cancelled (Cancel) claims
+	// nothing (ErrClaimCancelled). A caller that may have to cancel a claim
+	// whose outcome it does not know chooses the ID. Default: "" (a new
+	// one, chosen before the script runs so a retry resends it).
+	LeaseID string
 	// Now, when not zero, replaces Redis' clock (tests only).
 	Now time.Time
 	// ConfigTime is when the caller's limits were configured (Caddy: when
@@ -260,7 +307,12 @@ type PoolLimits struct {
 type Claim struct {
 	LeaseID string
 	Pool    string
-	Worker  WorkerInfo
+	// Worker is the chosen worker's record with its counts right after
+	// this claim (Worker.Lifetime is what a LeaseRenewal re-asserts).
+	Worker WorkerInfo
+	// Gen is the generation of the worker's registration the lease belongs
+	// to (for LeaseRenewal).
+	Gen string
 	// Drain is true when this claim brought the worker to its lifetime
 	// limit and so set its shutdown command.
 	Drain bool
@@ -300,23 +352,69 @@ func (r *Registry) Pick(ctx context.Context, req ClaimRequest) (WorkerInfo, sele
 }
 
 // Release ends a session: active -1, duration recorded, lease deleted, and
-// waiters on the pool woken. Releasing an unknown lease is a no-op.
+// waiters on the pool woken. Releasing an unknown lease moves nothing.
+// Either way the lease ID is tombstoned (Options.TombstoneTTL), so Release
+// is safe to retry.
 func (r *Registry) Release(ctx context.Context, pool, leaseID string) error {
 	return r.endLease(ctx, pool, leaseID, "release", 0)
 }
 
+// Cancel makes sure a claim whose outcome the caller does not know (its
+// call failed or timed out) leaves nothing: if it ran, it is undone
+// (active and lifetime given back, no suspicion); if it has not run yet,
+// its lease ID is tombstoned so that it claims nothing when it does
+// (ErrClaimCancelled). Safe to retry.
+func (r *Registry) Cancel(ctx context.Context, pool, leaseID string) error {
+	return r.endLease(ctx, pool, leaseID, "cancel", 0)
+}
+
 // Undo gives a claim back whose dial or upgrade failed: active -1 and
 // lifetime -1, the lease deleted, a shutdown command set by this claim
-// withdrawn, and the worker suspect for suspectFor (0: not suspect).
+// withdrawn, and the worker suspect for suspectFor (0: not suspect). The
+// lease ID is tombstoned as by Release.
 func (r *Registry) Undo(ctx context.Context, pool, leaseID string, suspectFor time.Duration) error {
 	return r.endLease(ctx, pool, leaseID, "undo", suspectFor)
 }
 
-// RenewLeases extends the given leases of one pool to ttl from now in one
-// round trip and returns those that no longer exist.
-func (r *Registry) RenewLeases(ctx context.Context, pool string, leaseIDs []string, ttl time.Duration) ([]string, error) {
-	return r.renewLeases(ctx, pool, leaseIDs, ttl)
+// LeaseRenewal is one live lease as its holder knows it, so that a renewal
+// can re-assert what Redis lost.
+type LeaseRenewal struct {
+	// ID is the lease ID (Claim.LeaseID).
+	ID string
+	// Worker and Gen own the lease (Claim.Worker.ID, Claim.Gen).
+	Worker, Gen string
+	// Claimed is when the session was claimed (for its duration at release).
+	Claimed time.Time
+	// Lifetime is the worker's lifetime right after the claim
+	// (Claim.Worker.Lifetime).
+	Lifetime int
 }
+
+// RenewResult says what a renewal found besides live leases.
+type RenewResult struct {
+	// Recreated leases were missing from Redis (expired while their holder
+	// could not reach it, or lost by a restart or failover) and were
+	// written again; their workers' counts were re-asserted.
+	Recreated []string
+	// Ended leases were released, undone or cancelled: their holder should
+	// stop renewing them.
+	Ended []string
+}
+
+// RenewLeases extends the given leases of one pool to ttl from now in one
+// round trip. A lease missing from Redis and not ended is re-created with
+// its owner: when the worker's record exists with that generation, its
+// active count is recomputed from its leases and its lifetime raised to at
+// least the lease's Lifetime.
+func (r *Registry) RenewLeases(ctx context.Context, pool string, leases []LeaseRenewal, ttl time.Duration) (RenewResult, error) {
+	return r.renewLeases(ctx, pool, leases, ttl)
+}
+
+// NewLeaseID returns a fresh lease ID for ClaimRequest.LeaseID.
+func NewLeaseID() string { return newToken(12) }
+
+// NewGeneration returns a fresh Registration.Generation.
+func NewGeneration() string { return newToken(8) }
 
 // Wakeups delivers a pool's name whenever a slot may have freed in it
 // (release, undo, registration), from any process sharing the Redis. The
@@ -326,9 +424,11 @@ func (r *Registry) Wakeups(ctx context.Context, pools ...string) (<-chan string,
 }
 
 // Expire removes a worker whose heartbeat is older than staleAfter (seed
-// 002's skip_if_fresh), with its ring positions, counters, leases and index
-// entries, in one script. staleAfter 0 removes it unconditionally. Reports
-// whether it removed anything.
+// 002's skip_if_fresh), with its ring positions, counters and index
+// entries, in one script. staleAfter 0 removes it unconditionally. Its
+// leases stay (they count again if the same generation registers again;
+// abandoned ones lapse by their TTL), and so does a live shutdown command
+// of a worker removed as stale. Reports whether it removed anything.
 func (r *Registry) Expire(ctx context.Context, pool, id string, staleAfter time.Duration) (bool, error) {
 	return r.expire(ctx, pool, id, staleAfter)
 }

@@ -134,6 +134,14 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	if err != nil {
 		return outcome{}, err
 	}
+	if len(res) > 0 {
+		switch x, _ := res[0].(int64); x {
+		case -1:
+			return outcome{}, fmt.Errorf("lease %q: %w", leaseID, ErrClaimCancelled)
+		case -2:
+			return decodeReplay(req.Pool, res)
+		}
+	}
 	if len(res) != 24 {
 		return outcome{}, fmt.Errorf("unexpected reply of %d items", len(res))
 	}
@@ -193,13 +201,42 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	return o, nil
 }
 
+// decodeReplay decodes claim.lua's answer to a lease ID it has seen: the
+// claim that lease made, {-2, id, record, active, lifetime, durations,
+// drain, now}.
+func decodeReplay(pool string, res []any) (outcome, error) {
+	if len(res) != 8 {
+		return outcome{}, fmt.Errorf("unexpected replay reply of %d items", len(res))
+	}
+	n := func(i int) int64 { x, _ := res[i].(int64); return x }
+	s := func(i int) string { x, _ := res[i].(string); return x }
+	var o outcome
+	o.drain = n(6) == 1
+	raw := rawWorker{id: s(1), record: s(2), active: fmt.Sprint(n(3)), lifetime: fmt.Sprint(n(4)), durations: s(5)}
+	w, err := decodeWorker(pool, raw, n(7))
+	if err != nil {
+		return o, fmt.Errorf("decoding the claimed worker %q: %w", raw.id, err)
+	}
+	o.worker = w
+	o.decision = selection.Decision{Index: -1, OK: true, ID: w.ID}
+	return o, nil
+}
+
 func (r *Registry) claim(ctx context.Context, req ClaimRequest) (*Claim, error) {
-	lease := newToken(12)
+	// The lease ID is chosen here, before the script runs, so that a retry
+	// of the same call (go-redis after a dropped connection) resends it and
+	// the script recognises its own claim.
+	lease := req.LeaseID
+	if lease == "" {
+		lease = NewLeaseID()
+	} else if err := checkToken(lease); err != nil {
+		return nil, fmt.Errorf("claiming a worker in pool %q: lease id: %w", req.Pool, err)
+	}
 	o, err := r.decide(ctx, req, false, lease)
 	if err != nil {
 		return nil, fmt.Errorf("claiming a worker in pool %q: %w", req.Pool, err)
 	}
-	return &Claim{LeaseID: lease, Pool: req.Pool, Worker: o.worker, Drain: o.drain, Decision: o.decision,
+	return &Claim{LeaseID: lease, Pool: req.Pool, Worker: o.worker, Gen: o.worker.gen, Drain: o.drain, Decision: o.decision,
 		PoolLimits: o.limits, LimitsOverridden: o.overridden}, nil
 }
 

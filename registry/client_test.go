@@ -188,11 +188,11 @@ func TestNewClientOptions(t *testing.T) {
 	}
 }
 
-// replyErr is an error reply as go-redis returns one.
-type replyErr string
+// errorReply is an error reply as go-redis returns one.
+type errorReply string
 
-func (e replyErr) Error() string { return string(e) }
-func (replyErr) RedisError()     {}
+func (e errorReply) Error() string { return string(e) }
+func (errorReply) RedisError()     {}
 
 // Only an error that proves a script never ran lets the client send it
 // again; every error that may mean a lost node reloads a Cluster's slots.
@@ -207,20 +207,20 @@ func TestRetryClassification(t *testing.T) {
 	}{
 		{"dial refused", fmt.Errorf("claiming: %w", refused), true, true},
 		{"no pooled connection", redis.ErrPoolTimeout, true, false},
-		{"LOADING", replyErr("LOADING Redis is loading the dataset in memory"), true, false},
-		{"MASTERDOWN", replyErr("MASTERDOWN Link with MASTER is down"), true, true},
-		{"READONLY", replyErr("READONLY You can't write against a read only replica."), true, true},
-		{"CLUSTERDOWN", replyErr("CLUSTERDOWN The cluster is down"), true, true},
-		{"TRYAGAIN", replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), true, true},
-		{"too many clients", replyErr("ERR max number of clients reached"), true, false},
+		{"LOADING", errorReply("LOADING Redis is loading the dataset in memory"), true, false},
+		{"MASTERDOWN", errorReply("MASTERDOWN Link with MASTER is down"), true, true},
+		{"READONLY", errorReply("READONLY You can't write against a read only replica."), true, true},
+		{"CLUSTERDOWN", errorReply("CLUSTERDOWN The cluster is down"), true, true},
+		{"TRYAGAIN", errorReply("TRYAGAIN Multiple keys request during rehashing of slot"), true, true},
+		{"too many clients", errorReply("ERR max number of clients reached"), true, false},
 		{"EOF after the write", io.EOF, false, true},
 		{"reset after the write", reset, false, true},
 		{"read timeout", timeout, false, true},
 		// A host that vanished (no refusal, no reset) only ever times out.
 		{"deadline", context.DeadlineExceeded, false, true},
 		{"canceled", context.Canceled, false, false},
-		{"script error", replyErr("ERR user_script:1: boom"), false, false},
-		{"NOSCRIPT", replyErr("NOSCRIPT No matching script"), false, false},
+		{"script error", errorReply("ERR user_script:1: boom"), false, false},
+		{"NOSCRIPT", errorReply("NOSCRIPT No matching script"), false, false},
 	}
 	for _, tc := range cases {
 		if got := notRun(tc.err); got != tc.notRun {

@@ -79,6 +79,7 @@ func TestRedisCluster(t *testing.T) {
 			_, err := r.Heartbeat(ctx, pool, "a", time.Minute)
 			must("heartbeat", err)
 			var leases []string
+			var renewals []LeaseRenewal
 			for _, p := range []Policy{LifetimeFirst, Vnode, FairShare} {
 				req := ClaimRequest{Pool: pool, Policy: p, Limits: selection.Limits{MaxConcurrent: 2, MaxLifetime: 10, StaleAfter: 30 * time.Second}}
 				_, _, err := r.Pick(ctx, req)
@@ -86,12 +87,16 @@ func TestRedisCluster(t *testing.T) {
 				c, err := r.Claim(ctx, req)
 				must("claim "+string(p), err)
 				leases = append(leases, c.LeaseID)
+				renewals = append(renewals, renewal(c))
 			}
-			gone, err := r.RenewLeases(ctx, pool, append(leases, "x"), time.Minute)
+			// "x" is missing: re-created (and ended by the release below).
+			renewals = append(renewals, LeaseRenewal{ID: "x", Worker: "a", Gen: renewals[0].Gen, Claimed: time.Now(), Lifetime: 1})
+			res, err := r.RenewLeases(ctx, pool, renewals, time.Minute)
 			must("renew", err)
-			if len(gone) != 1 {
-				t.Fatalf("renew: gone %v", gone)
+			if len(res.Recreated) != 1 || len(res.Ended) != 0 {
+				t.Fatalf("renew: %+v", res)
 			}
+			must("cancel", r.Cancel(ctx, pool, "x"))
 			must("release", r.Release(ctx, pool, leases[0]))
 			must("undo", r.Undo(ctx, pool, leases[1], time.Second))
 			_, err = r.ExpireLeases(ctx, pool, 10)

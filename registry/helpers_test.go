@@ -89,6 +89,11 @@ func counts(t testing.TB, r *Registry, pool string) map[string][2]int {
 	return out
 }
 
+// renewal is what a lease's holder knows of claim c.
+func renewal(c *Claim) LeaseRenewal {
+	return LeaseRenewal{ID: c.LeaseID, Worker: c.Worker.ID, Gen: c.Gen, Claimed: time.Now(), Lifetime: c.Worker.Lifetime}
+}
+
 // sorted returns a sorted copy of ss.
 func sorted(ss []string) []string {
 	out := slices.Clone(ss)

@@ -28,6 +28,9 @@ const (
 	keyRetiring    = "retiring"      // SET workers draining, at the limit or told to shut down
 	keyWakeup      = "wakeup"        // pub/sub channel
 	keyReaperLock  = "reaper_lock"   // STRING held while a reaper works on the pool
+	// Lease ownership and tombstones (see lua/common.lua, "Leases").
+	keyLeaseOwner = "lease_owner" // ZSET (lex, scores 0) "<worker id> <gen> <lease id>" per lease
+	keyCancelled  = "cancelled"   // ZSET lease id of an ended or cancelled lease, score = forget at (ms)
 )
 
 // poolKeyNames is the KEYS layout every script expects (lua/common.lua).
@@ -36,6 +39,7 @@ var poolKeyNames = []string{
 	keyLeases, keyLeaseExpiry, keyConfig,
 	keyIdxLifetime, keyIdxRing, keyIdxIdle, keyIdxBusy, keyIdxEnd,
 	keyRetiring,
+	keyLeaseOwner, keyCancelled,
 }
 
 // maxNameLen bounds pool names and worker IDs.
@@ -67,6 +71,21 @@ func checkID(id string) error {
 	}
 	if i := strings.IndexFunc(id, func(c rune) bool { return !unicode.IsPrint(c) || unicode.IsSpace(c) }); i >= 0 {
 		return fmt.Errorf("invalid worker id %q: character %q at %d (no spaces or control characters)", id, id[i], i)
+	}
+	return nil
+}
+
+// checkToken validates a lease ID or a generation: the same rules as a
+// worker ID (they are joined with spaces in lease_owner's members).
+func checkToken(s string) error {
+	if s == "" {
+		return fmt.Errorf("empty")
+	}
+	if len(s) > maxNameLen {
+		return fmt.Errorf("%d bytes, more than %d", len(s), maxNameLen)
+	}
+	if i := strings.IndexFunc(s, func(c rune) bool { return !unicode.IsPrint(c) || unicode.IsSpace(c) }); i >= 0 {
+		return fmt.Errorf("%q has character %q at %d (no spaces or control characters)", s, s[i], i)
 	}
 	return nil
 }

@@ -30,7 +30,7 @@ func (a *agents) heartbeat() {
 	a.t.Helper()
 	ctx := context.Background()
 	for i, id := range a.ids {
-		cmd, err := a.r.Heartbeat(ctx, a.pool, id, time.Minute)
+		hb, err := a.r.Heartbeat(ctx, a.pool, id, time.Minute)
 		if err != nil {
 			a.t.Fatalf("heartbeat of %s: %v", id, err)
 		}
@@ -38,7 +38,7 @@ func (a *agents) heartbeat() {
 		if err != nil {
 			a.t.Fatal(err)
 		}
-		if cmd == CommandShutdown && w.Status != selection.Draining {
+		if hb.Command == CommandShutdown && w.Status != selection.Draining {
 			if err := a.r.SetDraining(ctx, a.pool, id); err != nil {
 				a.t.Fatal(err)
 			}
@@ -511,15 +511,15 @@ func TestWaitingHeartbeatsAreCheap(t *testing.T) {
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if cmd, err := r.Heartbeat(ctx, pool, "w0000", time.Minute); err != nil || cmd != CommandShutdown {
-		t.Fatalf("first heartbeat past the limit: %q, %v; want shutdown", cmd, err)
+	if hb, err := r.Heartbeat(ctx, pool, "w0000", time.Minute); err != nil || hb.Command != CommandShutdown {
+		t.Fatalf("first heartbeat past the limit: %q, %v; want shutdown", hb.Command, err)
 	}
 	for i := 1; i < 20; i++ {
 		before := scriptCalls(t, rdb, "smembers", "hget")
-		cmd, err := r.Heartbeat(ctx, pool, fmt.Sprintf("w%04d", i), time.Minute)
+		hb, err := r.Heartbeat(ctx, pool, fmt.Sprintf("w%04d", i), time.Minute)
 		calls := scriptCalls(t, rdb, "smembers", "hget") - before
-		if err != nil || cmd != "" {
-			t.Fatalf("heartbeat of w%04d while w0000 restarts: %q, %v; want no command", i, cmd, err)
+		if err != nil || hb.Command != "" {
+			t.Fatalf("heartbeat of w%04d while w0000 restarts: %q, %v; want no command", i, hb.Command, err)
 		}
 		if calls > 20 {
 			t.Fatalf("heartbeat of w%04d made %d reads (SMEMBERS/HGET) with 2,000 workers waiting: want O(1)", i, calls)

@@ -27,6 +27,7 @@ const (
 	maxVirtualNodes       = 64
 	defaultLeaseTTL       = 30 * time.Second
 	defaultExpireLeases   = 1000
+	defaultTombstoneTTL   = 10 * time.Minute
 	// background expiry calls in flight per Registry, each of up to
 	// expireBatch workers (seed 002 expires one per call, 32 per process).
 	expireConcurrency = 8
@@ -46,6 +47,9 @@ func newRegistry(rdb redis.UniversalClient, opts Options) *Registry {
 	}
 	if opts.LeaseSweep <= 0 {
 		opts.LeaseSweep = defaultLeaseSweep
+	}
+	if opts.TombstoneTTL <= 0 {
+		opts.TombstoneTTL = defaultTombstoneTTL
 	}
 	return &Registry{rdb: rdb, opts: opts, expireSlots: make(chan struct{}, expireConcurrency)}
 }
@@ -77,6 +81,18 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 		return fmt.Errorf("registering worker %q in pool %q: TTL %s is negative", reg.ID, reg.Pool, reg.TTL)
 	case reg.VirtualNodes < 0 || reg.VirtualNodes > maxVirtualNodes:
 		return fmt.Errorf("registering worker %q in pool %q: VirtualNodes %d out of range 1-%d", reg.ID, reg.Pool, reg.VirtualNodes, maxVirtualNodes)
+	case reg.Lifetime < 0:
+		return fmt.Errorf("registering worker %q in pool %q: Lifetime %d is negative", reg.ID, reg.Pool, reg.Lifetime)
+	}
+	draining := 0
+	if reg.Draining {
+		draining = 1
+	}
+	gen := reg.Generation
+	if gen == "" {
+		gen = NewGeneration()
+	} else if err := checkToken(gen); err != nil {
+		return fmt.Errorf("registering worker %q in pool %q: Generation: %w", reg.ID, reg.Pool, err)
 	}
 	ttl := reg.TTL
 	if ttl == 0 {
@@ -91,35 +107,41 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 		return fmt.Errorf("registering worker %q in pool %q: adding the pool to %s: %w", reg.ID, reg.Pool, r.poolsKey(), err)
 	}
 	err := r.run(ctx, scriptRegister, reg.Pool, 0,
-		reg.ID, reg.BrowserType, reg.Addr, reg.Path, reg.Capacity, v, ms(ttl), newToken(8), strings.Join(pos, " ")).Err()
+		reg.ID, reg.BrowserType, reg.Addr, reg.Path, reg.Capacity, v, ms(ttl), gen, strings.Join(pos, " "),
+		reg.Lifetime, ms(r.opts.CommandTTL), draining).Err()
 	if err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
 	}
 	return nil
 }
 
-func (r *Registry) heartbeat(ctx context.Context, pool, id string, ttl time.Duration) (Command, error) {
+func (r *Registry) heartbeat(ctx context.Context, pool, id string, ttl time.Duration) (HeartbeatReply, error) {
 	if err := checkPool(pool); err != nil {
-		return "", fmt.Errorf("heartbeat of worker %q: %w", id, err)
+		return HeartbeatReply{}, fmt.Errorf("heartbeat of worker %q: %w", id, err)
 	}
 	if ttl <= 0 {
 		ttl = defaultRecordTTL
 	}
 	res, err := r.run(ctx, scriptHeartbeat, pool, 0, id, ms(ttl), r.opts.LeaseSweep, r.opts.DurationWindow, ms(r.opts.CommandTTL)).Slice()
 	if err != nil {
-		return "", fmt.Errorf("heartbeat of worker %q in pool %q: %w", id, pool, err)
+		return HeartbeatReply{}, fmt.Errorf("heartbeat of worker %q in pool %q: %w", id, pool, err)
 	}
-	if len(res) != 2 {
-		return "", fmt.Errorf("heartbeat of worker %q in pool %q: unexpected reply %v", id, pool, res)
+	if len(res) < 2 {
+		return HeartbeatReply{}, fmt.Errorf("heartbeat of worker %q in pool %q: unexpected reply %v", id, pool, res)
 	}
 	msg, _ := res[1].(string)
 	if n, _ := res[0].(int64); n != 1 {
 		if msg != "missing" && msg != "expired" {
 			r.bad(pool, id, msg)
 		}
-		return "", fmt.Errorf("heartbeat of worker %q in pool %q: record %s: %w", id, pool, msg, ErrNotRegistered)
+		return HeartbeatReply{}, fmt.Errorf("heartbeat of worker %q in pool %q: record %s: %w", id, pool, msg, ErrNotRegistered)
 	}
-	return Command(msg), nil
+	if len(res) != 4 {
+		return HeartbeatReply{}, fmt.Errorf("heartbeat of worker %q in pool %q: unexpected reply %v", id, pool, res)
+	}
+	lifetime, _ := res[2].(int64)
+	active, _ := res[3].(int64)
+	return HeartbeatReply{Command: Command(msg), Lifetime: int(lifetime), Active: int(active)}, nil
 }
 
 func (r *Registry) update(ctx context.Context, pool, id, op string) error {
@@ -227,38 +249,66 @@ func (r *Registry) expireStale(ctx context.Context, pool string, ids []string, s
 }
 
 func (r *Registry) endLease(ctx context.Context, pool, leaseID, op string, suspectFor time.Duration) error {
-	what := map[string]string{"release": "releasing", "undo": "undoing"}[op]
+	what := map[string]string{"release": "releasing", "undo": "undoing", "cancel": "cancelling"}[op]
+	if op == "cancel" {
+		op, suspectFor = "undo", 0
+	}
 	if err := checkPool(pool); err != nil {
 		return fmt.Errorf("%s lease %q: %w", what, leaseID, err)
 	}
 	if suspectFor < 0 {
 		suspectFor = 0
 	}
-	if err := r.run(ctx, scriptLease, pool, 0, op, r.opts.DurationWindow, leaseID, ms(suspectFor)).Err(); err != nil {
+	if leaseID == "" {
+		return fmt.Errorf("%s a lease of pool %q: empty lease id", what, pool)
+	}
+	if err := r.run(ctx, scriptLease, pool, 0, op, r.opts.DurationWindow, leaseID, ms(suspectFor), ms(r.opts.TombstoneTTL)).Err(); err != nil {
 		return fmt.Errorf("%s lease %q of pool %q: %w", what, leaseID, pool, err)
 	}
 	return nil
 }
 
-func (r *Registry) renewLeases(ctx context.Context, pool string, ids []string, ttl time.Duration) ([]string, error) {
+func (r *Registry) renewLeases(ctx context.Context, pool string, leases []LeaseRenewal, ttl time.Duration) (RenewResult, error) {
 	if err := checkPool(pool); err != nil {
-		return nil, fmt.Errorf("renewing leases: %w", err)
+		return RenewResult{}, fmt.Errorf("renewing leases: %w", err)
 	}
-	if len(ids) == 0 {
-		return nil, nil
+	if len(leases) == 0 {
+		return RenewResult{}, nil
 	}
 	if ttl <= 0 {
 		ttl = defaultLeaseTTL
 	}
-	args := []any{"renew", r.opts.DurationWindow, ms(ttl)}
-	for _, id := range ids {
-		args = append(args, id)
+	args := make([]any, 0, 6+5*len(leases))
+	args = append(args, "renew", r.opts.DurationWindow, ms(ttl), ms(r.opts.CommandTTL), "renewal")
+	for _, l := range leases {
+		for _, f := range []struct{ name, v string }{{"lease id", l.ID}, {"worker id", l.Worker}, {"generation", l.Gen}} {
+			if err := checkToken(f.v); err != nil {
+				return RenewResult{}, fmt.Errorf("renewing leases of pool %q: lease %q: %s: %w", pool, l.ID, f.name, err)
+			}
+		}
+		if l.Lifetime < 0 {
+			return RenewResult{}, fmt.Errorf("renewing leases of pool %q: lease %q: lifetime %d is negative", pool, l.ID, l.Lifetime)
+		}
+		args = append(args, l.ID, l.Worker, l.Gen, toMS(l.Claimed), l.Lifetime)
 	}
-	gone, err := r.run(ctx, scriptLease, pool, 0, args...).StringSlice()
+	res, err := r.run(ctx, scriptLease, pool, 0, args...).Slice()
 	if err != nil {
-		return nil, fmt.Errorf("renewing %d leases of pool %q: %w", len(ids), pool, err)
+		return RenewResult{}, fmt.Errorf("renewing %d leases of pool %q: %w", len(leases), pool, err)
 	}
-	return gone, nil
+	if len(res) != 2 {
+		return RenewResult{}, fmt.Errorf("renewing %d leases of pool %q: unexpected reply %v", len(leases), pool, res)
+	}
+	strs := func(v any) []string {
+		xs, _ := v.([]any)
+		var out []string
+		for _, x := range xs {
+			if s, ok := x.(string); ok {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	return RenewResult{Recreated: strs(res[0]), Ended: strs(res[1])}, nil
 }
 
 func (r *Registry) expireLeases(ctx context.Context, pool string, max int) (int, error) {
@@ -485,6 +535,12 @@ func (r *Registry) reconcile(ctx context.Context, pool string) (ReconcileResult,
 			break
 		}
 	}
+	// lease_owner first: claims and releases derive active counts from it.
+	for _, key := range []string{"leases", "owner"} {
+		if err := r.reconcileScan(ctx, pool, key, &out); err != nil {
+			return fail("repairing lease_owner ("+key+")", err)
+		}
+	}
 	// The workers, as they are before the leases are counted.
 	type seen struct {
 		gen              string
@@ -573,21 +629,30 @@ func (r *Registry) reconcile(ctx context.Context, pool string) (ReconcileResult,
 		return fail("setting active counts", err)
 	}
 	for _, key := range reconcileKeys {
-		cursor := "0"
-		for {
-			res, err := r.run(ctx, scriptReconcile, pool, 0, "scan", key, cursor, reconcileScan).Slice()
-			if err != nil || len(res) != 3 {
-				return fail("cleaning "+key, replyErr(err, res))
-			}
-			out.CountersFixed += n(res[1])
-			out.OrphansRemoved += n(res[2])
-			cursor, _ = res[0].(string)
-			if cursor == "0" || cursor == "" {
-				break
-			}
+		if err := r.reconcileScan(ctx, pool, key, &out); err != nil {
+			return fail("cleaning "+key, err)
 		}
 	}
 	return out, nil
+}
+
+// reconcileScan runs reconcile.lua's scan stage over one key, a bounded
+// chunk per call, until its cursor comes back to 0.
+func (r *Registry) reconcileScan(ctx context.Context, pool, key string, out *ReconcileResult) error {
+	n := func(v any) int { x, _ := v.(int64); return int(x) }
+	cursor := "0"
+	for {
+		res, err := r.run(ctx, scriptReconcile, pool, 0, "scan", key, cursor, reconcileScan).Slice()
+		if err != nil || len(res) != 3 {
+			return replyErr(err, res)
+		}
+		out.CountersFixed += n(res[1])
+		out.OrphansRemoved += n(res[2])
+		cursor, _ = res[0].(string)
+		if cursor == "0" || cursor == "" {
+			return nil
+		}
+	}
 }
 
 // replyErr is err, or an error saying a script's reply had the wrong shape.

@@ -34,15 +34,15 @@ func TestRegisterHeartbeatDrainDeregister(t *testing.T) {
 		t.Fatalf("record TTL: expires %s after the heartbeat, want 30s", d)
 	}
 
-	cmd, err := r.Heartbeat(ctx, "chromium", "w1", 30*time.Second)
-	if err != nil || cmd != "" {
-		t.Fatalf("first heartbeat: %q, %v", cmd, err)
+	hb, err := r.Heartbeat(ctx, "chromium", "w1", 30*time.Second)
+	if err != nil || hb != (HeartbeatReply{}) {
+		t.Fatalf("first heartbeat: %+v, %v", hb, err)
 	}
 	if err := r.Drain(ctx, "chromium", "w1"); err != nil {
 		t.Fatal(err)
 	}
-	if cmd, err = r.Heartbeat(ctx, "chromium", "w1", 30*time.Second); err != nil || cmd != CommandShutdown {
-		t.Fatalf("heartbeat after Drain: %q, %v; want shutdown", cmd, err)
+	if hb, err = r.Heartbeat(ctx, "chromium", "w1", 30*time.Second); err != nil || hb.Command != CommandShutdown {
+		t.Fatalf("heartbeat after Drain: %+v, %v; want shutdown", hb, err)
 	}
 	if err := r.SetDraining(ctx, "chromium", "w1"); err != nil {
 		t.Fatal(err)
@@ -210,8 +210,8 @@ func TestLifetimeFirstStaircase(t *testing.T) {
 	if !slices.Equal(drained, []string{"a"}) {
 		t.Fatalf("drain flags: %v, want exactly the claim that brought a to 20", drained)
 	}
-	if cmd, err := r.Heartbeat(ctx, "p", "a", time.Minute); err != nil || cmd != CommandShutdown {
-		t.Fatalf("a's heartbeat after reaching the limit: %q %v", cmd, err)
+	if hb, err := r.Heartbeat(ctx, "p", "a", time.Minute); err != nil || hb.Command != CommandShutdown || hb.Lifetime != 20 {
+		t.Fatalf("a's heartbeat after reaching the limit: %+v %v", hb, err)
 	}
 	// a is at the limit: it is never chosen again.
 	c, err := r.Claim(ctx, req)
@@ -336,9 +336,9 @@ func TestLeasesHealWithoutReaper(t *testing.T) {
 		}
 		return total() == 1
 	})
-	gone, err := r.RenewLeases(ctx, "p", []string{live.LeaseID, "expired-or-unknown"}, time.Minute)
-	if err != nil || !slices.Equal(gone, []string{"expired-or-unknown"}) {
-		t.Fatalf("RenewLeases: %v %v", gone, err)
+	res, err := r.RenewLeases(ctx, "p", []LeaseRenewal{renewal(live)}, time.Minute)
+	if err != nil || len(res.Recreated)+len(res.Ended) != 0 {
+		t.Fatalf("RenewLeases: %+v %v", res, err)
 	}
 	info, _ := r.Inspect(ctx, "p")
 	if info.Leases != 1 {

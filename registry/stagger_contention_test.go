@@ -191,8 +191,8 @@ func staggerAgent(ctx context.Context, r *Registry, pool, id string, tick time.D
 		var err error
 		switch {
 		case !draining:
-			var cmd Command
-			if cmd, err = r.Heartbeat(ctx, pool, id, reg.TTL); err == nil && cmd == CommandShutdown {
+			var hb HeartbeatReply
+			if hb, err = r.Heartbeat(ctx, pool, id, reg.TTL); err == nil && hb.Command == CommandShutdown {
 				err = r.SetDraining(ctx, pool, id)
 				draining = err == nil
 			}

@@ -254,6 +254,9 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		Capacity:     a.cfg.MaxConcurrent,
 		TTL:          a.cfg.KeyTTL,
 		VirtualNodes: a.cfg.VirtualNodes,
+		// One generation for this browser process: registering again after
+		// the record was lost carries on with its live sessions' leases.
+		Generation: registry.NewGeneration(),
 	}
 	if reg.Path == "" {
 		reg.Path = "/"
@@ -318,16 +321,22 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 			return endCrashed, fmt.Errorf("the browser stopped answering: %w", err)
 		case <-tick.C:
 			cctx, cancel := rctx()
-			cmd, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
+			hb, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
 			cancel()
+			cmd := hb.Command
+			if err == nil {
+				// Kept to re-assert if Redis loses the record.
+				reg.Lifetime = hb.Lifetime
+			}
 			switch {
 			case errors.Is(err, registry.ErrNotRegistered):
-				log.Warn("worker record gone (expired, reaped or redis restarted); registering again")
+				log.Warn("worker record gone (expired, reaped or redis restarted); registering again",
+					zap.Int("lifetime", reg.Lifetime))
 				cctx, cancel := rctx()
 				if err := a.reg.Register(cctx, reg); err != nil {
 					log.Warn("registering again failed; will retry at the next heartbeat", zap.Error(err))
 				} else {
-					log.Info("worker registered again", zap.String("addr", reg.Addr))
+					log.Info("worker registered again", zap.String("addr", reg.Addr), zap.Int("lifetime", reg.Lifetime))
 				}
 				cancel()
 			case err != nil:
@@ -392,8 +401,7 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 	err := a.reg.SetDraining(cctx, reg.Pool, reg.ID)
 	cancel()
 	if errors.Is(err, registry.ErrNotRegistered) {
-		log.Info("worker record already gone; nothing to drain")
-		return
+		a.registerDraining(log, reg)
 	} else if err != nil {
 		log.Warn("marking the worker draining failed; waiting for its sessions anyway", zap.Error(err))
 	}
@@ -419,8 +427,7 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 				return
 			}
 		case errors.Is(err, registry.ErrNotRegistered):
-			log.Warn("worker record gone while draining; stopping now")
-			return
+			a.registerDraining(log, reg)
 		default:
 			log.Warn("reading active sessions failed", zap.Error(err))
 		}
@@ -443,6 +450,20 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 			log.Warn("browser exited while draining", zap.NamedError("exit", b.ExitError()))
 			return
 		}
+	}
+}
+
+// registerDraining registers a draining worker again when its record was
+// lost (expired while the agent was paused, or Redis lost it): with the
+// same generation its live sessions still count, so the drain waits for
+// them rather than cutting them.
+func (a *Agent) registerDraining(log *zap.Logger, reg registry.Registration) {
+	log.Warn("worker record gone while draining; registering it again as draining to wait for its sessions")
+	reg.Draining = true
+	cctx, cancel := rctx()
+	defer cancel()
+	if err := a.reg.Register(cctx, reg); err != nil {
+		log.Warn("registering the draining worker again failed; will retry", zap.Error(err))
 	}
 }
 

@@ -42,7 +42,9 @@
 --       19 stagger drains (0/1),
 --       20 configuration time ms (when the caller's limits were configured; 0: now),
 --       21 K, then K pivots (32 hex), K jitters, K tiebreaks (tiebreak mod m for m = 1..K).
--- Returns: {ok, id, record, active, lifetime, durations, drain, scanned,
+-- Returns (a replay of an existing lease id: {-2, id, record, active,
+--   lifetime, durations, drain, now}; a cancelled lease id: {-1, 'cancelled'}):
+--   {ok, id, record, active, lifetime, durations, drain, scanned,
 --           {stale ids}, {bad id, reason, ...}, wraps, effective, dedupes, tied, now,
 --           retiring (0/1: StaggerDrains held last sessions back), {stale retiring ids},
 --           overridden (0/1: the claim's limits lost to newer stored ones), then the
@@ -62,6 +64,14 @@ local keep = tonumber(ARGV[17])
 local stagger = ARGV[19] == '1'
 -- VB is where the vnode arguments start.
 local VB = 21
+
+-- A claim is keyed by its lease id (chosen by the caller): run again (a
+-- client retry, or a caller repeating a claim whose reply it lost) it
+-- returns the claim it made, and after its caller cancelled it, nothing.
+if not dry then
+  local replay = claim_replay(ARGV[13], now)
+  if replay then return replay end
+end
 
 local freed = expire_leases(now, tonumber(ARGV[18]), keep)
 if freed > 0 then wake() end
@@ -354,7 +364,7 @@ local record, durations = '', ''
 local active, lifetime = 0, 0
 if chosen then
   if not dry then
-    cw.active = cw.active + 1
+    cw.active = owner_add(chosen, cw.gen, ARGV[13])
     cw.lifetime = cw.lifetime + 1
     redis.call('HSET', K_ACTIVE, chosen, fmt(cw.active))
     redis.call('HSET', K_LIFETIME, chosen, fmt(cw.lifetime))
@@ -369,6 +379,7 @@ if chosen then
     local lid = ARGV[13]
     redis.call('HSET', K_LEASES, lid, cjson.encode({
       worker = chosen, gen = cw.gen, claimed = now, est = est, drain = drain, holder = ARGV[15],
+      life = cw.lifetime,
     }))
     redis.call('ZADD', K_LEXP, fmt(now + tonumber(ARGV[14])), lid)
   end

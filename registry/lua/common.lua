@@ -24,6 +24,10 @@
 --  14 idx:fair_end   ZSET the same workers as idx:fair_busy, score = predicted end (ms)
 --  15 retiring       SET workers that may be retiring: draining, at the lifetime
 --                    limit, or with a shutdown command (see retire_sync)
+--  16 lease_owner    ZSET (lex, all scores 0) "<worker id> <gen> <lease id>" for
+--                    every lease: who owns it, by worker and registration generation
+--  17 cancelled      ZSET lease ids that were ended or cancelled (tombstones),
+--                    score = when to forget them (ms)
 --
 -- ARGV common to every script: 1 now in ms (0: Redis TIME), 2 the pool's
 -- wakeup channel, 3 the pool name. Script-specific arguments follow.
@@ -50,6 +54,7 @@ local K_WORKERS, K_ACTIVE, K_LIFETIME, K_DUR, K_CMD, K_VPOS = KEYS[1], KEYS[2], 
 local K_LEASES, K_LEXP, K_CFG = KEYS[7], KEYS[8], KEYS[9]
 local K_LF, K_RING, K_FSI, K_FSB, K_FSP = KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local K_RET = KEYS[15]
+local K_OWNER, K_TOMB = KEYS[16], KEYS[17]
 
 -- Lifetime-first score: lifetime descending, then active ascending; members
 -- with equal scores sort by id bytes, which gives the ID ASC tiebreak.
@@ -361,6 +366,142 @@ local function append_duration(id, w, ms, keep)
   redis.call('HSET', K_DUR, id, table.concat(out, ','))
 end
 
+-- Leases. A lease belongs to a worker id and the generation of the
+-- registration that claimed it (lease_owner), not to the worker's record:
+-- removing a record (stale expiry, reaper, Redis losing it) leaves its
+-- leases in place, and a registration of the same generation counts them
+-- again. A worker's active count is always the number of its generation's
+-- leases (owner_count); every script that adds or removes a lease sets
+-- the active hash from it, so readers and the indexes keep reading one
+-- field. A lease that was released, undone or cancelled leaves a
+-- tombstone (cancelled) for a while, so that a claim run late (after its
+-- caller gave up and cancelled it) claims nothing, and a renewal racing a
+-- release does not bring the lease back.
+
+local function owner_member(id, gen, lid)
+  return id .. ' ' .. gen .. ' ' .. lid
+end
+
+-- owner_range returns the lex bounds of a worker generation's entries: ids
+-- and generations hold no spaces, and every member of the prefix
+-- "<id> <gen> " sorts below "<id> <gen>!" (' ' is 0x20, '!' 0x21).
+local function owner_range(id, gen)
+  return '[' .. id .. ' ' .. gen .. ' ', '(' .. id .. ' ' .. gen .. '!'
+end
+
+local function owner_count(id, gen)
+  local lo, hi = owner_range(id, gen)
+  return redis.call('ZLEXCOUNT', K_OWNER, lo, hi)
+end
+
+-- owner_add records a lease of (id, gen) and returns the new count.
+local function owner_add(id, gen, lid)
+  redis.call('ZADD', K_OWNER, 0, owner_member(id, gen, lid))
+  return owner_count(id, gen)
+end
+
+-- owned_life is the highest lifetime recorded in the live leases of
+-- (id, gen) (each lease holds its worker's lifetime right after its claim).
+-- O(A log L) for A leases of the worker.
+local function owned_life(id, gen)
+  local lo, hi = owner_range(id, gen)
+  local best = 0
+  local skip = #id + #gen + 3
+  for _, m in ipairs(redis.call('ZRANGEBYLEX', K_OWNER, lo, hi)) do
+    local raw = redis.call('HGET', K_LEASES, string.sub(m, skip))
+    if raw then
+      local ok, l = pcall(cjson.decode, raw)
+      if ok and type(l) == 'table' and is_count(l.life) and l.life > best then best = l.life end
+    end
+  end
+  return best
+end
+
+-- tombstoned: the lease was ended or cancelled, and not long enough ago to
+-- be forgotten.
+local function tombstoned(lid, now)
+  local s = redis.call('ZSCORE', K_TOMB, lid)
+  return s and tonumber(s) >= now
+end
+
+local function tombstone(lid, now, ttl)
+  if ttl and ttl > 0 then redis.call('ZADD', K_TOMB, fmt(now + ttl), lid) end
+end
+
+-- sweep_tombstones forgets up to max tombstones whose time has passed.
+local function sweep_tombstones(now, max)
+  local ids = redis.call('ZRANGEBYSCORE', K_TOMB, '-inf', '(' .. fmt(now), 'LIMIT', 0, max)
+  if #ids > 0 then redis.call('ZREM', K_TOMB, unpack(ids)) end
+end
+
+-- command_if_spent sets the shutdown command of a worker at or past the
+-- stored lifetime limit that has none (its figures were re-asserted after
+-- Redis lost them: no claim will reach the limit to set it). Under
+-- StaggerDrains it waits its turn as heartbeat.lua's rule does (after an
+-- empty Redis restart many workers come back spent at once); a later
+-- heartbeat tells it then.
+local function command_if_spent(id, w, cfg, now, cmd_ttl)
+  if cfg.ml > 0 and w.lifetime >= cfg.ml and cmd_ttl > 0 and not live_command(id, now)
+      and (not cfg.stagger or restart_turn(id, now, cfg.stale)) then
+    redis.call('HSET', K_CMD, id, 'shutdown|' .. fmt(now + cmd_ttl))
+    redis.call('SADD', K_RET, id)
+  end
+end
+
+-- owner_repair makes lease_owner hold exactly one entry per lease (for
+-- leases written by a version without it, or after a partial loss): adds
+-- the missing, removes the entries of no lease. Returns how many it fixed.
+-- O(L log L) for L leases.
+local function owner_repair(lease_ids)
+  local want, fixed = {}, 0
+  for _, lid in ipairs(lease_ids) do
+    local ok, l = pcall(cjson.decode, redis.call('HGET', K_LEASES, lid) or '')
+    if ok and type(l) == 'table' and type(l.worker) == 'string' and type(l.gen) == 'string' then
+      local m = owner_member(l.worker, l.gen, lid)
+      want[m] = true
+      if not redis.call('ZSCORE', K_OWNER, m) then
+        redis.call('ZADD', K_OWNER, 0, m)
+        fixed = fixed + 1
+      end
+    end
+  end
+  for _, m in ipairs(redis.call('ZRANGE', K_OWNER, 0, -1)) do
+    if not want[m] then
+      redis.call('ZREM', K_OWNER, m)
+      fixed = fixed + 1
+    end
+  end
+  return fixed
+end
+
+-- claim_replay answers a claim whose lease id was used before: the same
+-- claim again while its lease lives ({-2, ...}, see claim.lua), or
+-- {-1, 'cancelled'} when the lease was ended or cancelled. A lease whose
+-- worker is gone or registered anew is dropped and the claim runs afresh.
+-- nil: a new lease id.
+local function claim_replay(lid, now)
+  local raw = redis.call('HGET', K_LEASES, lid)
+  if not raw then
+    if tombstoned(lid, now) then return { -1, 'cancelled' } end
+    return nil
+  end
+  local ok, l = pcall(cjson.decode, raw)
+  local w
+  if ok and type(l) == 'table' and type(l.worker) == 'string' then w = load_worker(l.worker) end
+  if not w or w.gen ~= l.gen then
+    redis.call('HDEL', K_LEASES, lid)
+    redis.call('ZREM', K_LEXP, lid)
+    if ok and type(l) == 'table' and type(l.worker) == 'string' and type(l.gen) == 'string' then
+      redis.call('ZREM', K_OWNER, owner_member(l.worker, l.gen, lid))
+    end
+    return nil
+  end
+  local drain = 0
+  if l.drain == 1 then drain = 1 end
+  return { -2, l.worker, redis.call('HGET', K_WORKERS, l.worker), w.active, w.lifetime,
+    redis.call('HGET', K_DUR, l.worker) or '', drain, now }
+end
+
 -- lease_free ends a lease: mode 'release' (duration recorded), 'undo'
 -- (lifetime given back, shutdown withdrawn, worker suspect) or 'expire'
 -- (the holder stopped renewing). Counters move only when the lease belongs
@@ -373,10 +514,11 @@ local function lease_free(lid, now, mode, suspect_ms, keep)
   local ok, l = pcall(cjson.decode, raw)
   if not ok or type(l) ~= 'table' or type(l.worker) ~= 'string' then return true end
   local id = l.worker
+  if type(l.gen) == 'string' then redis.call('ZREM', K_OWNER, owner_member(id, l.gen, lid)) end
   local w = load_worker(id)
   if not w or w.gen ~= l.gen then return true end
   local cfg = load_cfg()
-  if w.active > 0 then w.active = w.active - 1 end
+  w.active = owner_count(id, w.gen)
   redis.call('HSET', K_ACTIVE, id, fmt(w.active))
   if mode == 'undo' then
     if w.lifetime > 0 then w.lifetime = w.lifetime - 1 end
@@ -398,8 +540,10 @@ local function lease_free(lid, now, mode, suspect_ms, keep)
   return true
 end
 
--- expire_leases frees up to max leases whose expiry has passed.
+-- expire_leases frees up to max leases whose expiry has passed (and
+-- forgets as many old tombstones).
 local function expire_leases(now, max, keep)
+  sweep_tombstones(now, max)
   local ids = redis.call('ZRANGEBYSCORE', K_LEXP, '-inf', '(' .. fmt(now), 'LIMIT', 0, max)
   local n = 0
   for _, lid in ipairs(ids) do

@@ -3,10 +3,12 @@
 -- so no selector sees half a worker (seed 002's expire invariant). With a
 -- stale threshold it first re-checks the heartbeat and keeps a fresh worker
 -- (seed 002's skip_if_fresh), so a heartbeat that lands between a
--- selector's observation and this call wins. Leases of the worker are left
--- to expire; they no longer move any counter. Removing a retiring worker
--- wakes the pool's waiters: a last session StaggerDrains held back may now
--- be granted.
+-- selector's observation and this call wins. Leases of the worker stay:
+-- they belong to live sessions (their holders renew them) and count again
+-- if the same registration comes back (register.lua); abandoned ones lapse
+-- by their TTL. A stale worker's live shutdown command stays too. Removing
+-- a retiring worker wakes the pool's waiters: a last session StaggerDrains
+-- held back may now be granted.
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id,
@@ -24,7 +26,11 @@ if ARGV[6] == '1' then
 end
 local had = redis.call('ZSCORE', K_LF, id)
 local retiring = redis.call('SISMEMBER', K_RET, id) == 1
+-- A stale worker may come back (its agent paused, not dead): its live
+-- shutdown command waits for its next registration (register.lua).
+local cmd = ARGV[6] == '1' and live_command(id, now) and redis.call('HGET', K_CMD, id)
 local n = remove_worker(id)
+if cmd then redis.call('HSET', K_CMD, id, cmd) end
 if retiring then wake() end
 if n > 0 or had then return 1 end
 return 0

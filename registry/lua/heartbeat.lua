@@ -12,8 +12,10 @@
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id, 5 ttl ms,
 --       6 max leases to expire, 7 durations kept, 8 command ttl ms.
--- Returns: {1, command} when renewed; {0, reason} when the record is gone
---          ('missing'), past its TTL ('expired') or does not parse (the reason).
+-- Returns: {1, command, lifetime, active} when renewed (the agent keeps the
+--          lifetime, to re-assert it if the record is lost); {0, reason}
+--          when the record is gone ('missing'), past its TTL ('expired') or
+--          does not parse (the reason).
 -- Complexity: O(log N) plus O(log N) per lease expired, plus O(V log N)
 --   when the worker re-enters the indexes, plus O(R) for R members of the
 --   retiring set when the worker is at the limit under StaggerDrains.
@@ -40,4 +42,5 @@ if lw then
     redis.call('SADD', K_RET, id)
   end
 end
-return { 1, pending_command(id, now) }
+return { 1, pending_command(id, now), count(redis.call('HGET', K_LIFETIME, id)) or 0,
+  count(redis.call('HGET', K_ACTIVE, id)) or 0 }

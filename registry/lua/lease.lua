@@ -1,27 +1,45 @@
 -- lease.lua: everything done to leases after a claim.
 --   'release' ends a session: active -1, its duration recorded.
 --   'undo'    gives a claim back: active -1, lifetime -1, a shutdown
---             command this claim set withdrawn, the worker suspect.
---   'renew'   extends live leases; returns those that are gone.
+--             command this claim set withdrawn, the worker suspect
+--             (Cancel is an undo with no suspicion).
+--   'renew'   extends live leases, re-creates those Redis lost (see below)
+--             and reports those that ended.
 --   'expire'  frees up to N leases whose expiry has passed.
--- Counters move only for a lease of the worker's current registration;
--- an unknown lease is a no-op. Wakes the pool's waiters when a slot frees.
+-- Counters move only for a lease of the worker's current registration
+-- (generation). Release and undo leave a tombstone whether or not the lease
+-- existed, so both are safe to retry, a claim that runs after its caller
+-- cancelled it claims nothing, and a renewal racing a release does not
+-- bring the lease back. Wakes the pool's waiters when a slot frees.
+--
+-- Renewal re-asserts what Redis lost: each lease comes with what its
+-- holder knows (worker, generation, claim time, the worker's lifetime right
+-- after the claim). A lease that is missing and not tombstoned (expired
+-- while its holder could not reach Redis, removed by a restart or a
+-- failover) is re-created with its owner entry; when the worker's record
+-- exists with that generation, its active count is recomputed from its
+-- leases, its lifetime raised to at least the lease's, and it is reindexed
+-- (and told to shut down when that puts it at the lifetime limit).
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 op, 5 durations kept,
---   release: 6 lease id
---   undo:    6 lease id, 7 suspect ms
---   renew:   6 ttl ms, 7.. lease ids
+--   release/undo: 6 lease id, 7 suspect ms, 8 tombstone ttl ms
+--   renew:   6 ttl ms, 7 command ttl ms, 8 holder, then per lease 5 values:
+--            lease id, worker id, generation, claimed ms, lifetime
 --   expire:  6 max leases
--- Returns: release/undo: 1 when the lease existed, else 0; renew: the ids
---   that no longer exist; expire: how many leases were freed.
+-- Returns: release/undo: 1 when the lease existed, else 0; renew:
+--   {{re-created lease ids}, {ended (tombstoned) lease ids}}; expire: how
+--   many leases were freed.
 -- Complexity: O(V log N) per lease freed (V only when a worker re-enters the
---   indexes); renew O(M log L) for M ids.
+--   indexes); renew O(M log L) for M leases, plus O(V log N) per worker
+--   whose leases were re-created.
 local now = now_ms(ARGV[1])
 local op = ARGV[4]
 local keep = tonumber(ARGV[5])
 if op == 'release' or op == 'undo' then
-  local ok = lease_free(ARGV[6], now, op, tonumber(ARGV[7]) or 0, keep)
+  local lid = ARGV[6]
+  local ok = lease_free(lid, now, op, tonumber(ARGV[7]) or 0, keep)
+  tombstone(lid, now, tonumber(ARGV[8]))
   if ok then
     wake()
     return 1
@@ -29,16 +47,51 @@ if op == 'release' or op == 'undo' then
   return 0
 elseif op == 'renew' then
   local exp = fmt(now + tonumber(ARGV[6]))
-  local gone = {}
-  for i = 7, #ARGV do
-    local lid = ARGV[i]
+  local cmd_ttl = tonumber(ARGV[7])
+  local holder = ARGV[8]
+  local recreated, ended = {}, {}
+  local touched, order = {}, {}
+  for i = 9, #ARGV - 4, 5 do
+    local lid, wid, gen = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    local claimed, life = tonumber(ARGV[i + 3]) or 0, tonumber(ARGV[i + 4]) or 0
+    if claimed <= 0 or claimed > now then claimed = now end
     if redis.call('HEXISTS', K_LEASES, lid) == 1 then
       redis.call('ZADD', K_LEXP, exp, lid)
+    elseif tombstoned(lid, now) then
+      ended[#ended + 1] = lid
     else
-      gone[#gone + 1] = lid
+      redis.call('HSET', K_LEASES, lid, cjson.encode({
+        worker = wid, gen = gen, claimed = claimed, est = 0, drain = 0, holder = holder, life = life,
+      }))
+      redis.call('ZADD', K_LEXP, exp, lid)
+      redis.call('ZADD', K_OWNER, 0, owner_member(wid, gen, lid))
+      recreated[#recreated + 1] = lid
+      local k = wid .. ' ' .. gen
+      local t = touched[k]
+      if not t then
+        t = { id = wid, gen = gen, life = 0 }
+        touched[k] = t
+        order[#order + 1] = k
+      end
+      if life > t.life then t.life = life end
     end
   end
-  return gone
+  if #order > 0 then
+    local cfg = load_cfg()
+    for _, k in ipairs(order) do
+      local t = touched[k]
+      local w = load_worker(t.id)
+      if w and w.gen == t.gen then
+        w.active = owner_count(t.id, t.gen)
+        w.lifetime = math.max(w.lifetime, t.life, w.active)
+        redis.call('HSET', K_ACTIVE, t.id, fmt(w.active))
+        redis.call('HSET', K_LIFETIME, t.id, fmt(w.lifetime))
+        command_if_spent(t.id, w, cfg, now, cmd_ttl)
+        reindex(t.id, w, cfg, now)
+      end
+    end
+  end
+  return { recreated, ended }
 elseif op == 'expire' then
   local n = expire_leases(now, tonumber(ARGV[6]), keep)
   if n > 0 then wake() end

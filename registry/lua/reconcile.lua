@@ -16,7 +16,11 @@
 --              claim since, so no lease Go could not have seen): then its
 --              live leases are those Go listed that still exist. A worker
 --              that changed is left to the next pass.
---   'scan'     one chunk of one key: index entries (idx:*, ring) of no
+--   'scan'     one chunk of one key: lease_owner made to match the
+--              leases ('leases': missing entries added; 'owner': entries
+--              of no lease removed; the pass runs these two first, so the
+--              counts below agree with what claims and releases derive
+--              from lease_owner), then index entries (idx:*, ring) of no
 --              record or of a worker not indexed under the stored limits
 --              (debris after a change of limits), per-worker fields of no
 --              record (active, lifetime, durations, commands, vnodes),
@@ -166,8 +170,44 @@ if stage == 'scan' then
     cursor = res[1]
     local kv = res[2]
     for i = 1, #kv, 2 do
-      if redis.call('HEXISTS', K_WORKERS, kv[i]) == 0 then
+      -- (a live command of a stale worker waits for its comeback: expire.lua)
+      if redis.call('HEXISTS', K_WORKERS, kv[i]) == 0
+          and not (which == 'commands' and live_command(kv[i], now)) then
         redis.call('HDEL', key, kv[i])
+        orphans = orphans + 1
+      end
+    end
+  elseif which == 'leases' then
+    -- every lease has its lease_owner entry (leases written by a version
+    -- without it, or after a partial loss)
+    local res = redis.call('HSCAN', K_LEASES, ARGV[6], 'COUNT', tonumber(ARGV[7]))
+    cursor = res[1]
+    local kv = res[2]
+    for i = 1, #kv, 2 do
+      local ok, l = pcall(cjson.decode, kv[i + 1])
+      if ok and type(l) == 'table' and type(l.worker) == 'string' and type(l.gen) == 'string' then
+        local m = owner_member(l.worker, l.gen, kv[i])
+        if not redis.call('ZSCORE', K_OWNER, m) then
+          redis.call('ZADD', K_OWNER, 0, m)
+          fixed = fixed + 1
+        end
+      end
+    end
+  elseif which == 'owner' then
+    -- every lease_owner entry names a lease of that worker and generation
+    local res = redis.call('ZSCAN', K_OWNER, ARGV[6], 'COUNT', math.max(1, math.floor(tonumber(ARGV[7]) / 2)))
+    cursor = res[1]
+    local ms = res[2]
+    for i = 1, #ms, 2 do
+      local m = ms[i]
+      local id, gen, lid = string.match(m, '^(%S+) (%S+) (%S+)$')
+      local keep = false
+      if lid then
+        local ok, l = pcall(cjson.decode, redis.call('HGET', K_LEASES, lid) or '')
+        keep = ok and type(l) == 'table' and l.worker == id and l.gen == gen
+      end
+      if not keep then
+        redis.call('ZREM', K_OWNER, m)
         orphans = orphans + 1
       end
     end

@@ -1,31 +1,68 @@
--- register.lua: write (or rewrite) a worker's record with counters at zero,
--- status available, its ring positions, and put it in the selection indexes
--- the pool's stored config says it belongs in. A rewrite first removes what
--- the previous registration wrote (its old positions may differ) and starts
--- a new generation, so leases of the old registration no longer move the
--- new counters.
+-- register.lua: write (or rewrite) a worker's record, status available,
+-- its ring positions, and put it in the selection indexes the pool's stored
+-- config says it belongs in. A rewrite first removes what the previous
+-- registration wrote (its old positions may differ).
+--
+-- The generation names the registration's browser process. A new
+-- generation starts from zero (counters, durations, command): leases of an
+-- older one no longer move its counters. The same generation, or no stored
+-- record at all (it expired, was reaped, or Redis lost it), continues what
+-- the worker had: its active count is its generation's live leases, and
+-- its lifetime the highest of the stored one (same generation), the one
+-- the agent re-asserts, the lifetimes its live leases recorded, and its
+-- active count; its durations and a live shutdown command are kept. A
+-- worker so brought to or past the stored lifetime limit gets its shutdown
+-- command.
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool,
 --       4 id, 5 browser, 6 addr, 7 path, 8 capacity, 9 V, 10 ttl ms,
---       11 generation (random, from Go), 12 ring positions (hex, space separated).
--- Returns: 1.
--- Complexity: O(V log N).
+--       11 generation (no spaces), 12 ring positions (hex, space separated),
+--       13 lifetime the agent re-asserts, 14 command ttl ms,
+--       15 '1' to register as draining (an agent draining when its record was lost).
+-- Returns: {active, lifetime} as registered.
+-- Complexity: O(V log N) plus O(A log L) for A live leases of the worker.
 local now = now_ms(ARGV[1])
-local id = ARGV[4]
+local id, gen = ARGV[4], ARGV[11]
+local prev, why = load_worker(id)
+local same = prev ~= nil and prev.gen == gen
+-- Carry on: the same generation, or nothing stored (a bad record is
+-- replaced as a new registration).
+local carry = same or why == 'missing'
 unindex(id)
 local w = {
-  id = id, browser = ARGV[5], addr = ARGV[6], path = ARGV[7], status = 'available', gen = ARGV[11],
+  id = id, browser = ARGV[5], addr = ARGV[6], path = ARGV[7], status = 'available', gen = gen,
   capacity = tonumber(ARGV[8]), vnodes = tonumber(ARGV[9]), heartbeat = now, registered = now,
   expires = now + tonumber(ARGV[10]), suspect_until = 0, predicted_end = 0,
   active = 0, lifetime = 0, durations = {},
 }
+if ARGV[15] == '1' then w.status = 'draining' end
+if carry then
+  w.active = owner_count(id, gen)
+  w.lifetime = math.max(tonumber(ARGV[13]) or 0, w.active, owned_life(id, gen))
+  if same then
+    w.lifetime = math.max(w.lifetime, prev.lifetime)
+    w.durations = prev.durations
+    w.registered = prev.registered
+    w.predicted_end = prev.predicted_end
+  else
+    w.durations = load_durations(id) or {}
+  end
+end
 store(id, w)
-redis.call('HSET', K_ACTIVE, id, 0)
-redis.call('HSET', K_LIFETIME, id, 0)
-redis.call('HDEL', K_DUR, id)
-redis.call('HDEL', K_CMD, id)
+redis.call('HSET', K_ACTIVE, id, fmt(w.active))
+redis.call('HSET', K_LIFETIME, id, fmt(w.lifetime))
+if not carry then
+  redis.call('HDEL', K_DUR, id)
+  redis.call('HDEL', K_CMD, id)
+elseif not same and w.active == 0 and w.lifetime == 0 then
+  -- Nothing shows this is the process whose record was removed (no live
+  -- session, no lifetime): a command kept for that one is not for it.
+  redis.call('HDEL', K_CMD, id)
+end
 redis.call('HSET', K_VPOS, id, ARGV[12])
-reindex(id, w, load_cfg(), now)
+local cfg = load_cfg()
+if carry then command_if_spent(id, w, cfg, now, tonumber(ARGV[14]) or 0) end
+reindex(id, w, cfg, now)
 wake()
-return 1
+return { w.active, w.lifetime }

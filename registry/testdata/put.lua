@@ -1,8 +1,9 @@
 -- put.lua (tests only): write a worker with chosen figures, as if its agent
 -- had registered and claims had run, and put it in the indexes its figures
 -- call for, the retiring set included (reindex: draining or at the stored
--- lifetime limit). Lets tests build any pool state, including ones the real
--- scripts only reach over time.
+-- lifetime limit), with as many never-expiring leases as its active count.
+-- Lets tests build any pool state, including ones the real scripts only
+-- reach over time.
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id, 5 record (JSON),
@@ -19,5 +20,17 @@ if ARGV[8] == '' then redis.call('HDEL', K_DUR, id) else redis.call('HSET', K_DU
 redis.call('HSET', K_VPOS, id, ARGV[9])
 local w = load_worker(id)
 if not w then return 0 end
+-- A worker's active count is its generation's leases (common.lua): write
+-- that many leases that never expire, so later scripts count them.
+local lo, hi = owner_range(id, w.gen)
+for _, m in ipairs(redis.call('ZRANGEBYLEX', K_OWNER, lo, hi)) do
+  redis.call('HDEL', K_LEASES, string.sub(m, #id + #w.gen + 3))
+end
+redis.call('ZREMRANGEBYLEX', K_OWNER, lo, hi)
+for i = 1, w.active do
+  local lid = 'put-' .. id .. '-' .. i
+  redis.call('HSET', K_LEASES, lid, cjson.encode({ worker = id, gen = w.gen, claimed = now, life = w.lifetime }))
+  redis.call('ZADD', K_OWNER, 0, owner_member(id, w.gen, lid))
+end
 reindex(id, w, load_cfg(), now)
 return 1
