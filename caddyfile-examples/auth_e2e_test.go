@@ -44,6 +44,13 @@ type authRecipe struct {
 	// accessLog: the recipe keeps an access log, which must record the
 	// requests without the secret.
 	accessLog bool
+	// failedSession: also send an authorized request that fails (every
+	// worker it is offered refuses the dial): Caddy logs a handler error
+	// with the request as the client sent it.
+	failedSession bool
+	// empty is what a client sends to try an empty secret: refused when
+	// the recipe runs with its secret unset.
+	empty func() (suffix, header string)
 }
 
 func TestAuthRecipesWithPlaywright(t *testing.T) {
@@ -93,19 +100,22 @@ func TestAuthRecipesWithPlaywright(t *testing.T) {
 			},
 		},
 		{
-			file: "auth-bearer.Caddyfile",
-			env:  func(_ *testing.T, secret string) []string { return []string{"GRID_TOKEN=" + secret} },
-			with: func(secret string) (string, string) { return "", "Authorization: Bearer " + secret },
+			file:  "auth-bearer.Caddyfile",
+			env:   func(_ *testing.T, secret string) []string { return []string{"GRID_TOKEN=" + secret} },
+			with:  func(secret string) (string, string) { return "", "Authorization: Bearer " + secret },
+			empty: func() (string, string) { return "", "Authorization: Bearer " },
 			without: func(secret string) (string, string) {
 				return "", "Authorization: Bearer " + secret[:len(secret)-1]
 			},
 		},
 		{
-			file:      "auth-query-token.Caddyfile",
-			env:       func(_ *testing.T, secret string) []string { return []string{"GRID_TOKEN=" + secret} },
-			with:      func(secret string) (string, string) { return "?token=" + secret, "" },
-			without:   func(secret string) (string, string) { return "?token=" + secret[:len(secret)-1], "" },
-			accessLog: true,
+			file:          "auth-query-token.Caddyfile",
+			env:           func(_ *testing.T, secret string) []string { return []string{"GRID_TOKEN=" + secret} },
+			with:          func(secret string) (string, string) { return "?token=" + secret, "" },
+			without:       func(secret string) (string, string) { return "?token=" + secret[:len(secret)-1], "" },
+			accessLog:     true,
+			failedSession: true,
+			empty:         func() (string, string) { return "?token=", "" },
 		},
 	}
 	for _, rc := range recipes {
@@ -144,10 +154,57 @@ func TestAuthRecipesWithPlaywright(t *testing.T) {
 			})
 
 			t.Logf("session served after %s", time.Since(start).Round(time.Millisecond))
+			if rc.failedSession {
+				failedSession(t, reg, srv, suffix, header)
+			}
 			srv.proc.Stop()
 			t.Logf("caddy stopped after %s", time.Since(start).Round(time.Millisecond))
 			srv.checkLogs(t, secret, rc.accessLog)
+
+			// Run with the secret unset, the recipe admits no empty one.
+			if rc.empty != nil {
+				srv := startRecipe(t, caddy, rc.file, redis.URL(), []string{"GRID_TOKEN="})
+				suffix, header := rc.empty()
+				if code := srv.upgradeStatus(t, suffix, header); code != http.StatusUnauthorized {
+					t.Errorf("GRID_TOKEN unset, an empty token: upgrade answered %d, want 401", code)
+				}
+				srv.proc.Stop()
+			}
 		})
+	}
+}
+
+// failedSession sends an authorized upgrade that every worker it is offered
+// refuses: the real worker is made suspect, and dial_retries+1 workers that
+// listen nowhere are registered. The grid answers 502 (a handler error,
+// logged with the request). The dead workers are removed afterwards; the
+// real one stays suspect for a minute.
+func failedSession(t *testing.T, reg *registry.Registry, srv *recipeServer, suffix, header string) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := reg.Claim(ctx, registry.ClaimRequest{Pool: "chromium", Policy: registry.LifetimeFirst, LeaseTTL: time.Minute})
+	if err != nil {
+		t.Fatalf("claiming the worker to make it suspect: %v", err)
+	}
+	if err := reg.Undo(ctx, "chromium", c.LeaseID, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var dead []string
+	for i := range 3 { // DefaultDialRetries + 1
+		id := fmt.Sprintf("dead-%d", i)
+		if err := reg.Register(ctx, registry.Registration{Pool: "chromium", ID: id,
+			Addr: "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)), Path: "/playwright", TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		dead = append(dead, id)
+	}
+	t.Cleanup(func() {
+		for _, id := range dead {
+			_, _ = reg.Expire(context.Background(), "chromium", id, 0)
+		}
+	})
+	if code := srv.upgradeStatus(t, suffix, header); code != http.StatusBadGateway {
+		t.Errorf("an authorized session every worker refuses: status %d, want 502", code)
 	}
 }
 
@@ -384,10 +441,10 @@ func (s *recipeServer) checkLogs(t *testing.T, secret string, accessLog bool) {
 			}
 		}
 	}
-	// Four requests: the refused Playwright client, two refused upgrades
-	// and the session.
-	if accessLog && accessed != 4 {
-		t.Errorf("the access log recorded %d requests to /playwright/chromium, want 4", accessed)
+	// The refused Playwright client, two refused upgrades, the session and
+	// the failed one.
+	if accessLog && accessed != 5 {
+		t.Errorf("the access log recorded %d requests to /playwright/chromium, want 5", accessed)
 	}
 
 	upstream, err := os.ReadFile(s.upstreamLog)
