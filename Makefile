@@ -19,7 +19,7 @@ MAX_CONCURRENT ?= 2
 SESSIONS     ?= 36
 CLIENTS      ?= 3
 
-.PHONY: all deps deps-apt deps-node build run test test-go bench fmt lint examples xcaddy clean
+.PHONY: all deps deps-apt deps-node build run test test-go fuzz bench fmt lint examples xcaddy clean
 
 all: build
 
@@ -56,10 +56,18 @@ run: deps build
 		-max-concurrent $(MAX_CONCURRENT) -sessions $(SESSIONS) -clients $(CLIENTS)
 
 ## test: everything CI runs (vet, Go tests with real Redis/Chromium/Caddy, examples, xcaddy).
-test: deps build lint examples test-go
+test: deps build lint examples test-go fuzz
 
 test-go:
 	$(GO) test -count=1 -timeout 18m $(GOTESTFLAGS) ./...
+
+## fuzz: each fuzz target for FUZZTIME (their seed corpora run in every go test).
+FUZZTIME    ?= 10s
+FUZZ_TARGETS = FuzzClientRequest FuzzAdminAPI
+fuzz:
+	@set -e; for f in $(FUZZ_TARGETS); do \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./caddygrid; \
+	done
 
 ## bench: Go benchmarks and cmd/gridbench, printed as ratio tables.
 bench: deps build
@@ -74,8 +82,11 @@ lint:
 	$(GO) vet ./...
 
 ## examples: adapt and validate every Caddyfile in caddyfile-examples/, and check its formatting.
+# auth-basic.Caddyfile reads its password hash from the environment when it
+# loads, as --validate does: validate it with a throwaway one.
 examples: build
-	@set -e; for f in caddyfile-examples/*.Caddyfile; do \
+	@set -e; export GRID_PASSWORD_HASH="$$($(BIN)/caddy hash-password --plaintext make-examples --bcrypt-cost 4)"; \
+	for f in caddyfile-examples/*.Caddyfile; do \
 		echo "examples: $$f"; \
 		$(BIN)/caddy adapt --config $$f --adapter caddyfile --validate >/dev/null; \
 		$(BIN)/caddy fmt --diff $$f >/dev/null || { $(BIN)/caddy fmt --diff $$f; exit 1; }; \

@@ -7,6 +7,7 @@
 //   node client.mjs run  --url wss://localhost:8443/playwright/chromium --sessions 36 --concurrency 3
 //   node client.mjs hold --url ...        # one session, open until stdin closes or SIGTERM
 //   node client.mjs cdp  --url ...        # one session through connectOverCDP
+//   node client.mjs run  --url ... --header 'Authorization: Bearer <token>'   # sent on the upgrade (repeatable)
 //
 // Every session prints one JSON line on stdout:
 //   {"event":"session","n":1,"ok":true,"title":"grid session 1","answer":42,"ms":312}
@@ -17,7 +18,7 @@ import { chromium } from 'playwright-core';
 
 function parseArgs(argv) {
 	const [mode = 'run', ...rest] = argv;
-	const opts = { mode, url: '', sessions: 1, concurrency: 1, timeout: 30000, holdMs: 0 };
+	const opts = { mode, url: '', sessions: 1, concurrency: 1, timeout: 30000, holdMs: 0, headers: {} };
 	for (let i = 0; i < rest.length; i++) {
 		const key = rest[i];
 		const val = rest[i + 1];
@@ -27,6 +28,13 @@ function parseArgs(argv) {
 			case '--concurrency': opts.concurrency = Number(val); i++; break;
 			case '--timeout': opts.timeout = Number(val); i++; break;
 			case '--hold-ms': opts.holdMs = Number(val); i++; break;
+			case '--header': {
+				const at = (val ?? '').indexOf(':');
+				if (at < 1) throw new Error(`--header wants 'Name: value', got '${val}'`);
+				opts.headers[val.slice(0, at).trim()] = val.slice(at + 1).trim();
+				i++;
+				break;
+			}
 			default:
 				throw new Error(`unknown argument '${key}'`);
 		}
@@ -53,8 +61,8 @@ async function session(opts, n) {
 	let browser;
 	try {
 		browser = opts.mode === 'cdp'
-			? await chromium.connectOverCDP(opts.url, { timeout: opts.timeout })
-			: await chromium.connect(opts.url, { timeout: opts.timeout });
+			? await chromium.connectOverCDP(opts.url, { timeout: opts.timeout, headers: opts.headers })
+			: await chromium.connect(opts.url, { timeout: opts.timeout, headers: opts.headers });
 		const context = opts.mode === 'cdp' ? (browser.contexts()[0] ?? await browser.newContext()) : await browser.newContext();
 		const page = await context.newPage();
 		await page.setContent(`<title>grid session ${n}</title><p id="p">hello from session ${n}</p>`);

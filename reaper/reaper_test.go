@@ -3,6 +3,7 @@ package reaper
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -194,10 +195,36 @@ func TestTwoReapersAndAKilledWorker(t *testing.T) {
 		}
 	}
 	// The session the dead worker held moves no counter when its holder
-	// releases it late.
+	// releases it late: no count comes back for the victim and the
+	// survivor's stay as they are.
+	if ok, err := rdb.HExists(ctx, reg.Key("p", "leases"), lease).Result(); err != nil || !ok {
+		t.Fatalf("the victim's lease is gone before its holder releases it (%v): the release below would test nothing", err)
+	}
+	before := counters(t, reg, "p")
+	if _, ok := before["active"]["survivor"]; !ok {
+		t.Fatalf("the survivor has no active count: %v", before)
+	}
 	if err := reg.Release(ctx, "p", lease); err != nil {
 		t.Fatal(err)
 	}
+	if after := counters(t, reg, "p"); !maps.EqualFunc(before, after, maps.Equal) {
+		t.Fatalf("a late release moved counters:\n before %v\n after  %v", before, after)
+	}
+}
+
+// counters reads a pool's per-worker counters (active, lifetime and
+// session durations), each as its hash of worker ID to value.
+func counters(t *testing.T, reg *registry.Registry, pool string) map[string]map[string]string {
+	t.Helper()
+	out := map[string]map[string]string{}
+	for _, k := range []string{"active", "lifetime", "durations"} {
+		h, err := reg.Client().HGetAll(context.Background(), reg.Key(pool, k)).Result()
+		if err != nil {
+			t.Fatalf("reading the %s counters: %v", k, err)
+		}
+		out[k] = h
+	}
+	return out
 }
 
 // A reaper pass frees expired leases, sets active counts to the live leases,

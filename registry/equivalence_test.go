@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -76,11 +77,18 @@ func randomState(rng *rand.Rand, now time.Time) poolState {
 		case 1:
 			w.LastHeartbeat = now.Add(-time.Duration(20000+rng.IntN(50000)) * time.Millisecond)
 		}
-		switch rng.IntN(6) {
+		switch rng.IntN(8) {
 		case 0:
 			w.SuspectUntil = now.Add(time.Duration(1+rng.IntN(5000)) * time.Millisecond)
 		case 1:
-			w.SuspectUntil = now.Add(-time.Duration(rng.IntN(5000)) * time.Millisecond) // suspicion over (or exactly now)
+			w.SuspectUntil = now.Add(-time.Duration(1+rng.IntN(5000)) * time.Millisecond) // suspicion over
+		case 2:
+			// Suspicion ends exactly now: usable (SuspectUntil is exclusive).
+			// Drawn on its own so an off-by-one in a script's suspect check
+			// (< against <=) changes decisions the test sees.
+			w.SuspectUntil = now
+		case 3:
+			w.SuspectUntil = now.Add(time.Millisecond) // suspect for one more millisecond
 		}
 		// Coarse values (whole seconds) in half the states make fair-share
 		// keys tie across the idle and busy indexes, so the ID tiebreak runs.
@@ -291,6 +299,11 @@ func TestEquivalenceWithSelection(t *testing.T) {
 			if err != nil && want.OK {
 				t.Fatalf("state %d %s: Pick error %v, selection chose %+v\n%s", i, p, err, want, describe(st, now))
 			}
+			// No eligible worker is ErrNoWorker and nothing else: a script
+			// error or a bad reply must not pass as "none".
+			if !want.OK && !errors.Is(err, ErrNoWorker) {
+				t.Fatalf("state %d %s: Pick error %v, want ErrNoWorker\n%s", i, p, err, describe(st, now))
+			}
 			if !sameDecision(got, want) {
 				t.Fatalf("state %d %s:\n registry  %+v\n selection %+v\n%s", i, p, got, want, describe(st, now))
 			}
@@ -308,6 +321,9 @@ func TestEquivalenceWithSelection(t *testing.T) {
 			if want.TiedMin {
 				tally["vnode tied"]++
 			}
+			if want.OK && st.ws[slices.IndexFunc(st.ws, func(x selection.Worker) bool { return x.ID == want.ID })].SuspectUntil.Equal(now) {
+				tally["chosen as its suspicion ends"]++
+			}
 		}
 		// The picks stored the limits (rebuilding the indexes if they
 		// changed): the retiring set holds exactly the draining and at-limit
@@ -323,6 +339,9 @@ func TestEquivalenceWithSelection(t *testing.T) {
 		if !want.OK {
 			if err == nil {
 				t.Fatalf("state %d %s: claimed %s where selection found none", i, p, c.Worker.ID)
+			}
+			if !errors.Is(err, ErrNoWorker) {
+				t.Fatalf("state %d %s: claim error %v, want ErrNoWorker\n%s", i, p, err, describe(st, now))
 			}
 			continue
 		}
@@ -355,7 +374,8 @@ func TestEquivalenceWithSelection(t *testing.T) {
 	t.Logf("%d states: %v", states, tally)
 	for _, k := range []string{"lifetime_first ok=true", "lifetime_first ok=false", "vnode ok=true", "vnode ok=false",
 		"fair_share ok=true", "fair_share ok=false", "vnode tied", "lifetime_first stale reported", "claims checked",
-		"lifetime_first held back", "vnode held back", "fair_share held back", "dead retiring ignored"} {
+		"lifetime_first held back", "vnode held back", "fair_share held back", "dead retiring ignored",
+		"chosen as its suspicion ends"} {
 		if tally[k] == 0 {
 			t.Errorf("the random states never produced %q: the test does not cover it", k)
 		}
