@@ -202,6 +202,9 @@ type run struct {
 	notes       []string
 	failures    []string
 	finished    bool
+	// stopped is when the clients were told to stop: the grid must heal
+	// while traffic runs, not because it ended.
+	stopped     time.Time
 	leaked      int
 	phantomLife int
 }
@@ -338,6 +341,7 @@ func (r *run) finish() {
 		return
 	}
 	r.finished = true
+	r.stopped = time.Now()
 	r.tr.stop()
 	stopped := time.Now()
 	_ = poll(leaseTTL+time.Second, 100*time.Millisecond, "no leaked slot", func() (bool, error) {
@@ -365,11 +369,22 @@ func (r *run) phantomLifetime() int {
 	}
 	r.smp.mu.Lock()
 	defer r.smp.mu.Unlock()
-	n := 0
+	n, lost := 0, 0
 	for _, w := range info.Workers {
-		if ep, ok := r.smp.eps[w.Addr]; ok && ep.reachable && int64(w.Lifetime) > ep.sessions {
-			n += w.Lifetime - int(ep.sessions)
+		ep, ok := r.smp.eps[w.Addr]
+		if !ok || !ep.reachable {
+			continue
 		}
+		if d := w.Lifetime - int(ep.sessions); d > 0 {
+			n += d
+		} else {
+			lost -= d
+		}
+	}
+	if lost > 0 {
+		// A vanished record's sessions no longer count toward
+		// max_lifetime; an overshoot shows only where a limit is near.
+		r.note("%d served sessions missing from the workers' lifetime counts", lost)
 	}
 	return n
 }
@@ -428,7 +443,13 @@ func (r *run) result() Result {
 	res.OverAdmissions = r.smp.overAdmissions()
 	res.Overshoots = r.smp.lifetimeOvershoots()
 	if !r.faultAt.IsZero() {
-		res.Heal, res.Healed = healTime(outs, r.smp.all(), r.faultAt)
+		var during []sample
+		for _, s := range r.smp.all() {
+			if s.at.Before(r.stopped) {
+				during = append(during, s)
+			}
+		}
+		res.Heal, res.Healed = healTime(outs, during, r.faultAt)
 	}
 	res.Notes = append(res.Notes, r.notes...)
 	if r.phantomLife > 0 {
