@@ -19,8 +19,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/browsergrid/caddy-browser-grid/internal/chaos"
 )
+
+// quietRedis drops go-redis' own log lines: the harness's client is
+// expected to fail while a scenario has Redis down, and says so itself.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
 
 func main() {
 	os.Exit(run())
@@ -47,6 +55,7 @@ func run() int {
 		}
 		return 0
 	}
+	redis.SetLogger(quietRedis{})
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	opts := chaos.Options{Bins: *bins, Short: *short, Only: *only, Dir: *dir, Log: os.Stderr}

@@ -43,7 +43,7 @@ func newEnv(bins, dir string, logf func(string, ...any)) *env {
 }
 
 func (e *env) close() {
-	e.procs.stopAll(5 * time.Second)
+	e.procs.stopAll(2 * time.Second)
 	if e.topo != nil && e.topo.rdb != nil {
 		_ = e.topo.rdb.Close()
 	}

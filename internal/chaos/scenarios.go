@@ -205,8 +205,9 @@ var scenarios = []Scenario{
 	},
 	{
 		Name: "redis-stall",
-		Proves: "Redis stalled (DEBUG SLEEP 7) during claims: a claim is refused within ~2.5 s (not when Redis wakes), and a " +
-			"claim that timed out leaves no lease and no count once Redis answers again.",
+		Proves: "Redis stalled (DEBUG SLEEP 7) during claims: a claim is refused within ~2.5 s (not when Redis wakes), a " +
+			"claim that timed out leaves no lease and no count once Redis answers again, and the workers' records, lapsed " +
+			"meanwhile (key TTL 3 s), come back with their live sessions counted.",
 		run: func(r *run) error {
 			lim := limits{MaxConcurrent: 4, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
 			if err := r.grid(r.single(true), []limits{lim}, 4, 4); err != nil {
