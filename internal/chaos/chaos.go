@@ -286,6 +286,7 @@ func (r *run) clients(concurrency int, lifetimeAt func(time.Time) int, interval 
 	}
 	r.tr = newTraffic(urls, 20*time.Second)
 	r.smp = newSampler(r.reg, interval, concurrency, lifetimeAt)
+	r.smp.logf = r.logf
 	r.smp.start()
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,6 +74,9 @@ type sampler struct {
 	eps        map[string]*endpoint
 	samples    []sample
 	overshoots int64
+	// logf reports each overshoot as it is seen (nil: silent).
+	logf   func(string, ...any)
+	prevAt time.Time
 	// inspectTook is how long the last read of the pool took.
 	inspectTook time.Duration
 	stop        chan struct{}
@@ -132,7 +136,10 @@ func (s *sampler) once() {
 				smp.stale++
 			}
 			active[w.Addr] += w.Active
-			if _, ok := s.eps[w.Addr]; ok || now.Sub(w.LastHeartbeat) > staleThreshold {
+			// Only the browsers of the scenario's own agents (IDs
+			// worker-N-…) are read; records written by the scenario
+			// itself (a lost zone) have no browser behind them.
+			if _, ok := s.eps[w.Addr]; ok || now.Sub(w.LastHeartbeat) > staleThreshold || !strings.HasPrefix(w.ID, "worker-") {
 				continue
 			}
 			limit := s.concurrency
@@ -179,9 +186,15 @@ func (s *sampler) once() {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	lifetime := 0
+	// Sessions counted now began since the previous read: judge them by
+	// the limit in force when that interval started.
+	lifetime, from := 0, s.prevAt
+	if from.IsZero() {
+		from = now
+	}
+	s.prevAt = now
 	if s.lifetimeAt != nil {
-		lifetime = s.lifetimeAt(now)
+		lifetime = s.lifetimeAt(from)
 	}
 	sumExcess := 0
 	for i, ep := range eps {
@@ -201,6 +214,9 @@ func (s *sampler) once() {
 				floor := max(ep.counted, int64(lifetime))
 				if ep.sessions > floor {
 					s.overshoots += ep.sessions - floor
+					if s.logf != nil {
+						s.logf("overshoot: browser %s at %d sessions, max_lifetime %d, %d before", ep.addr, ep.sessions, lifetime, ep.counted)
+					}
 				}
 			}
 			ep.counted = max(ep.counted, ep.sessions)

@@ -106,8 +106,12 @@ var scenarios = []Scenario{
 			if err := r.e.caddies[0].reload(r.e.bins, lim); err != nil {
 				return err
 			}
-			lowered.Store(time.Now().UnixNano())
-			r.fault(time.Now())
+			// A claim the old config granted just before the reload
+			// finished may reach its browser a moment later: the new limit
+			// applies to sessions from 300 ms after.
+			done := time.Now()
+			lowered.Store(done.Add(300 * time.Millisecond).UnixNano())
+			r.fault(done)
 			r.observe()
 			return nil
 		},
@@ -346,7 +350,7 @@ var scenarios = []Scenario{
 				return err
 			}
 			r.healBound = time.Minute
-			r.clients(2, constant(noLifetime), 500*time.Millisecond)
+			r.clients(2, constant(noLifetime), time.Second)
 			r.smp.extraBad = func(info registry.PoolInfo) bool {
 				for _, w := range info.Workers {
 					if time.Since(w.LastHeartbeat) > staleThreshold {
