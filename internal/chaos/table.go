@@ -39,6 +39,9 @@ func WriteTable(w io.Writer, results []Result) {
 		if !r.Passed() {
 			parts = append(parts, "FAILED: "+strings.Join(r.Failures, "; "))
 		}
+		if len(parts) == 0 {
+			parts = append(parts, "nothing to note")
+		}
 		fmt.Fprintf(w, "- %s (%s): %s\n", r.Scenario, r.Took.Round(100*time.Millisecond), strings.Join(parts, ". "))
 	}
 }
