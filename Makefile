@@ -63,7 +63,7 @@ test-go:
 
 ## chaos: every reliability scenario under client traffic, full length; prints one table and
 ## fails when a figure is off (docs/reliability.md). One scenario: make chaos CHAOSFLAGS='-only redis-restart'.
-chaos: deps build
+chaos: deps-apt build
 	$(BIN)/gridchaos $(CHAOSFLAGS)
 
 # The same scenarios and expectations with shorter phases (about 4 min), run by make test
