@@ -19,7 +19,7 @@ MAX_CONCURRENT ?= 2
 SESSIONS     ?= 36
 CLIENTS      ?= 3
 
-.PHONY: all deps deps-apt deps-node build run test test-go fuzz bench fmt lint examples xcaddy clean
+.PHONY: all deps deps-apt deps-node build run test test-go fuzz chaos chaos-short bench fmt lint examples xcaddy clean
 
 all: build
 
@@ -55,8 +55,8 @@ run: deps build
 		-admin-port $(ADMIN_PORT) -redis-port $(REDIS_PORT) -max-lifetime $(MAX_LIFETIME) \
 		-max-concurrent $(MAX_CONCURRENT) -sessions $(SESSIONS) -clients $(CLIENTS)
 
-## test: everything CI runs (vet, Go tests with real Redis/Chromium/Caddy, examples, xcaddy).
-test: deps build lint examples test-go fuzz
+## test: everything CI runs (vet, Go tests with real Redis/Chromium/Caddy, examples, fuzzing, the chaos short form).
+test: deps build lint examples test-go fuzz chaos-short
 
 test-go:
 	$(GO) test -count=1 -timeout 18m $(GOTESTFLAGS) ./...
@@ -68,6 +68,16 @@ fuzz:
 	@set -e; for f in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./caddygrid; \
 	done
+
+## chaos: every reliability scenario under client traffic, full length; prints one table and
+## fails when a figure is off (docs/reliability.md). One scenario: make chaos CHAOSFLAGS='-only redis-restart'.
+chaos: deps-apt build
+	$(BIN)/gridchaos $(CHAOSFLAGS)
+
+# The same scenarios and expectations with shorter phases (about 4 min), run by make test
+# after the Go tests so that its timings do not share the CPU with them.
+chaos-short: build
+	$(BIN)/gridchaos -short $(CHAOSFLAGS)
 
 ## bench: Go benchmarks and cmd/gridbench, printed as ratio tables.
 bench: deps build

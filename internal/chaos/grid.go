@@ -1,0 +1,198 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"text/template"
+	"time"
+)
+
+// Pool is the pool every scenario serves.
+const Pool = "chromium"
+
+// Timings every scenario's grid runs with: short enough that faults heal
+// within a short run, in the ratios an operator would choose (heartbeat
+// well under the stale threshold, lease renewed three times per TTL).
+const (
+	leaseTTL          = 6 * time.Second
+	staleThreshold    = 3 * time.Second
+	reaperInterval    = 2 * time.Second
+	heartbeatInterval = time.Second
+	keyTTL            = 3 * time.Second
+)
+
+// env is one scenario's world: its dir, its processes, its Redis, its
+// Caddy instances and its workers.
+type env struct {
+	bins    string
+	dir     string
+	procs   *procs
+	topo    *topology
+	caddies []*caddyInst
+	workers []*workerInst
+	logf    func(format string, args ...any)
+}
+
+func newEnv(bins, dir string, logf func(string, ...any)) *env {
+	return &env{bins: bins, dir: dir, procs: &procs{dir: dir}, logf: logf}
+}
+
+func (e *env) close() {
+	e.procs.stopAll(2 * time.Second)
+	if e.topo != nil && e.topo.rdb != nil {
+		_ = e.topo.rdb.Close()
+	}
+}
+
+// limits are a browser_grid handler's options.
+type limits struct {
+	MaxConcurrent int
+	MaxLifetime   int
+	SelectTimeout time.Duration
+	// ReaperInterval of the instance's grid app (0: reaperInterval).
+	ReaperInterval time.Duration
+}
+
+// caddyInst is one running bin/caddy.
+type caddyInst struct {
+	name      string
+	adminPort int
+	port      int
+	dir       string
+	config    string
+	env       []string
+	p         *proc
+	lim       limits
+	redisURL  string
+}
+
+var caddyfileTmpl = template.Must(template.New("Caddyfile").Parse(`{
+	admin 127.0.0.1:{{.Admin}}
+	http_port {{.Port}}
+	auto_https off
+	persist_config off
+	storage file_system {{.Storage}}
+	grid {
+		redis {{.Redis}}
+		lease_ttl {{.LeaseTTL}}
+		stale_threshold {{.Stale}}
+		reaper_interval {{.Reaper}}
+	}
+}
+
+http://127.0.0.1:{{.Port}} {
+	route /playwright/* {
+		browser_grid {{.Pool}} {
+			max_concurrent {{.Lim.MaxConcurrent}}
+			max_lifetime {{.Lim.MaxLifetime}}
+			select_timeout {{.Lim.SelectTimeout}}
+		}
+	}
+}
+`))
+
+func (c *caddyInst) write() error {
+	reaper := c.lim.ReaperInterval
+	if reaper == 0 {
+		reaper = reaperInterval
+	}
+	var b bytes.Buffer
+	err := caddyfileTmpl.Execute(&b, map[string]any{
+		"Admin": c.adminPort, "Port": c.port, "Storage": filepath.Join(c.dir, "storage"),
+		"Redis": c.redisURL, "LeaseTTL": leaseTTL.String(), "Stale": staleThreshold.String(),
+		"Reaper": reaper.String(), "Pool": Pool, "Lim": c.lim,
+	})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(c.config, b.Bytes(), 0o644)
+}
+
+// startCaddy starts a bin/caddy named name with lim, on the env's Redis.
+func (e *env) startCaddy(name string, lim limits) (*caddyInst, error) {
+	c := &caddyInst{name: name, dir: filepath.Join(e.dir, name), lim: lim, redisURL: e.topo.url}
+	var err error
+	if c.adminPort, err = freePort(); err != nil {
+		return nil, err
+	}
+	if c.port, err = freePort(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+		return nil, err
+	}
+	c.config = filepath.Join(c.dir, "Caddyfile")
+	if err := c.write(); err != nil {
+		return nil, fmt.Errorf("writing the Caddyfile of %s: %w", name, err)
+	}
+	c.env = []string{"HOME=" + c.dir, "XDG_DATA_HOME=" + filepath.Join(c.dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(c.dir, "config")}
+	c.p, err = e.procs.start(name, c.env, filepath.Join(e.bins, "caddy"), "run", "--config", c.config, "--adapter", "caddyfile")
+	if err != nil {
+		return nil, err
+	}
+	if err := waitTCP(c.addr(), c.p, 30*time.Second); err != nil {
+		return nil, fmt.Errorf("caddy %s did not start: %w", name, err)
+	}
+	e.caddies = append(e.caddies, c)
+	return c, nil
+}
+
+func (c *caddyInst) addr() string { return "127.0.0.1:" + strconv.Itoa(c.port) }
+
+// url is the WebSocket URL clients dial.
+func (c *caddyInst) url() string { return "ws://" + c.addr() + "/playwright/" + Pool }
+
+// reload applies lim with `caddy reload` and waits for it to finish.
+func (c *caddyInst) reload(bins string, lim limits) error {
+	c.lim = lim
+	if err := c.write(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bins, "caddy"), "reload", "--config", c.config, "--adapter", "caddyfile",
+		"--address", "127.0.0.1:"+strconv.Itoa(c.adminPort), "--force")
+	cmd.Env = append(os.Environ(), c.env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("caddy reload of %s: %w\n%s", c.name, err, out)
+	}
+	return nil
+}
+
+// workerInst is one bin/grid-worker running a fakebrowser.
+type workerInst struct {
+	name string
+	p    *proc
+}
+
+// startWorker starts grid-worker number i with capacity maxConcurrent;
+// it respawns its browser after a drain, as in production.
+func (e *env) startWorker(i, maxConcurrent int) (*workerInst, error) {
+	name := fmt.Sprintf("worker-%d", i)
+	p, err := e.procs.start(name, nil, filepath.Join(e.bins, "grid-worker"),
+		"--redis", e.topo.url,
+		"--pool", Pool,
+		"--launcher", "fake",
+		"--fakebrowser", filepath.Join(e.bins, "fakebrowser"),
+		"--max-concurrent", strconv.Itoa(maxConcurrent),
+		"--heartbeat-interval", heartbeatInterval.String(),
+		"--key-ttl", keyTTL.String(),
+		"--stale-threshold", staleThreshold.String(),
+		"--drain-timeout", "30s",
+		"--redis-retry-attempts", "30",
+		"--id-prefix", name,
+		"--log-format", "console",
+		"--respawn",
+	)
+	if err != nil {
+		return nil, err
+	}
+	w := &workerInst{name: name, p: p}
+	e.workers = append(e.workers, w)
+	return w, nil
+}

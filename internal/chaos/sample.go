@@ -1,0 +1,304 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// The sampler reads, continuously and from outside, what the grid
+// believes (every worker record with its active count, and the lease
+// count, from Redis) and what is true (every worker's browser: its live
+// sessions, its peak and its total since it started, from fakebrowser's
+// /stats). The figures of the table come from comparing the two.
+
+// persistFor is how long a worker's Redis count must disagree with its
+// live sessions before the counts are called wrong: a claim is counted in
+// Redis a moment before its browser sees the session (and a release a
+// moment after), so a single sample taken between the two is no error. A
+// real phantom or missing slot lasts until something heals it.
+const persistFor = time.Second
+
+// endpoint is one browser process (a fakebrowser server), found through
+// its worker record. A respawned worker is a new endpoint.
+type endpoint struct {
+	addr  string
+	limit int
+	// from the latest successful /stats read
+	live, peak, sessions int64
+	reachable            bool
+	lastSeen             time.Time
+	// counted is the total already judged for lifetime overshoots.
+	counted int64
+	// overAdmitted is the most sessions it held beyond its limit.
+	overAdmitted int64
+	// mismatchSince is when its Redis count started to disagree (zero:
+	// it agrees).
+	mismatchSince time.Time
+}
+
+// sample is the grid's state at one moment.
+type sample struct {
+	at      time.Time
+	redisOK bool
+	// bad: counts wrong (a disagreement older than persistFor, a browser
+	// over its limit), Redis unreadable, or the scenario's own check
+	// failed.
+	bad bool
+	// leak is the slots Redis holds beyond the live sessions.
+	leak   int
+	stale  int
+	leases int
+	live   int
+}
+
+type sampler struct {
+	reg      *registry.Registry
+	interval time.Duration
+	// concurrency is the most sessions a browser may hold (the largest
+	// max_concurrent any instance applies; a worker's own capacity, when
+	// lower, wins).
+	concurrency int
+	// lifetimeAt is the max_lifetime in force at a moment (0: none).
+	lifetimeAt func(time.Time) int
+	// extraBad is the scenario's own check of a sample (nil: none).
+	extraBad func(registry.PoolInfo) bool
+	http     *http.Client
+
+	mu         sync.Mutex
+	eps        map[string]*endpoint
+	samples    []sample
+	overshoots int64
+	// logf reports each overshoot as it is seen (nil: silent).
+	logf   func(string, ...any)
+	prevAt time.Time
+	// inspectTook is how long the last read of the pool took.
+	inspectTook time.Duration
+	stop        chan struct{}
+	done        chan struct{}
+}
+
+func newSampler(reg *registry.Registry, interval time.Duration, concurrency int, lifetimeAt func(time.Time) int) *sampler {
+	return &sampler{
+		reg: reg, interval: interval, concurrency: concurrency, lifetimeAt: lifetimeAt,
+		http: &http.Client{Timeout: 300 * time.Millisecond},
+		eps:  map[string]*endpoint{}, stop: make(chan struct{}), done: make(chan struct{}),
+	}
+}
+
+func (s *sampler) start() {
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(s.interval)
+		defer t.Stop()
+		for {
+			s.once()
+			select {
+			case <-s.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+func (s *sampler) close() {
+	close(s.stop)
+	<-s.done
+}
+
+type stats struct {
+	Sessions   int64 `json:"sessions"`
+	Active     int64 `json:"active"`
+	PeakActive int64 `json:"peak_active"`
+}
+
+func (s *sampler) once() {
+	now := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), max(800*time.Millisecond, 2*s.interval))
+	info, err := s.reg.Inspect(ctx, Pool)
+	cancel()
+	smp := sample{at: now, redisOK: err == nil}
+	s.mu.Lock()
+	s.inspectTook = time.Since(now)
+	s.mu.Unlock()
+	active := map[string]int{}
+	if err == nil {
+		smp.leases = info.Leases
+		s.mu.Lock()
+		for _, w := range info.Workers {
+			if now.Sub(w.LastHeartbeat) > staleThreshold {
+				smp.stale++
+			}
+			active[w.Addr] += w.Active
+			// Only the browsers of the scenario's own agents (IDs
+			// worker-N-…) are read; records written by the scenario
+			// itself (a lost zone) have no browser behind them.
+			if _, ok := s.eps[w.Addr]; ok || now.Sub(w.LastHeartbeat) > staleThreshold || !strings.HasPrefix(w.ID, "worker-") {
+				continue
+			}
+			limit := s.concurrency
+			if w.Capacity > 0 && w.Capacity < limit {
+				limit = w.Capacity
+			}
+			s.eps[w.Addr] = &endpoint{addr: w.Addr, limit: limit, lastSeen: now}
+		}
+		s.mu.Unlock()
+		if s.extraBad != nil && s.extraBad(info) {
+			smp.bad = true
+		}
+	} else {
+		smp.bad = true
+	}
+
+	// Read every known browser at once.
+	s.mu.Lock()
+	eps := make([]*endpoint, 0, len(s.eps))
+	for _, ep := range s.eps {
+		if now.Sub(ep.lastSeen) < 5*time.Second {
+			eps = append(eps, ep)
+		}
+	}
+	s.mu.Unlock()
+	got := make([]*stats, len(eps))
+	var wg sync.WaitGroup
+	for i, ep := range eps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := s.http.Get("http://" + ep.addr + "/stats")
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			var st stats
+			if json.NewDecoder(resp.Body).Decode(&st) == nil {
+				got[i] = &st
+			}
+		}()
+	}
+	wg.Wait()
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Sessions counted now began since the previous read: judge them by
+	// the limit in force when that interval started.
+	lifetime, from := 0, s.prevAt
+	if from.IsZero() {
+		from = now
+	}
+	s.prevAt = now
+	if s.lifetimeAt != nil {
+		lifetime = s.lifetimeAt(from)
+	}
+	sumExcess := 0
+	for i, ep := range eps {
+		st := got[i]
+		ep.reachable = st != nil
+		if st == nil {
+			ep.live = 0
+		} else {
+			ep.lastSeen = now
+			ep.live, ep.peak, ep.sessions = st.Active, st.PeakActive, st.Sessions
+			if over := ep.peak - int64(ep.limit); over > ep.overAdmitted {
+				ep.overAdmitted = over
+			}
+			// Sessions begun since the last read that took the browser
+			// past the max_lifetime now in force.
+			if lifetime > 0 {
+				floor := max(ep.counted, int64(lifetime))
+				if ep.sessions > floor {
+					s.overshoots += ep.sessions - floor
+					if s.logf != nil {
+						s.logf("overshoot: browser %s at %d sessions, max_lifetime %d, %d before", ep.addr, ep.sessions, lifetime, ep.counted)
+					}
+				}
+			}
+			ep.counted = max(ep.counted, ep.sessions)
+		}
+		smp.live += int(ep.live)
+		if ep.live > int64(ep.limit) {
+			smp.bad = true
+		}
+		if !smp.redisOK {
+			continue
+		}
+		diff := active[ep.addr] - int(ep.live)
+		if diff > 0 {
+			sumExcess += diff
+		}
+		if diff != 0 {
+			if ep.mismatchSince.IsZero() {
+				ep.mismatchSince = now
+			}
+			if now.Sub(ep.mismatchSince) >= persistFor {
+				smp.bad = true
+			}
+		} else {
+			ep.mismatchSince = time.Time{}
+		}
+	}
+	if smp.redisOK {
+		// Records of browsers no longer read (dead or never reachable)
+		// hold no live session: all their active count is excess.
+		for addr, a := range active {
+			if ep, ok := s.eps[addr]; (!ok || now.Sub(ep.lastSeen) >= 5*time.Second) && a > 0 {
+				sumExcess += a
+			}
+		}
+		smp.leak = max(sumExcess, smp.leases-smp.live)
+	}
+	s.samples = append(s.samples, smp)
+}
+
+// latest returns the last sample (zero when none yet).
+func (s *sampler) latest() sample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.samples) == 0 {
+		return sample{}
+	}
+	return s.samples[len(s.samples)-1]
+}
+
+// all returns every sample so far.
+func (s *sampler) all() []sample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]sample(nil), s.samples...)
+}
+
+// overAdmissions is the sum over browsers of the most sessions each held
+// beyond its limit at once.
+func (s *sampler) overAdmissions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := int64(0)
+	for _, ep := range s.eps {
+		n += ep.overAdmitted
+	}
+	return int(n)
+}
+
+// lifetimeOvershoots is how many sessions began on a browser already at
+// the max_lifetime in force.
+func (s *sampler) lifetimeOvershoots() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return int(s.overshoots)
+}
+
+// liveOn returns the live sessions of the browser at addr (as last read).
+func (s *sampler) liveOn(addr string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ep, ok := s.eps[addr]; ok {
+		return int(ep.live)
+	}
+	return 0
+}

@@ -1,0 +1,489 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// Client traffic shared by the scenarios: churners open sessions of
+// churnHold back to back; select_timeout bounds a queued claim.
+const (
+	churnHold     = 300 * time.Millisecond
+	selectTimeout = 5 * time.Second
+	// noLifetime is a max_lifetime no scenario reaches unless it lowers
+	// it, so that drains do not mix into faults about something else.
+	noLifetime = 100000
+)
+
+func constant(n int) func(time.Time) int { return func(time.Time) int { return n } }
+
+func (r *run) single(debug bool) func() (*topology, error) {
+	return func() (*topology, error) { return r.e.startSingle(debug) }
+}
+
+// warm lets the traffic run before the fault (traffic, not a wait for a
+// condition).
+func (r *run) warm() { time.Sleep(r.phase(1500*time.Millisecond, 6*time.Second)) }
+
+// waitServed waits until n sessions have been served in full.
+func (r *run) waitServed(n int) error {
+	return poll(60*time.Second, 50*time.Millisecond, fmt.Sprintf("%d sessions served", n), func() (bool, error) {
+		got := 0
+		for _, o := range r.tr.snapshot() {
+			if o.err == nil {
+				got++
+			}
+		}
+		return got >= n, fmt.Errorf("%d served", got)
+	})
+}
+
+// workerAddr returns the browser address of the fresh record of a worker
+// started as name.
+func (r *run) workerAddr(name string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	info, err := r.reg.Inspect(ctx, Pool)
+	if err != nil {
+		return "", fmt.Errorf("finding %s's browser: %w", name, err)
+	}
+	for _, w := range info.Workers {
+		if strings.HasPrefix(w.ID, name+"-") && time.Since(w.LastHeartbeat) < staleThreshold {
+			return w.Addr, nil
+		}
+	}
+	return "", fmt.Errorf("no fresh record of %s", name)
+}
+
+// liveAt reads a browser's live sessions right now from its /stats.
+func liveAt(addr string) (int, error) {
+	c := &http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + addr + "/stats")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var st stats
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return 0, err
+	}
+	return int(st.Active), nil
+}
+
+var scenarios = []Scenario{
+	{
+		Name: "lifetime-reload",
+		Proves: "max_lifetime lowered by `caddy reload` mid-traffic (20 → 5, three workers): the workers at or past the new " +
+			"limit are told to drain one at a time and the pool keeps serving; no session begins past the new limit.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 2, MaxLifetime: 20, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 3, 2); err != nil {
+				return err
+			}
+			var lowered atomic.Int64
+			r.clients(2, func(t time.Time) int {
+				if at := lowered.Load(); at != 0 && t.UnixNano() >= at {
+					return 5
+				}
+				return 20
+			}, 100*time.Millisecond)
+			r.tr.churn(4, churnHold)
+			if err := r.waitServed(8); err != nil {
+				return err
+			}
+			lim.MaxLifetime = 5
+			if err := r.e.caddies[0].reload(r.e.bins, lim); err != nil {
+				return err
+			}
+			// A claim the old config granted just before the reload
+			// finished may reach its browser a moment later: the new limit
+			// applies to sessions from 300 ms after.
+			done := time.Now()
+			lowered.Store(done.Add(300 * time.Millisecond).UnixNano())
+			r.fault(done)
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "two-instances",
+		Proves: "two Caddy instances with different limits (max_lifetime 20 and 5) share a pool during a rolling deploy: " +
+			"the pool keeps serving through both, no browser holds more than the larger max_concurrent or serves past the larger max_lifetime.",
+		run: func(r *run) error {
+			a := limits{MaxConcurrent: 2, MaxLifetime: 20, SelectTimeout: selectTimeout}
+			b := limits{MaxConcurrent: 2, MaxLifetime: 5, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{a, b}, 3, 2); err != nil {
+				return err
+			}
+			r.clients(2, constant(20), 100*time.Millisecond)
+			r.tr.down[1].Store(true) // the new instance joins the rotation later
+			r.tr.churn(4, churnHold)
+			if err := r.waitServed(8); err != nil {
+				return err
+			}
+			r.tr.down[1].Store(false)
+			r.fault(time.Now())
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "agent-frozen",
+		Proves: "an agent frozen (SIGSTOP) past the stale threshold and its key TTL while its browser holds sessions at capacity, " +
+			"then resumed: its live sessions still count against max_concurrent once it registers again (no over-admission).",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 2, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 1, 2); err != nil {
+				return err
+			}
+			r.clients(2, constant(noLifetime), 100*time.Millisecond)
+			if got := r.tr.hold(2, -1); got != 2 {
+				return fmt.Errorf("opened %d of 2 sessions on worker-1", got)
+			}
+			for i := 2; i <= 4; i++ {
+				if _, err := r.e.startWorker(i, 2); err != nil {
+					return err
+				}
+			}
+			if err := r.waitWorkers(4); err != nil {
+				return err
+			}
+			// More demand than the three other workers' six slots, as a
+			// busy grid has: a slot that looks free is taken at once.
+			r.tr.churn(7, churnHold)
+			r.warm()
+			agent := r.e.workers[0]
+			freeze := r.phase(keyTTL+2*time.Second, 12*time.Second)
+			if err := agent.p.freeze(); err != nil {
+				return fmt.Errorf("freezing worker-1: %w", err)
+			}
+			r.note("agent frozen %s", freeze)
+			time.Sleep(freeze) // the fault's length
+			if err := agent.p.thaw(); err != nil {
+				return fmt.Errorf("resuming worker-1: %w", err)
+			}
+			r.fault(time.Now())
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "redis-restart",
+		Proves: "Redis killed and restarted empty under 50 live sessions: the live sessions keep counting (no over-admission), " +
+			"no slot leaks, and the grid serves again within lease_ttl of the restart.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 8, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 8, 8); err != nil {
+				return err
+			}
+			r.clients(8, constant(noLifetime), 100*time.Millisecond)
+			if got := r.tr.hold(50, -1); got != 50 {
+				return fmt.Errorf("opened %d of 50 live sessions", got)
+			}
+			r.tr.churn(6, churnHold)
+			r.warm()
+			n := r.e.topo.nodes[0]
+			down := time.Now()
+			n.p.kill9()
+			if err := n.start(r.e); err != nil {
+				return fmt.Errorf("restarting Redis: %w", err)
+			}
+			up := time.Now()
+			r.outages = append(r.outages, [2]time.Time{down, up})
+			r.note("Redis down %s", up.Sub(down).Round(time.Millisecond))
+			r.fault(up)
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "redis-stall",
+		Proves: "Redis stalled (DEBUG SLEEP 7) during claims: a claim is refused within ~2.5 s (not when Redis wakes), a " +
+			"claim that timed out leaves no lease and no count once Redis answers again, and the workers' records, lapsed " +
+			"meanwhile (key TTL 3 s), come back with their live sessions counted.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 4, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(true), []limits{lim}, 4, 4); err != nil {
+				return err
+			}
+			r.clients(4, constant(noLifetime), 100*time.Millisecond)
+			if got := r.tr.hold(4, -1); got != 4 {
+				return fmt.Errorf("opened %d of 4 live sessions", got)
+			}
+			r.tr.churn(6, churnHold)
+			r.warm()
+			r.slowRefusal = 3 * time.Second
+			stalled := time.Now()
+			if out, err := r.e.topo.nodes[0].cliWithin(20*time.Second, "debug", "sleep", "7"); err != nil {
+				return fmt.Errorf("DEBUG SLEEP: %w: %s", err, out)
+			}
+			woke := time.Now()
+			r.outages = append(r.outages, [2]time.Time{stalled, woke})
+			r.note("Redis stalled %s", woke.Sub(stalled).Round(time.Millisecond))
+			r.fault(woke)
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "cluster-failover",
+		Proves: "Redis Cluster (3 masters + 3 replicas, replicas in sync): the master owning the pool's slot killed under traffic " +
+			"costs no more than the failover: sessions served again within 5 s of the replica's promotion.",
+		run: func(r *run) error { return r.failover(r.e.startCluster) },
+	},
+	{
+		Name: "sentinel-failover",
+		Proves: "Redis Sentinel (master, replica, 3 sentinels; redis+sentinel:// URL): the master killed under traffic costs " +
+			"no more than the failover, for Caddy and for the agents.",
+		run: func(r *run) error { return r.failover(r.e.startSentinel) },
+	},
+	{
+		Name: "worker-kill",
+		Proves: "kill -9 of a worker (agent and browser) with live sessions: only its own sessions fail, its slots are " +
+			"released, the others keep serving.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 4, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 5, 4); err != nil {
+				return err
+			}
+			r.clients(4, constant(noLifetime), 100*time.Millisecond)
+			if got := r.tr.hold(8, -1); got != 8 {
+				return fmt.Errorf("opened %d of 8 live sessions", got)
+			}
+			r.tr.churn(6, churnHold)
+			r.warm()
+			// The worker whose browser holds the most sessions.
+			victim, most, addr := (*workerInst)(nil), -1, ""
+			for _, w := range r.e.workers {
+				a, err := r.workerAddr(w.name)
+				if err != nil {
+					continue
+				}
+				if n := r.smp.liveOn(a); n > most {
+					victim, most, addr = w, n, a
+				}
+			}
+			if victim == nil {
+				return fmt.Errorf("no worker to kill")
+			}
+			live, err := liveAt(addr)
+			if err != nil {
+				return fmt.Errorf("reading %s's live sessions: %w", victim.name, err)
+			}
+			at := time.Now()
+			victim.p.kill9()
+			r.workerKills = append(r.workerKills, workerKill{at: at, live: live})
+			r.note("%s killed with %d live sessions", victim.name, live)
+			r.fault(at)
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "caddy-kill",
+		Proves: "kill -9 of a Caddy instance holding 50 live sessions: only its sessions fail, their slots come back " +
+			"within lease_ttl, the other instance keeps serving.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 8, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim, lim}, 8, 8); err != nil {
+				return err
+			}
+			r.clients(8, constant(noLifetime), 100*time.Millisecond)
+			if got := r.tr.hold(50, 0); got != 50 {
+				return fmt.Errorf("opened %d of 50 live sessions through caddy-a", got)
+			}
+			r.tr.churn(6, churnHold)
+			r.warm()
+			at := time.Now()
+			r.tr.down[0].Store(true)
+			r.e.caddies[0].p.kill9()
+			r.killedFrontend = map[int]time.Time{0: at}
+			r.fault(at)
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "reload-live",
+		Proves: "`caddy reload` under 100 live sessions: every live session survives, its slot stays counted and is " +
+			"released when it ends; new sessions are served throughout.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 12, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 10, 12); err != nil {
+				return err
+			}
+			r.clients(12, constant(noLifetime), 100*time.Millisecond)
+			if got := r.tr.hold(100, -1); got != 100 {
+				return fmt.Errorf("opened %d of 100 live sessions", got)
+			}
+			r.tr.churn(6, churnHold)
+			r.warm()
+			lim.SelectTimeout = selectTimeout + time.Second // a real change
+			if err := r.e.caddies[0].reload(r.e.bins, lim); err != nil {
+				return err
+			}
+			r.fault(time.Now())
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "stale-5000",
+		Proves: "5,000 stale workers (a lost zone: registered, then silent) beside 10 fresh ones, the reaper at its default " +
+			"60 s: sessions keep being served and the stale records are gone within a minute.",
+		run: func(r *run) error {
+			// The reaper at its default cadence: what removes a lost zone
+			// in production, beside the claims' own background expiry.
+			lim := limits{MaxConcurrent: 2, MaxLifetime: noLifetime, SelectTimeout: selectTimeout, ReaperInterval: time.Minute}
+			if err := r.grid(r.single(false), []limits{lim}, 10, 2); err != nil {
+				return err
+			}
+			r.healBound = time.Minute
+			r.clients(2, constant(noLifetime), time.Second)
+			r.smp.extraBad = func(info registry.PoolInfo) bool {
+				for _, w := range info.Workers {
+					if time.Since(w.LastHeartbeat) > staleThreshold {
+						return true
+					}
+				}
+				return false
+			}
+			r.tr.churn(8, churnHold)
+			r.warm()
+			start := time.Now()
+			// A client of its own: the harness's deadlines are for reads.
+			wrdb := redis.NewClient(&redis.Options{Addr: r.e.topo.nodes[0].addr(), ReadTimeout: 10 * time.Second})
+			defer wrdb.Close()
+			if err := registerStale(registry.New(wrdb, registry.Options{}), 5000); err != nil {
+				return err
+			}
+			r.note("5,000 records written in %s", time.Since(start).Round(time.Millisecond))
+			r.fault(time.Now().Add(staleThreshold)) // when they turn stale
+			time.Sleep(staleThreshold)
+			r.observe()
+			var before, after []time.Duration
+			for _, o := range r.tr.snapshot() {
+				switch {
+				case o.opened.IsZero():
+				case o.opened.Before(start):
+					before = append(before, o.opened.Sub(o.start))
+				case o.start.After(r.faultAt):
+					after = append(after, o.opened.Sub(o.start))
+				}
+			}
+			r.note("session open p99 %s before the lost zone, %s while it was stale", p99(before).Round(time.Millisecond), p99(after).Round(time.Millisecond))
+			return nil
+		},
+	},
+}
+
+// failover runs a failover scenario on topology start: the master serving
+// the pool is killed under traffic and the replica's promotion awaited.
+func (r *run) failover(start func() (*topology, error)) error {
+	lim := limits{MaxConcurrent: 4, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
+	if err := r.grid(start, []limits{lim}, 4, 4); err != nil {
+		return err
+	}
+	r.clients(4, constant(noLifetime), 100*time.Millisecond)
+	if got := r.tr.hold(4, -1); got != 4 {
+		return fmt.Errorf("opened %d of 4 live sessions", got)
+	}
+	r.tr.churn(6, churnHold)
+	r.warm()
+	t := r.e.topo
+	var master, replica *redisNode
+	if t.masterName != "" {
+		master, replica = t.nodes[0], t.nodes[1]
+	} else {
+		var err error
+		if master, replica, err = t.slotOwner(r.reg.Key(Pool, "workers")); err != nil {
+			return err
+		}
+		if err := t.waitReplicasInSync(); err != nil {
+			return err
+		}
+	}
+	// Every write so far reached the replica.
+	if out, err := master.cli("wait", "1", "2000"); err != nil || strings.TrimSpace(out) != "1" {
+		return fmt.Errorf("WAIT for the replica of %s: %q %v", master.addr(), out, err)
+	}
+	at := time.Now()
+	master.p.kill9()
+	r.fault(at)
+	var promoted time.Time
+	if err := poll(60*time.Second, 50*time.Millisecond, "the replica's promotion", func() (bool, error) {
+		return replica.isMaster(), nil
+	}); err != nil {
+		return err
+	}
+	promoted = time.Now()
+	r.note("replica promoted %s after the kill", promoted.Sub(at).Round(100*time.Millisecond))
+	// Issue 9: served again within 5 s of the promotion.
+	r.healBound = promoted.Sub(at) + 5*time.Second
+	r.outages = append(r.outages, [2]time.Time{at, promoted.Add(5 * time.Second)})
+	r.observe()
+	return nil
+}
+
+// registerStale writes n worker records the way agents of a lost zone
+// left them: registered, then never heard from again. Their addresses
+// are in TEST-NET-1 (never reachable).
+func registerStale(reg *registry.Registry, n int) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	var next atomic.Int64
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				err := reg.Register(ctx, registry.Registration{
+					Pool: Pool, ID: fmt.Sprintf("lost-zone-%05d", i), BrowserType: Pool,
+					Addr: fmt.Sprintf("192.0.2.%d:%d", i%250+1, 9000+i/250), Path: "/playwright",
+					Capacity: 2, TTL: 10 * time.Minute,
+				})
+				cancel()
+				if err != nil {
+					select {
+					case errs <- fmt.Errorf("registering stale worker %d: %w", i, err):
+					default:
+					}
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}
+
+// p99 is the 99th percentile of d (nearest rank).
+func p99(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[(len(s)*99+99)/100-1]
+}

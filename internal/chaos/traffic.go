@@ -1,0 +1,223 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
+)
+
+// outcome is one client session as the client saw it.
+type outcome struct {
+	// frontend is the index of the Caddy instance it went through.
+	frontend int
+	start    time.Time
+	// opened is when the handshake and the first echo succeeded (zero
+	// when the session never opened).
+	opened time.Time
+	end    time.Time
+	// err is what the client saw go wrong (nil: served in full).
+	err error
+	// status is the HTTP status of a refused handshake (0 otherwise).
+	status int
+	// broke: the session opened, then failed before the client closed it.
+	broke bool
+	// excused: the failure is on the component the scenario killed or
+	// stalled (see scenario.excuse).
+	excused bool
+	hold    bool
+}
+
+// traffic runs the scenario's clients: holders keep long sessions open
+// until released, churners open short sessions back to back.
+type traffic struct {
+	frontends []string
+	// down[i] set: frontend i is out of rotation (as a load balancer's
+	// health check would take a dead instance out).
+	down []atomic.Bool
+	rr   atomic.Uint64
+
+	mu       sync.Mutex
+	outcomes []*outcome
+
+	handshake time.Duration
+	stopChurn chan struct{}
+	release   chan struct{}
+	wg        sync.WaitGroup
+	relOnce   sync.Once
+	stopOnce  sync.Once
+}
+
+func newTraffic(frontends []string, handshake time.Duration) *traffic {
+	return &traffic{
+		frontends: frontends, down: make([]atomic.Bool, len(frontends)), handshake: handshake,
+		stopChurn: make(chan struct{}), release: make(chan struct{}),
+	}
+}
+
+// pick returns the next frontend in rotation.
+func (tr *traffic) pick() int {
+	n := uint64(len(tr.frontends))
+	for range n {
+		i := int(tr.rr.Add(1) % n)
+		if !tr.down[i].Load() {
+			return i
+		}
+	}
+	return 0
+}
+
+// pinned, when ≥ 0, sends a client through that frontend only.
+func (tr *traffic) session(ctx context.Context, pinned int, hold time.Duration, holder bool, opened chan<- struct{}) *outcome {
+	fe := pinned
+	if fe < 0 {
+		fe = tr.pick()
+	}
+	o := &outcome{frontend: fe, start: time.Now(), hold: holder}
+	// Published once finished, so readers never see it change.
+	defer func() {
+		o.end = time.Now()
+		tr.mu.Lock()
+		tr.outcomes = append(tr.outcomes, o)
+		tr.mu.Unlock()
+	}()
+
+	c, _, err := (&wsock.Dialer{HandshakeTimeout: tr.handshake}).Dial(ctx, tr.frontends[fe])
+	if err != nil {
+		var he *wsock.HandshakeError
+		if errors.As(err, &he) {
+			o.status = he.StatusCode
+		}
+		o.err = fmt.Errorf("opening a session: %w", err)
+		return o
+	}
+	defer c.Abort()
+	if err := echo(c, "hello"); err != nil {
+		o.err = fmt.Errorf("first echo: %w", err)
+		return o
+	}
+	o.opened = time.Now()
+	if opened != nil {
+		opened <- struct{}{}
+	}
+	// Hold the session, echoing every 300 ms so that a broken one is
+	// noticed when it breaks.
+	var until <-chan time.Time
+	if !holder {
+		until = time.After(hold)
+	}
+	tick := time.NewTicker(300 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-until:
+			return tr.closeOK(o, c)
+		case <-tr.release:
+			if holder {
+				return tr.closeOK(o, c)
+			}
+		case <-tick.C:
+			if err := echo(c, "ping"); err != nil {
+				o.err, o.broke = fmt.Errorf("session broke after %s: %w", time.Since(o.opened).Round(time.Millisecond), err), true
+				return o
+			}
+		}
+	}
+}
+
+func (tr *traffic) closeOK(o *outcome, c *wsock.Conn) *outcome {
+	if err := echo(c, "bye"); err != nil {
+		o.err, o.broke = fmt.Errorf("session broke at its end: %w", err), true
+		return o
+	}
+	_ = c.CloseWith(wsock.CloseNormal, "", 2*time.Second)
+	return o
+}
+
+func echo(c *wsock.Conn, msg string) error {
+	if err := c.WriteText(msg); err != nil {
+		return fmt.Errorf("writing: %w", err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, got, err := c.ReadMessage()
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
+		return fmt.Errorf("reading the echo: %w", err)
+	}
+	if string(got) != msg {
+		return fmt.Errorf("echo %q, want %q", got, msg)
+	}
+	return nil
+}
+
+// hold opens n long sessions (through frontend pinned, or in rotation
+// when pinned < 0) and waits until all have opened or failed; they stay
+// open until releaseHolders. It returns how many opened.
+func (tr *traffic) hold(n, pinned int) int {
+	opened := make(chan struct{}, n)
+	done := make(chan struct{}, n)
+	for range n {
+		tr.wg.Add(1)
+		go func() {
+			defer tr.wg.Done()
+			o := tr.session(context.Background(), pinned, 0, true, opened)
+			if o.opened.IsZero() {
+				done <- struct{}{}
+			}
+		}()
+	}
+	got := 0
+	for range n {
+		select {
+		case <-opened:
+			got++
+		case <-done:
+		}
+	}
+	return got
+}
+
+// churn starts n clients, each opening sessions of holdFor back to back
+// until stopChurnNow. After a refusal a client waits 100 ms before trying
+// again (as a client's retry loop would).
+func (tr *traffic) churn(n int, holdFor time.Duration) {
+	for range n {
+		tr.wg.Add(1)
+		go func() {
+			defer tr.wg.Done()
+			for {
+				select {
+				case <-tr.stopChurn:
+					return
+				default:
+				}
+				o := tr.session(context.Background(), -1, holdFor, false, nil)
+				if o.err != nil {
+					select {
+					case <-tr.stopChurn:
+						return
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+			}
+		}()
+	}
+}
+
+// stop ends the churn, releases the holders and waits for every client.
+func (tr *traffic) stop() {
+	tr.stopOnce.Do(func() { close(tr.stopChurn) })
+	tr.relOnce.Do(func() { close(tr.release) })
+	tr.wg.Wait()
+}
+
+// snapshot returns the sessions finished so far.
+func (tr *traffic) snapshot() []*outcome {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return append([]*outcome(nil), tr.outcomes...)
+}
