@@ -141,7 +141,10 @@ func (b *backend) drop() {
 
 // Destruct closes the client when the last user is gone.
 func (b *backend) Destruct() error {
+	// Under mu, so that watch cannot start a goroutine after Wait began.
+	b.mu.Lock()
 	b.cancel()
+	b.mu.Unlock()
 	b.wg.Wait()
 	if err := b.rdb.Close(); err != nil {
 		return fmt.Errorf("closing Redis client for %s: %w", b.redacted, err)
@@ -362,6 +365,11 @@ func (b *backend) queueDepth(pool string) int {
 // or registration in the pool, by any process sharing the Redis, wakes the
 // head of this pool's queue. Pools come only from configuration (a fixed
 // name or the browsers list), so the subscriptions are few.
+//
+// Subscribing opens a connection and waits for Redis to confirm: that runs
+// in the background, never on the request's goroutine, so a Redis that
+// hangs cannot hold a waiting request past its select_timeout (waiters
+// poll every safetyPoll until the subscription is in place).
 func (b *backend) watch(pool string) {
 	b.mu.Lock()
 	if b.watching[pool] || b.ctx.Err() != nil {
@@ -369,27 +377,28 @@ func (b *backend) watch(pool string) {
 		return
 	}
 	b.watching[pool] = true
-	b.mu.Unlock()
-	ch, err := b.reg.Wakeups(b.ctx, pool)
-	if err != nil {
-		b.mu.Lock()
-		b.watching[pool] = false
-		b.mu.Unlock()
-		metrics.redisErrors.WithLabelValues("subscribe").Inc()
-		b.logger.Error("subscribing to wake-ups; waiting requests poll instead",
-			zap.String("pool", pool), zap.Error(err))
-		return
-	}
-	q := b.queue(pool)
 	b.wg.Add(1)
+	b.mu.Unlock()
 	go func() {
 		defer b.wg.Done()
+		defer func() {
+			b.mu.Lock()
+			b.watching[pool] = false
+			b.mu.Unlock()
+		}()
+		ch, err := b.reg.Wakeups(b.ctx, pool)
+		if err != nil {
+			if b.ctx.Err() == nil {
+				metrics.redisErrors.WithLabelValues("subscribe").Inc()
+				b.logger.Error("subscribing to wake-ups; waiting requests poll instead",
+					zap.String("pool", pool), zap.Error(err))
+			}
+			return
+		}
+		q := b.queue(pool)
 		for range ch {
 			q.wakeHead()
 		}
-		b.mu.Lock()
-		b.watching[pool] = false
-		b.mu.Unlock()
 	}()
 }
 
