@@ -117,8 +117,8 @@ func apiError(code int, err error) error {
 }
 
 func serveAdmin(w http.ResponseWriter, r *http.Request) error {
-	a := current.Load()
-	if a == nil || a.backend == nil {
+	a := running.current()
+	if a == nil || a.liveBackend() == nil {
 		return apiError(http.StatusServiceUnavailable, errors.New("no grid app is running"))
 	}
 	parts := strings.Split(strings.Trim(strings.TrimPrefix(r.URL.Path, "/grid/"), "/"), "/")

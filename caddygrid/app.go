@@ -3,9 +3,9 @@ package caddygrid
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -37,9 +37,40 @@ const (
 	DefaultReaperInterval = 60 * time.Second
 )
 
-// current is the grid app of the running config, for the admin API (whose
-// routes are set up before the apps of a new config are provisioned).
-var current atomic.Pointer[App]
+// running holds the grid apps that are started and not yet stopped, for
+// the admin API (whose routes are set up before the apps of a new config
+// are provisioned). The admin API answers from the one started last: a
+// reload starts the new config's app before it stops the old one, and a
+// reload that fails stops the new app again, which leaves the old one.
+var running runningApps
+
+// runningApps is the list of started grid apps, oldest first.
+type runningApps struct {
+	mu   sync.Mutex
+	apps []*App
+}
+
+func (r *runningApps) add(a *App) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.apps = append(r.apps, a)
+}
+
+func (r *runningApps) remove(a *App) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.apps = slices.DeleteFunc(r.apps, func(x *App) bool { return x == a })
+}
+
+// current is the grid app of the running config, or nil.
+func (r *runningApps) current() *App {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.apps) == 0 {
+		return nil
+	}
+	return r.apps[len(r.apps)-1]
+}
 
 // App is the grid app (`grid` global option). It owns the Redis client,
 // shared with every other grid app naming the same Redis through a
@@ -73,6 +104,7 @@ type App struct {
 	// runs one). Default: false.
 	DisableReaper bool `json:"disable_reaper,omitempty"`
 
+	// backend is nil once Cleanup ran; read it with liveBackend.
 	backend *backend
 	logger  *zap.Logger
 
@@ -157,7 +189,7 @@ func (a *App) Start() error {
 	if !a.DisableReaper {
 		a.startReaper()
 	}
-	current.Store(a)
+	running.add(a)
 	a.logger.Info("grid started",
 		zap.String("redis", a.backend.redacted),
 		zap.String("prefix", a.Prefix),
@@ -171,7 +203,7 @@ func (a *App) Start() error {
 // leases stay with the backend, which the next config's app (or the
 // sessions themselves) keep alive.
 func (a *App) Stop() error {
-	current.CompareAndSwap(a, nil)
+	running.remove(a)
 	a.mu.Lock()
 	stop, done := a.stopReaper, a.reaperDone
 	a.stopReaper, a.reaperDone = nil, nil
@@ -183,13 +215,25 @@ func (a *App) Stop() error {
 	return nil
 }
 
-// Cleanup gives back the app's reference on the backend.
+// Cleanup gives back the app's reference on the backend. Requests of the
+// replaced config may still be running (Caddy does not wait for them):
+// they see no backend from then on (see liveBackend).
 func (a *App) Cleanup() error {
-	if a.backend != nil {
-		a.backend.drop()
-		a.backend = nil
+	a.mu.Lock()
+	b := a.backend
+	a.backend = nil
+	a.mu.Unlock()
+	if b != nil {
+		b.drop()
 	}
 	return nil
+}
+
+// liveBackend is the app's backend, or nil once Cleanup ran.
+func (a *App) liveBackend() *backend {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.backend
 }
 
 // Registry is the registry over the app's Redis (for the admin API and

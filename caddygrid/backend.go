@@ -413,6 +413,7 @@ const (
 	outcomeCanceled          // the client went away while waiting
 	outcomeBadPool           // 400: the pool is not allowed
 	outcomeNoSource          // 503: the policy runs without the browser_grid upstream source
+	outcomeStopped           // 503: the request's config was replaced and cleaned up before it claimed
 )
 
 // acquire claims a worker for the session, waiting in the pool's queue

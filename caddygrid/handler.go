@@ -276,6 +276,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		w.Header().Set("Retry-After", retryAfterSeconds(retry))
 		return h.reject(w, r, http.StatusServiceUnavailable, pool,
 			"the grid's registry is unreachable; retry later")
+	case outcomeStopped:
+		w.Header().Set("Retry-After", retryAfterSeconds(retry))
+		return h.reject(w, r, http.StatusServiceUnavailable, pool,
+			"the grid's configuration was replaced while this request waited; retry")
 	case outcomeNoSource:
 		return h.reject(w, r, http.StatusServiceUnavailable, pool, "the grid is misconfigured")
 	case outcomeCanceled:

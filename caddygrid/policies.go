@@ -333,7 +333,19 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	}
 	req.Vnode.Limits = req.Limits
 	req.FairShare.Limits = req.Limits
-	b := c.app.backend
+	// A retry uses the backend the session holds a reference on: the
+	// config that made this policy may have been replaced and cleaned up
+	// meanwhile (Caddy does not wait for its requests), which leaves its
+	// app without one.
+	b := s.heldBackend()
+	if b == nil {
+		b = c.app.liveBackend()
+	}
+	if b == nil {
+		s.setOutcome(outcomeStopped, time.Second)
+		w.Header().Set("Retry-After", retryAfterSeconds(time.Second))
+		return nil
+	}
 	claim, o, _ := b.acquire(r.Context(), req, samples, opts.QueueSize, deadline)
 	if claim == nil {
 		retry := time.Duration(opts.SelectTimeout)

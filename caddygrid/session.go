@@ -111,6 +111,14 @@ func (s *session) takeFailed() (*registry.Claim, *backend) {
 	return c, b
 }
 
+// heldBackend is the backend the session holds a reference on (taken by
+// its first claim), or nil.
+func (s *session) heldBackend() *backend {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b
+}
+
 // adopt makes c the session's live claim. When the request already ended
 // (the client left while the claim was in flight), the claim is undone at
 // once and adopt reports false.
