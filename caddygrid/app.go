@@ -88,7 +88,8 @@ type App struct {
 	// Prefix of every Redis key of the grid. Default: "grid".
 	Prefix string `json:"prefix,omitempty"`
 	// LeaseTTL is how long a live session's lease lasts unless renewed;
-	// this instance renews its leases every lease_ttl/3. When a Caddy
+	// this instance renews its leases every lease_ttl/3 (a reload that
+	// lowers it renews at once, then at the new interval). When a Caddy
 	// instance dies, its sessions' slots free themselves after at most
 	// this long. Default: 30s.
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`

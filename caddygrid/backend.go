@@ -68,6 +68,8 @@ type backend struct {
 	// leaseTTL (nanoseconds) is the lease_ttl of the most recently
 	// started grid app using this backend.
 	leaseTTL atomic.Int64
+	// rearm tells keepLeases that leaseTTL changed (capacity 1).
+	rearm chan struct{}
 
 	mu       sync.Mutex
 	leases   map[string]map[string]struct{} // pool → lease IDs held by this process
@@ -118,6 +120,7 @@ func newBackend(key backendKey, logger *zap.Logger) (*backend, error) {
 	b.reg = registry.New(rdb, registry.Options{Prefix: key.prefix, OnBadRecord: b.badRecord})
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.leaseTTL.Store(int64(defaultLeaseTTL))
+	b.rearm = make(chan struct{}, 1)
 	return b, nil
 }
 
@@ -153,8 +156,16 @@ func (b *backend) Destruct() error {
 }
 
 // configure adopts the lease TTL of the grid app that was started last.
+// A shorter TTL re-arms the renewal timer at once: leases claimed from now
+// on live only that long, so waiting out a timer set for a longer TTL
+// would let them lapse before their first renewal.
 func (b *backend) configure(leaseTTL time.Duration) {
-	b.leaseTTL.Store(int64(leaseTTL))
+	if old := b.leaseTTL.Swap(int64(leaseTTL)); leaseTTL < time.Duration(old) {
+		select {
+		case b.rearm <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // start launches the lease keeper once per backend (from an app's Start,
@@ -301,6 +312,12 @@ func (b *backend) keepLeases() {
 		case <-b.ctx.Done():
 			t.Stop()
 			return
+		case <-b.rearm:
+			// lease_ttl was lowered: renew now with the new TTL (the
+			// leases renewed last with the old one may be due sooner
+			// than the new interval), then every new TTL/3.
+			t.Stop()
+			ttl = time.Duration(b.leaseTTL.Load())
 		case <-t.C:
 		}
 		b.renewAll(ttl)
