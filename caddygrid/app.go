@@ -171,6 +171,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 }
 
 func (a *App) validate() error {
+	if err := registry.CheckPrefix(a.Prefix); err != nil {
+		return fmt.Errorf("grid: prefix: %w", err)
+	}
 	switch {
 	case a.LeaseTTL < caddy.Duration(time.Second):
 		return fmt.Errorf("grid: lease_ttl %s: must be at least 1s", time.Duration(a.LeaseTTL))
@@ -290,8 +293,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			a.Redis = val
 		case "prefix":
-			if strings.ContainsAny(val, "{}: ") {
-				return d.Errf("invalid prefix '%s': must not contain braces, colons or spaces", val)
+			if err := registry.CheckPrefix(val); err != nil {
+				return d.Errf("invalid prefix '%s': %v", val, err)
 			}
 			a.Prefix = val
 		case "lease_ttl", "stale_threshold", "reaper_interval":
