@@ -208,6 +208,14 @@ func (a *App) Start() error {
 // sessions themselves) keep alive.
 func (a *App) Stop() error {
 	running.remove(a)
+	// When the app that goes is not the one a reload replaced but the new
+	// one (the reload failed after starting it), the running app's
+	// lease_ttl applies again.
+	if cur := running.current(); cur != nil {
+		if b := cur.liveBackend(); b != nil {
+			b.configure(time.Duration(cur.LeaseTTL))
+		}
+	}
 	a.mu.Lock()
 	stop, done := a.stopReaper, a.reaperDone
 	a.stopReaper, a.reaperDone = nil, nil

@@ -153,6 +153,8 @@ func TestFailedReloadKeepsAdminAPI(t *testing.T) {
 	}
 	defer taken.Close()
 	unstartable := good
+	// Its lease_ttl must not outlive the failed reload.
+	unstartable.global = "lease_ttl 5m"
 	unstartable.sites = fmt.Sprintf("http://%s {\n\trespond ok\n}\n", taken.Addr())
 	// Each try starts the apps in a new random order; ten tries leave
 	// about one chance in a thousand that the grid app never started
@@ -164,8 +166,17 @@ func TestFailedReloadKeepsAdminAPI(t *testing.T) {
 		}
 		checkAdmin(fmt.Sprintf("after reload %d that failed to start", i+1))
 	}
-	// The running config still serves sessions.
-	mustDial(t, c.url("/playwright/chromium")).close()
+	// The running config still serves sessions, with its own lease_ttl
+	// (30s by default), not the failed config's 5m.
+	s := mustDial(t, c.url("/playwright/chromium"))
+	defer s.close()
+	leases, err := g.rdb.ZRangeWithScores(context.Background(), "{grid:chromium}:lease_expiry", 0, -1).Result()
+	if err != nil || len(leases) != 1 {
+		t.Fatalf("leases: %v, %v; want one", leases, err)
+	}
+	if left := time.Until(time.UnixMilli(int64(leases[0].Score))); left > time.Minute {
+		t.Errorf("the session's lease expires in %s: the failed config's lease_ttl 5m is in force, want the running config's 30s", left.Round(time.Second))
+	}
 }
 
 // TestRetryAfterConfigCleanup: a request of the old config is still
