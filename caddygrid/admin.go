@@ -117,10 +117,21 @@ func apiError(code int, err error) error {
 }
 
 func serveAdmin(w http.ResponseWriter, r *http.Request) error {
-	a := current.Load()
-	if a == nil || a.backend == nil {
+	a := running.current()
+	var b *backend
+	if a != nil {
+		b = a.liveBackend()
+	}
+	if b == nil {
 		return apiError(http.StatusServiceUnavailable, errors.New("no grid app is running"))
 	}
+	// Hold the backend for the request: a reload may clean the app up
+	// meanwhile.
+	b, err := b.retain()
+	if err != nil {
+		return apiError(http.StatusServiceUnavailable, errors.New("no grid app is running"))
+	}
+	defer b.drop()
 	parts := strings.Split(strings.Trim(strings.TrimPrefix(r.URL.Path, "/grid/"), "/"), "/")
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
@@ -129,7 +140,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != http.MethodGet {
 			return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use GET", r.Method))
 		}
-		return a.adminPools(ctx, w)
+		return a.adminPools(ctx, b, w)
 	case len(parts) >= 2 && parts[0] == "pools":
 		pool := parts[1]
 		if !validPoolName(pool) {
@@ -140,17 +151,17 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 			if r.Method != http.MethodGet {
 				return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use GET", r.Method))
 			}
-			return a.adminPool(ctx, w, pool)
+			return a.adminPool(ctx, b, w, pool)
 		case len(parts) == 3 && parts[2] == "pick":
 			if r.Method != http.MethodGet {
 				return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use GET", r.Method))
 			}
-			return a.adminPick(ctx, w, pool, r.URL.Query().Get("policy"))
+			return a.adminPick(ctx, b, w, pool, r.URL.Query().Get("policy"))
 		case len(parts) == 5 && parts[2] == "workers" && parts[4] == "drain":
 			if r.Method != http.MethodPost {
 				return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use POST", r.Method))
 			}
-			return a.adminDrain(ctx, w, pool, parts[3])
+			return a.adminDrain(ctx, b, w, pool, parts[3])
 		}
 	}
 	return apiError(http.StatusNotFound, fmt.Errorf("no grid admin route %s %s", r.Method, r.URL.Path))
@@ -169,9 +180,9 @@ func redisError(what string, err error) error {
 }
 
 // summarize totals a pool.
-func (a *App) summarize(info registry.PoolInfo) PoolSummary {
+func (a *App) summarize(b *backend, info registry.PoolInfo) PoolSummary {
 	s := PoolSummary{Pool: info.Pool, Workers: len(info.Workers), Leases: info.Leases,
-		QueueDepth: a.backend.queueDepth(info.Pool), LocalSessions: a.backend.liveLeases()[info.Pool]}
+		QueueDepth: b.queueDepth(info.Pool), LocalSessions: b.liveLeases()[info.Pool]}
 	for _, w := range info.Workers {
 		s.Active += w.Active
 		switch w.Status {
@@ -190,18 +201,18 @@ func (a *App) summarize(info registry.PoolInfo) PoolSummary {
 	return s
 }
 
-func (a *App) adminPools(ctx context.Context, w http.ResponseWriter) error {
-	pools, err := a.backend.reg.Pools(ctx)
+func (a *App) adminPools(ctx context.Context, b *backend, w http.ResponseWriter) error {
+	pools, err := b.reg.Pools(ctx)
 	if err != nil {
 		return redisError("listing pools", err)
 	}
 	out := make([]PoolSummary, 0, len(pools))
 	for _, p := range pools {
-		info, err := a.backend.reg.Inspect(ctx, p)
+		info, err := b.reg.Inspect(ctx, p)
 		if err != nil {
 			return redisError(fmt.Sprintf("reading pool %q", p), err)
 		}
-		out = append(out, a.summarize(info))
+		out = append(out, a.summarize(b, info))
 	}
 	return writeJSON(w, out)
 }
@@ -223,13 +234,13 @@ func workerStatus(wi registry.WorkerInfo, now time.Time) WorkerStatus {
 	return ws
 }
 
-func (a *App) adminPool(ctx context.Context, w http.ResponseWriter, pool string) error {
-	info, err := a.backend.reg.Inspect(ctx, pool)
+func (a *App) adminPool(ctx context.Context, b *backend, w http.ResponseWriter, pool string) error {
+	info, err := b.reg.Inspect(ctx, pool)
 	if err != nil {
 		return redisError(fmt.Sprintf("reading pool %q", pool), err)
 	}
 	if len(info.Workers) == 0 && len(info.BadRecords) == 0 {
-		pools, err := a.backend.reg.Pools(ctx)
+		pools, err := b.reg.Pools(ctx)
 		if err != nil {
 			return redisError("listing pools", err)
 		}
@@ -243,7 +254,7 @@ func (a *App) adminPool(ctx context.Context, w http.ResponseWriter, pool string)
 	}
 	now := time.Now()
 	d := PoolDetail{
-		PoolSummary:    a.summarize(info),
+		PoolSummary:    a.summarize(b, info),
 		MaxConcurrent:  info.Limits.MaxConcurrent,
 		MaxLifetime:    info.Limits.MaxLifetime,
 		WorkerStatuses: make([]WorkerStatus, 0, len(info.Workers)),
@@ -257,8 +268,8 @@ func (a *App) adminPool(ctx context.Context, w http.ResponseWriter, pool string)
 	return writeJSON(w, d)
 }
 
-func (a *App) adminDrain(ctx context.Context, w http.ResponseWriter, pool, id string) error {
-	if err := a.backend.reg.Drain(ctx, pool, id); err != nil {
+func (a *App) adminDrain(ctx context.Context, b *backend, w http.ResponseWriter, pool, id string) error {
+	if err := b.reg.Drain(ctx, pool, id); err != nil {
 		if errors.Is(err, registry.ErrNotRegistered) {
 			return apiError(http.StatusNotFound, fmt.Errorf("worker %q is not registered in pool %q", id, pool))
 		}
@@ -272,12 +283,12 @@ func (a *App) adminDrain(ctx context.Context, w http.ResponseWriter, pool, id st
 // adminPick asks the registry what a claim would choose now, with the
 // request of this instance's last claim in the pool (its policy and
 // limits), or lifetime_first with the pool's stored limits.
-func (a *App) adminPick(ctx context.Context, w http.ResponseWriter, pool, policy string) error {
-	a.backend.mu.Lock()
-	req, ok := a.backend.lastPick[pool]
-	a.backend.mu.Unlock()
+func (a *App) adminPick(ctx context.Context, b *backend, w http.ResponseWriter, pool, policy string) error {
+	b.mu.Lock()
+	req, ok := b.lastPick[pool]
+	b.mu.Unlock()
 	if !ok {
-		info, err := a.backend.reg.Inspect(ctx, pool)
+		info, err := b.reg.Inspect(ctx, pool)
 		if err != nil {
 			return redisError(fmt.Sprintf("reading pool %q", pool), err)
 		}
@@ -297,7 +308,7 @@ func (a *App) adminPick(ctx context.Context, w http.ResponseWriter, pool, policy
 	default:
 		return apiError(http.StatusBadRequest, fmt.Errorf("unknown policy %q: use lifetime_first, vnode or fair_share", policy))
 	}
-	wi, dec, err := a.backend.reg.Pick(ctx, req)
+	wi, dec, err := b.reg.Pick(ctx, req)
 	out := PickResult{Pool: pool, Policy: string(req.Policy), Scanned: dec.Scanned, Stale: dec.Stale}
 	switch {
 	case err == nil:

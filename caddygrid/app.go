@@ -3,9 +3,9 @@ package caddygrid
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -37,9 +37,40 @@ const (
 	DefaultReaperInterval = 60 * time.Second
 )
 
-// current is the grid app of the running config, for the admin API (whose
-// routes are set up before the apps of a new config are provisioned).
-var current atomic.Pointer[App]
+// running holds the grid apps that are started and not yet stopped, for
+// the admin API (whose routes are set up before the apps of a new config
+// are provisioned). The admin API answers from the one started last: a
+// reload starts the new config's app before it stops the old one, and a
+// reload that fails stops the new app again, which leaves the old one.
+var running runningApps
+
+// runningApps is the list of started grid apps, oldest first.
+type runningApps struct {
+	mu   sync.Mutex
+	apps []*App
+}
+
+func (r *runningApps) add(a *App) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.apps = append(r.apps, a)
+}
+
+func (r *runningApps) remove(a *App) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.apps = slices.DeleteFunc(r.apps, func(x *App) bool { return x == a })
+}
+
+// current is the grid app of the running config, or nil.
+func (r *runningApps) current() *App {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.apps) == 0 {
+		return nil
+	}
+	return r.apps[len(r.apps)-1]
+}
 
 // App is the grid app (`grid` global option). It owns the Redis client,
 // shared with every other grid app naming the same Redis through a
@@ -57,7 +88,8 @@ type App struct {
 	// Prefix of every Redis key of the grid. Default: "grid".
 	Prefix string `json:"prefix,omitempty"`
 	// LeaseTTL is how long a live session's lease lasts unless renewed;
-	// this instance renews its leases every lease_ttl/3. When a Caddy
+	// this instance renews its leases every lease_ttl/3 (a reload that
+	// lowers it renews at once, then at the new interval). When a Caddy
 	// instance dies, its sessions' slots free themselves after at most
 	// this long. Default: 30s.
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
@@ -73,6 +105,7 @@ type App struct {
 	// runs one). Default: false.
 	DisableReaper bool `json:"disable_reaper,omitempty"`
 
+	// backend is nil once Cleanup ran; read it with liveBackend.
 	backend *backend
 	logger  *zap.Logger
 	// provisioned is when this config was provisioned; limits holds when
@@ -111,7 +144,7 @@ func gridApp(ctx caddy.Context) (*App, error) {
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
 	a.provisioned = time.Now()
-	if cur := current.Load(); cur != nil {
+	if cur := running.current(); cur != nil {
 		a.prevLimits = cur.limits.snapshot()
 	}
 	if a.Redis == "" {
@@ -148,6 +181,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 }
 
 func (a *App) validate() error {
+	if err := registry.CheckPrefix(a.Prefix); err != nil {
+		return fmt.Errorf("grid: prefix: %w", err)
+	}
 	switch {
 	case a.LeaseTTL < caddy.Duration(time.Second):
 		return fmt.Errorf("grid: lease_ttl %s: must be at least 1s", time.Duration(a.LeaseTTL))
@@ -167,7 +203,7 @@ func (a *App) Start() error {
 	if !a.DisableReaper {
 		a.startReaper()
 	}
-	current.Store(a)
+	running.add(a)
 	a.logger.Info("grid started",
 		zap.String("redis", a.backend.redacted),
 		zap.String("prefix", a.Prefix),
@@ -181,7 +217,15 @@ func (a *App) Start() error {
 // leases stay with the backend, which the next config's app (or the
 // sessions themselves) keep alive.
 func (a *App) Stop() error {
-	current.CompareAndSwap(a, nil)
+	running.remove(a)
+	// When the app that goes is not the one a reload replaced but the new
+	// one (the reload failed after starting it), the running app's
+	// lease_ttl applies again.
+	if cur := running.current(); cur != nil {
+		if b := cur.liveBackend(); b != nil {
+			b.configure(time.Duration(cur.LeaseTTL))
+		}
+	}
 	a.mu.Lock()
 	stop, done := a.stopReaper, a.reaperDone
 	a.stopReaper, a.reaperDone = nil, nil
@@ -193,13 +237,25 @@ func (a *App) Stop() error {
 	return nil
 }
 
-// Cleanup gives back the app's reference on the backend.
+// Cleanup gives back the app's reference on the backend. Requests of the
+// replaced config may still be running (Caddy does not wait for them):
+// they see no backend from then on (see liveBackend).
 func (a *App) Cleanup() error {
-	if a.backend != nil {
-		a.backend.drop()
-		a.backend = nil
+	a.mu.Lock()
+	b := a.backend
+	a.backend = nil
+	a.mu.Unlock()
+	if b != nil {
+		b.drop()
 	}
 	return nil
+}
+
+// liveBackend is the app's backend, or nil once Cleanup ran.
+func (a *App) liveBackend() *backend {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.backend
 }
 
 // Registry is the registry over the app's Redis (for the admin API and
@@ -255,8 +311,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			a.Redis = val
 		case "prefix":
-			if strings.ContainsAny(val, "{}: ") {
-				return d.Errf("invalid prefix '%s': must not contain braces, colons or spaces", val)
+			if err := registry.CheckPrefix(val); err != nil {
+				return d.Errf("invalid prefix '%s': %v", val, err)
 			}
 			a.Prefix = val
 		case "lease_ttl", "stale_threshold", "reaper_interval":

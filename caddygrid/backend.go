@@ -83,6 +83,8 @@ type backend struct {
 	// leaseTTL (nanoseconds) is the lease_ttl of the most recently
 	// started grid app using this backend.
 	leaseTTL atomic.Int64
+	// rearm tells keepLeases that leaseTTL changed (capacity 1).
+	rearm chan struct{}
 
 	mu       sync.Mutex
 	leases   map[string]map[string]*liveLease // pool → lease ID → lease held by this process
@@ -133,6 +135,7 @@ func newBackend(key backendKey, logger *zap.Logger) (*backend, error) {
 	b.reg = registry.New(rdb, registry.Options{Prefix: key.prefix, OnBadRecord: b.badRecord})
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.leaseTTL.Store(int64(defaultLeaseTTL))
+	b.rearm = make(chan struct{}, 1)
 	return b, nil
 }
 
@@ -156,7 +159,10 @@ func (b *backend) drop() {
 
 // Destruct closes the client when the last user is gone.
 func (b *backend) Destruct() error {
+	// Under mu, so that watch cannot start a goroutine after Wait began.
+	b.mu.Lock()
 	b.cancel()
+	b.mu.Unlock()
 	b.wg.Wait()
 	if err := b.rdb.Close(); err != nil {
 		return fmt.Errorf("closing Redis client for %s: %w", b.redacted, err)
@@ -165,8 +171,16 @@ func (b *backend) Destruct() error {
 }
 
 // configure adopts the lease TTL of the grid app that was started last.
+// A shorter TTL re-arms the renewal timer at once: leases claimed from now
+// on live only that long, so waiting out a timer set for a longer TTL
+// would let them lapse before their first renewal.
 func (b *backend) configure(leaseTTL time.Duration) {
-	b.leaseTTL.Store(int64(leaseTTL))
+	if old := b.leaseTTL.Swap(int64(leaseTTL)); leaseTTL < time.Duration(old) {
+		select {
+		case b.rearm <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // start launches the lease keeper once per backend (from an app's Start,
@@ -365,6 +379,12 @@ func (b *backend) keepLeases() {
 		case <-b.ctx.Done():
 			t.Stop()
 			return
+		case <-b.rearm:
+			// lease_ttl was lowered: renew now with the new TTL (the
+			// leases renewed last with the old one may be due sooner
+			// than the new interval), then every new TTL/3.
+			t.Stop()
+			ttl = time.Duration(b.leaseTTL.Load())
 		case <-t.C:
 		}
 		b.renewAll(ttl)
@@ -443,6 +463,11 @@ func (b *backend) queueDepth(pool string) int {
 // or registration in the pool, by any process sharing the Redis, wakes the
 // head of this pool's queue. Pools come only from configuration (a fixed
 // name or the browsers list), so the subscriptions are few.
+//
+// Subscribing opens a connection and waits for Redis to confirm: that runs
+// in the background, never on the request's goroutine, so a Redis that
+// hangs cannot hold a waiting request past its select_timeout (waiters
+// poll every safetyPoll until the subscription is in place).
 func (b *backend) watch(pool string) {
 	b.mu.Lock()
 	if b.watching[pool] || b.ctx.Err() != nil {
@@ -450,27 +475,28 @@ func (b *backend) watch(pool string) {
 		return
 	}
 	b.watching[pool] = true
-	b.mu.Unlock()
-	ch, err := b.reg.Wakeups(b.ctx, pool)
-	if err != nil {
-		b.mu.Lock()
-		b.watching[pool] = false
-		b.mu.Unlock()
-		metrics.redisErrors.WithLabelValues("subscribe").Inc()
-		b.logger.Error("subscribing to wake-ups; waiting requests poll instead",
-			zap.String("pool", pool), zap.Error(err))
-		return
-	}
-	q := b.queue(pool)
 	b.wg.Add(1)
+	b.mu.Unlock()
 	go func() {
 		defer b.wg.Done()
+		defer func() {
+			b.mu.Lock()
+			b.watching[pool] = false
+			b.mu.Unlock()
+		}()
+		ch, err := b.reg.Wakeups(b.ctx, pool)
+		if err != nil {
+			if b.ctx.Err() == nil {
+				metrics.redisErrors.WithLabelValues("subscribe").Inc()
+				b.logger.Error("subscribing to wake-ups; waiting requests poll instead",
+					zap.String("pool", pool), zap.Error(err))
+			}
+			return
+		}
+		q := b.queue(pool)
 		for range ch {
 			q.wakeHead()
 		}
-		b.mu.Lock()
-		b.watching[pool] = false
-		b.mu.Unlock()
 	}()
 }
 
@@ -485,6 +511,7 @@ const (
 	outcomeCanceled          // the client went away while waiting
 	outcomeBadPool           // 400: the pool is not allowed
 	outcomeNoSource          // 503: the policy runs without the browser_grid upstream source
+	outcomeStopped           // 503: the request's config was replaced and cleaned up before it claimed
 )
 
 // acquire claims a worker for the session, waiting in the pool's queue

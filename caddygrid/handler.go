@@ -245,6 +245,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, r, http.StatusUpgradeRequired, "",
 			"this endpoint serves browser sessions over WebSocket only: connect with a WebSocket client, e.g. Playwright's connect()")
 	}
+	if r.ProtoMajor == 1 && (r.ContentLength != 0 || len(r.TransferEncoding) > 0) {
+		// A WebSocket handshake has no body (RFC 6455 4.1). One that
+		// comes with a body the client may never finish would fail the
+		// upgrade on the client's side: refuse it before claiming.
+		return h.reject(w, r, http.StatusBadRequest, "",
+			"a WebSocket upgrade request must not have a body")
+	}
 	pool, err := h.spec.resolve(r)
 	if err != nil {
 		return h.reject(w, r, http.StatusBadRequest, "", err.Error())
@@ -269,6 +276,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		w.Header().Set("Retry-After", retryAfterSeconds(retry))
 		return h.reject(w, r, http.StatusServiceUnavailable, pool,
 			"the grid's registry is unreachable; retry later")
+	case outcomeStopped:
+		w.Header().Set("Retry-After", retryAfterSeconds(retry))
+		return h.reject(w, r, http.StatusServiceUnavailable, pool,
+			"the grid's configuration was replaced while this request waited; retry")
 	case outcomeNoSource:
 		return h.reject(w, r, http.StatusServiceUnavailable, pool, "the grid is misconfigured")
 	case outcomeCanceled:

@@ -104,6 +104,8 @@ type caddyOpts struct {
 	// with tls, https://localhost:<port> with Caddy's internal CA.
 	site string
 	tls  bool
+	// sites goes after the site block (more site blocks).
+	sites string
 }
 
 func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) string {
@@ -137,7 +139,8 @@ func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) str
 %s {
 %s
 }
-`, adminPort, httpPort, https, storage, o.extraGlobal, o.redisURL, global, address, o.site)
+%s
+`, adminPort, httpPort, https, storage, o.extraGlobal, o.redisURL, global, address, o.site, o.sites)
 }
 
 // caddyBin is bin/caddy, or the binary named by CADDYGRID_TEST_CADDY (for
@@ -230,13 +233,23 @@ func (c *caddy) rootCA() string {
 // reload writes a new config and applies it with 'caddy reload'.
 func (c *caddy) reload(o caddyOpts) {
 	c.t.Helper()
+	if code, out := c.tryReload(o); code != 0 {
+		c.t.Fatalf("caddy reload: exit %d\n%s", code, out)
+	}
+}
+
+// tryReload writes a new config, runs 'caddy reload' and returns its exit
+// code and output, for reloads that are meant to fail.
+func (c *caddy) tryReload(o caddyOpts) (int, string) {
+	c.t.Helper()
 	c.write(o)
 	p := testenv.Start(c.t, c.env, caddyBin(c.t), "reload", "--config", c.config, "--adapter", "caddyfile",
 		"--address", fmt.Sprintf("127.0.0.1:%d", c.adminPort), "--force")
 	code, err := p.ExitCode(context.Background())
-	if err != nil || code != 0 {
-		c.t.Fatalf("caddy reload: exit %d, %v\n%s", code, err, p.Output())
+	if err != nil {
+		c.t.Fatalf("caddy reload: %v\n%s", err, p.Output())
 	}
+	return code, p.Output()
 }
 
 // admin GETs (or POSTs) an admin path and returns status and body.

@@ -52,3 +52,48 @@ func TestLeasesLiveWithTheSocket(t *testing.T) {
 		return n == 0 && g.info("chromium", "w1").Active == 0
 	})
 }
+
+// TestLoweredLeaseTTLRenewsInTime: after a reload lowers lease_ttl from
+// 30s to 3s, the lease of a session opened under the new config is
+// renewed before it lapses, for as long as the socket lives (held past
+// twice the new TTL here, with a reaper that frees any lapsed lease at
+// once): the renewals follow the shortest TTL in force, not the interval
+// the old one set.
+func TestLoweredLeaseTTLRenewsInTime(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "w1", fake.Behavior{})
+	config := func(ttl string) caddyOpts {
+		return caddyOpts{redisURL: g.redis.URL(), global: "lease_ttl " + ttl + "\n\t\treaper_interval 200ms", site: `
+	route /playwright/* {
+		browser_grid chromium
+	}`}
+	}
+	c := startCaddy(t, config("30s"))
+	c.reload(config("3s"))
+	ctx := context.Background()
+	const expiry = "{grid:chromium}:lease_expiry"
+	const newTTL = 3 * time.Second
+
+	s := mustDial(t, c.url("/playwright/chromium"))
+	defer s.close()
+	// Watch the lease for 2.5 times the new TTL: it must never lapse.
+	hold := newTTL * 5 / 2
+	start := time.Now()
+	for time.Since(start) < hold {
+		leases, err := g.rdb.ZRangeWithScores(ctx, expiry, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := float64(time.Now().UnixMilli())
+		if len(leases) != 1 || leases[0].Score <= now {
+			t.Fatalf("after %s: leases %v at %v; want one that has not lapsed", time.Since(start).Round(time.Millisecond), leases, now)
+		}
+		if w := g.info("chromium", "w1"); w.Active != 1 {
+			t.Fatalf("after %s: active %d while the session lives, want 1", time.Since(start).Round(time.Millisecond), w.Active)
+		}
+		time.Sleep(100 * time.Millisecond) // sampling the lease while the session is held
+	}
+	if err := s.echo("still here"); err != nil {
+		t.Fatal(err)
+	}
+}

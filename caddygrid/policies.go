@@ -288,13 +288,25 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	}
 	if failed, b := s.takeFailed(); failed != nil {
 		// Select runs again: the previous attempt failed to dial or was
-		// refused the upgrade. Give its claim back (lifetime too) and
-		// mark the worker suspect so that no instance picks it right away.
+		// refused the upgrade. Give its claim back (lifetime too) and,
+		// when the failure was the worker's, mark it suspect so that no
+		// instance picks it right away. reverse_proxy retries a dial
+		// that the client's leaving cancelled too: that blames nobody,
+		// and there is nobody left to try another worker for.
+		clientGone := r.Context().Err() != nil
+		status := s.upstreamStatus()
+		suspect := blames(status, clientGone)
+		if clientGone {
+			b.finish(failed, false, suspect)
+			s.setOutcome(outcomeCanceled, 0)
+			return nil
+		}
 		metrics.dialRetries.WithLabelValues(failed.Pool).Inc()
 		c.logger.Warn("worker failed; claim given back, trying another",
 			zap.String("pool", failed.Pool), zap.String("worker_id", failed.Worker.ID),
-			zap.String("addr", failed.Worker.Addr), zap.Int("status", s.upstreamStatus()))
-		b.finish(failed, false, true)
+			zap.String("addr", failed.Worker.Addr), zap.Int("status", status),
+			zap.Bool("suspect", suspect))
+		b.finish(failed, false, suspect)
 	}
 	if o, _ := s.getOutcome(); o != outcomeNone {
 		return nil // an earlier attempt already gave up (timeout, queue full)
@@ -322,7 +334,19 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	req.Vnode.Limits = req.Limits
 	req.FairShare.Limits = req.Limits
 	req.ConfigTime = c.app.limits.configTime(limitsKey(req), c.app.prevLimits, c.app.provisioned)
-	b := c.app.backend
+	// A retry uses the backend the session holds a reference on: the
+	// config that made this policy may have been replaced and cleaned up
+	// meanwhile (Caddy does not wait for its requests), which leaves its
+	// app without one.
+	b := s.heldBackend()
+	if b == nil {
+		b = c.app.liveBackend()
+	}
+	if b == nil {
+		s.setOutcome(outcomeStopped, time.Second)
+		w.Header().Set("Retry-After", retryAfterSeconds(time.Second))
+		return nil
+	}
 	claim, o, _ := b.acquire(r.Context(), req, samples, opts.QueueSize, deadline)
 	if claim == nil {
 		retry := time.Duration(opts.SelectTimeout)

@@ -1,10 +1,16 @@
 package caddygrid_test
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/browsergrid/caddy-browser-grid/caddygrid"
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 )
@@ -101,4 +107,124 @@ func TestReloadWithLiveSessions(t *testing.T) {
 	if info.Leases != 0 {
 		t.Errorf("%d leases left in Redis", info.Leases)
 	}
+}
+
+// TestFailedReloadKeepsAdminAPI: a reload that fails leaves the running
+// config in place, and the admin API keeps answering from it: whether the
+// new config fails to provision (a Redis URL that expands to nothing) or
+// to start (a site on a port already taken; Caddy starts its apps in
+// random order, so the new grid app may have started, and been stopped
+// again, before the http app failed).
+func TestFailedReloadKeepsAdminAPI(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "w1", fake.Behavior{})
+	good := caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium
+	}`}
+	c := startCaddy(t, good)
+	checkAdmin := func(when string) {
+		t.Helper()
+		code, body := c.admin(http.MethodGet, "/grid/pools")
+		if code != http.StatusOK {
+			t.Fatalf("GET /grid/pools %s: %d %s; want 200 from the running config", when, code, body)
+		}
+		var pools []caddygrid.PoolSummary
+		if err := json.Unmarshal(body, &pools); err != nil {
+			t.Fatalf("decoding %s: %v", body, err)
+		}
+		if len(pools) != 1 || pools[0].Pool != "chromium" || pools[0].Workers != 1 {
+			t.Fatalf("pools %s: %+v; want chromium with 1 worker", when, pools)
+		}
+	}
+	checkAdmin("before any reload")
+
+	unprovisionable := good
+	unprovisionable.redisURL = "{env.CADDYGRID_TEST_UNSET_REDIS_URL}"
+	code, out := c.tryReload(unprovisionable)
+	if code == 0 || !strings.Contains(out, "empty after expanding placeholders") {
+		t.Fatalf("reload with a Redis URL that expands to nothing: exit %d, want a failure naming it:\n%s", code, out)
+	}
+	checkAdmin("after a reload that failed to provision")
+
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	unstartable := good
+	// Its lease_ttl must not outlive the failed reload.
+	unstartable.global = "lease_ttl 5m"
+	unstartable.sites = fmt.Sprintf("http://%s {\n\trespond ok\n}\n", taken.Addr())
+	// Each try starts the apps in a new random order; ten tries leave
+	// about one chance in a thousand that the grid app never started
+	// before the http app failed.
+	for i := range 10 {
+		code, out := c.tryReload(unstartable)
+		if code == 0 || !strings.Contains(out, "address already in use") {
+			t.Fatalf("reload with a site on a taken port: exit %d, want a failure naming it:\n%s", code, out)
+		}
+		checkAdmin(fmt.Sprintf("after reload %d that failed to start", i+1))
+	}
+	// The running config still serves sessions, with its own lease_ttl
+	// (30s by default), not the failed config's 5m.
+	s := mustDial(t, c.url("/playwright/chromium"))
+	defer s.close()
+	leases, err := g.rdb.ZRangeWithScores(context.Background(), "{grid:chromium}:lease_expiry", 0, -1).Result()
+	if err != nil || len(leases) != 1 {
+		t.Fatalf("leases: %v, %v; want one", leases, err)
+	}
+	if left := time.Until(time.UnixMilli(int64(leases[0].Score))); left > time.Minute {
+		t.Errorf("the session's lease expires in %s: the failed config's lease_ttl 5m is in force, want the running config's 30s", left.Round(time.Second))
+	}
+}
+
+// TestRetryAfterConfigCleanup: a request of the old config is still
+// waiting for its first worker's upgrade when a reload replaces and cleans
+// up that config (Caddy does not wait for its requests); the worker never
+// answers, so reverse_proxy retries through the old config's policy. The
+// retry claims through the backend the session holds and reaches another
+// worker; nothing panics.
+func TestRetryAfterConfigCleanup(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "w1", fake.Behavior{Hang: true})
+	config := func(upgradeTimeout string) caddyOpts {
+		return caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
+	route /playwright/* {
+		browser_grid chromium {
+			upgrade_timeout %s
+		}
+	}`, upgradeTimeout)}
+	}
+	c := startCaddy(t, config("3s"))
+
+	type result struct {
+		s   *session
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := dial(context.Background(), c.url("/playwright/chromium"))
+		done <- result{s, err}
+	}()
+	testenv.Eventually(t, 10*time.Second, "the hanging worker claimed", func() bool {
+		return g.info("chromium", "w1").Active == 1
+	})
+	good := g.worker("chromium", "w2", fake.Behavior{})
+	c.reload(config("10s"))
+
+	res := <-done
+	if res.err != nil {
+		t.Fatalf("the request that retried after its config was cleaned up: %v", res.err)
+	}
+	res.s.close()
+	if good.Stats().Sessions != 1 {
+		t.Errorf("the healthy worker served %d sessions, want 1", good.Stats().Sessions)
+	}
+	if out := c.proc.Output(); strings.Contains(out, "panic") {
+		t.Errorf("caddy panicked:\n%s", out)
+	}
+	testenv.Eventually(t, 10*time.Second, "every claim settled", func() bool {
+		return g.info("chromium", "w1").Active == 0 && g.info("chromium", "w2").Active == 0
+	})
 }

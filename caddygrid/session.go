@@ -28,6 +28,10 @@ const (
 	varPool = "browser_grid.pool"
 )
 
+// statusPlaceholder holds the status the worker answered the upgrade with
+// (reverse_proxy sets it when an answer arrives).
+const statusPlaceholder = "http.reverse_proxy.status_code"
+
 // dialPlaceholder is the Dial of the one upstream the browser_grid source
 // returns; reverse_proxy replaces it after Select has set the variable.
 const dialPlaceholder = "{http.vars." + varDial + "}"
@@ -70,7 +74,13 @@ func newSession(r *http.Request, pool string) *session {
 	if pool != "" {
 		caddyhttp.SetVar(r.Context(), varPool, pool)
 	}
-	context.AfterFunc(r.Context(), func() { s.finish(false) })
+	// The context ends when the client leaves (net/http cancels it as soon
+	// as it reads EOF or a reset) or when the request is over (the
+	// browser_grid handler has then finished the session already). Either
+	// way nothing here says the worker failed: a client that leaves
+	// mid-upgrade must not take workers out of rotation, so only a status
+	// the worker itself answered (5xx, 404) blames it.
+	context.AfterFunc(r.Context(), func() { s.finish(true) })
 	return s
 }
 
@@ -101,6 +111,14 @@ func (s *session) takeFailed() (*registry.Claim, *backend) {
 	return c, b
 }
 
+// heldBackend is the backend the session holds a reference on (taken by
+// its first claim), or nil.
+func (s *session) heldBackend() *backend {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b
+}
+
 // adopt makes c the session's live claim. When the request already ended
 // (the client left while the claim was in flight), the claim is undone at
 // once and adopt reports false.
@@ -123,13 +141,19 @@ func (s *session) adopt(b *backend, c *registry.Claim) bool {
 	s.claim = c
 	s.attempts++
 	s.mu.Unlock()
+	// The status of an earlier attempt must not be read as this one's:
+	// reverse_proxy sets it only when a worker answers.
+	if s.repl != nil {
+		s.repl.Delete(statusPlaceholder)
+	}
 	return true
 }
 
 // finish ends the live claim exactly once: released when the worker
 // answered the upgrade with 101 (the session was served; its lifetime
-// stays counted), undone otherwise. workerFailed marks the worker suspect
-// when the attempt failed on the worker's side rather than the client's.
+// stays counted), undone otherwise. The worker is marked suspect only for
+// its own failure (see blames); clientGone says the client left, so an
+// attempt without an answer is not the worker's fault.
 func (s *session) finish(clientGone bool) {
 	s.mu.Lock()
 	if s.finished {
@@ -149,11 +173,20 @@ func (s *session) finish(clientGone bool) {
 	}
 	status := s.upstreamStatus()
 	served := status == http.StatusSwitchingProtocols
-	// A worker that refused on its own side (5xx, 404) is suspect; so is
-	// one that gave no answer while the client was still there (a dial or
-	// transport failure). A client-side refusal (other 4xx) blames nobody.
-	suspect := !served && (workerRefused(status) || (status == 0 && !clientGone))
-	b.finish(c, served, suspect)
+	b.finish(c, served, blames(status, clientGone))
+}
+
+// blames reports whether a failed attempt that ended with upstream status
+// (0: no answer) is the worker's fault: it refused on its own side (5xx,
+// 404), or it gave no answer (a refused or timed-out dial, no answer
+// within upgrade_timeout) while the client was still there. A client that
+// left, reset or was refused for its own request (other 4xx) blames
+// nobody.
+func blames(status int, clientGone bool) bool {
+	if status == http.StatusSwitchingProtocols {
+		return false
+	}
+	return workerRefused(status) || (status == 0 && !clientGone)
 }
 
 // workerRefused reports whether an upgrade answered with status failed
@@ -167,7 +200,7 @@ func (s *session) upstreamStatus() int {
 	if s.repl == nil {
 		return 0
 	}
-	v, ok := s.repl.Get("http.reverse_proxy.status_code")
+	v, ok := s.repl.Get(statusPlaceholder)
 	if !ok {
 		return 0
 	}

@@ -248,3 +248,29 @@ func TestAppRedisPlaceholder(t *testing.T) {
 		t.Errorf("an empty Redis URL gave %v, want an error naming it", err)
 	}
 }
+
+// TestBlames: which failed attempts mark the worker suspect.
+func TestBlames(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		status     int
+		clientGone bool
+		want       bool
+	}{
+		{"no answer, client there (dial refused or timed out, upgrade_timeout)", 0, false, true},
+		{"no answer, client gone", 0, true, false},
+		{"5xx", http.StatusBadGateway, false, true},
+		{"5xx after the client left", http.StatusServiceUnavailable, true, true},
+		{"404: the worker does not serve the path", http.StatusNotFound, false, true},
+		{"428: the client's version", http.StatusPreconditionRequired, false, false},
+		{"400: the client's handshake", http.StatusBadRequest, false, false},
+		{"101: served", http.StatusSwitchingProtocols, false, false},
+		{"101, client gone", http.StatusSwitchingProtocols, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := blames(tc.status, tc.clientGone); got != tc.want {
+				t.Errorf("blames(%d, clientGone=%v) = %v, want %v", tc.status, tc.clientGone, got, tc.want)
+			}
+		})
+	}
+}

@@ -325,6 +325,10 @@ func (r *Registry) expireLeases(ctx context.Context, pool string, max int) (int,
 	return n, nil
 }
 
+// subscribeTimeout bounds the wait for Redis to confirm a wake-up
+// subscription (Receive alone waits for ever when Redis hangs).
+const subscribeTimeout = 5 * time.Second
+
 func (r *Registry) wakeups(ctx context.Context, pools []string) (<-chan string, error) {
 	if len(pools) == 0 {
 		return nil, errors.New("subscribing to wakeups: no pool given")
@@ -340,7 +344,7 @@ func (r *Registry) wakeups(ctx context.Context, pools []string) (<-chan string, 
 	// Wait for the subscription to be in place, so no wakeup published after
 	// this returns is missed.
 	for range chans {
-		if _, err := sub.Receive(ctx); err != nil {
+		if _, err := sub.ReceiveTimeout(ctx, subscribeTimeout); err != nil {
 			sub.Close()
 			return nil, fmt.Errorf("subscribing to wakeups of %v: %w", pools, err)
 		}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 // Launcher names.
@@ -412,6 +414,8 @@ func (c *Config) Validate() error {
 	}
 	if c.KeyPrefix == "" {
 		add("-key-prefix must not be empty")
+	} else if err := registry.CheckPrefix(c.KeyPrefix); err != nil {
+		add("-key-prefix: %v", err)
 	}
 	return errors.Join(errs...)
 }

@@ -86,6 +86,7 @@ func TestBadConfigurationsNameTheProblem(t *testing.T) {
 		{"ws path", []string{"-ws-path", "playwright"}, nil, []string{"-ws-path"}},
 		{"no attempts", []string{"-redis-retry-attempts", "0"}, nil, []string{"-redis-retry-attempts"}},
 		{"log format", []string{"-log-format", "xml"}, nil, []string{"-log-format", "xml"}},
+		{"brace in key prefix", []string{"-key-prefix", "gr}id"}, nil, []string{"-key-prefix", "'}'", "hash tag"}},
 		{"stray argument", []string{"chromium"}, nil, []string{"unexpected arguments"}},
 		{"unknown flag", []string{"-heartbeat", "1s"}, nil, []string{"heartbeat"}},
 	}
