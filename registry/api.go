@@ -103,6 +103,11 @@ type Registration struct {
 	TTL time.Duration
 	// VirtualNodes is V, the worker's ring positions. Default: 8.
 	VirtualNodes int
+	// Secret, when set, signs the record: it carries an HMAC-SHA256 over
+	// Pool, ID, Addr, Path and this registration's generation, which a
+	// proxy holding the same secret verifies (WorkerInfo.CheckSignature)
+	// before it dials. The secret is not stored. Default: none (unsigned).
+	Secret []byte
 }
 
 // WorkerInfo is a worker's record as stored, with its counters.
@@ -126,6 +131,8 @@ type WorkerInfo struct {
 	// gen identifies the registration; leases of an older one move no
 	// counters.
 	gen string
+	// sig is the record's signature (hex), "" when unsigned.
+	sig string
 }
 
 // Snapshot converts the record to what the selection package works on.

@@ -84,11 +84,16 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 		v = defaultVirtualNodes
 	}
 	pos := ringPositions(reg.ID, v)
+	gen := newToken(8)
+	var sig string
+	if len(reg.Secret) > 0 {
+		sig = signRecord(reg.Secret, reg.Pool, reg.ID, reg.Addr, reg.Path, gen)
+	}
 	if err := r.rdb.SAdd(ctx, r.poolsKey(), reg.Pool).Err(); err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: adding the pool to %s: %w", reg.ID, reg.Pool, r.poolsKey(), err)
 	}
 	err := r.run(ctx, scriptRegister, reg.Pool, 0,
-		reg.ID, reg.BrowserType, reg.Addr, reg.Path, reg.Capacity, v, ms(ttl), newToken(8), strings.Join(pos, " ")).Err()
+		reg.ID, reg.BrowserType, reg.Addr, reg.Path, reg.Capacity, v, ms(ttl), gen, strings.Join(pos, " "), sig).Err()
 	if err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
 	}

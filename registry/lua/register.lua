@@ -8,7 +8,8 @@
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool,
 --       4 id, 5 browser, 6 addr, 7 path, 8 capacity, 9 V, 10 ttl ms,
---       11 generation (random, from Go), 12 ring positions (hex, space separated).
+--       11 generation (random, from Go), 12 ring positions (hex, space separated),
+--       13 signature (hex HMAC made by the agent; '' for none: the record has no sig).
 -- Returns: 1.
 -- Complexity: O(V log N).
 local now = now_ms(ARGV[1])
@@ -20,6 +21,7 @@ local w = {
   expires = now + tonumber(ARGV[10]), suspect_until = 0, predicted_end = 0,
   active = 0, lifetime = 0, durations = {},
 }
+if ARGV[13] and ARGV[13] ~= '' then w.sig = ARGV[13] end
 store(id, w)
 redis.call('HSET', K_ACTIVE, id, 0)
 redis.call('HSET', K_LIFETIME, id, 0)
