@@ -254,6 +254,7 @@ func (a *App) adminPool(ctx context.Context, w http.ResponseWriter, pool string)
 	for _, b := range info.BadRecords {
 		d.BadRecords = append(d.BadRecords, BadRecordOut{ID: b.ID, Error: b.Err})
 	}
+	d.BadRecords = append(d.BadRecords, a.refusedRecords(ctx, info)...)
 	return writeJSON(w, d)
 }
 

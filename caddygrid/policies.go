@@ -322,7 +322,7 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	req.Vnode.Limits = req.Limits
 	req.FairShare.Limits = req.Limits
 	b := c.app.backend
-	claim, o, _ := b.acquire(r.Context(), req, samples, opts.QueueSize, deadline)
+	claim, o := c.claimAllowed(r.Context(), b, req, samples, opts.QueueSize, deadline)
 	if claim == nil {
 		retry := time.Duration(opts.SelectTimeout)
 		if o == outcomeRedis {
