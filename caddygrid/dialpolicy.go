@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -195,7 +196,7 @@ func (p *dialPolicy) checkAddr(ctx context.Context, addr string) (string, *refus
 	if err != nil || host == "" || strings.ContainsAny(addr, "/{}%@ \t\r\n") {
 		return "", refuse(reasonNotTCP, "address %q is not host:port", addr)
 	}
-	if n, err := net.LookupPort("tcp", port); err != nil || n == 0 || strings.Trim(port, "0123456789") != "" {
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || strings.Trim(port, "0123456789") != "" {
 		return "", refuse(reasonNotTCP, "address %q has no valid port", addr)
 	}
 	if !p.hostnames {
