@@ -68,15 +68,28 @@ func (g *grid) registerAt(id, addr, path string, secret []byte) {
 	}
 }
 
+// honestID sorts after every rogue record's ID: lifetime-first tries
+// workers of equal lifetime in ID order, so the first client's claims
+// land on every rogue record before the honest worker.
+const honestID = "zz-honest"
+
 // serveAroundRogues drives clients through a grid whose only honest worker
-// takes one session at a time (max_concurrent 1) next to rogue records:
-// client A holds the honest worker, so client B's claims can only land
-// on rogue records, each of which must be refused (B then gets 503 at
-// select_timeout); then A leaves and `more` clients are served one after
-// another. It returns the sessions the honest worker served.
-func serveAroundRogues(t *testing.T, g *grid, c *caddy, honest *listeningWorker, more int) int64 {
+// takes one session at a time (max_concurrent 1) next to rogues rogue
+// records. Client A's claims land on each rogue record first, each is
+// refused, and A is served by the honest worker in the same request; A
+// holds it, so client B finds no allowed worker (503 at select_timeout);
+// then A leaves and `more` clients are served one after another. It
+// returns the sessions the honest worker served.
+func serveAroundRogues(t *testing.T, g *grid, c *caddy, honest *listeningWorker, rogues, more int) int64 {
 	t.Helper()
 	a := mustDial(t, c.url("/playwright/chromium"))
+	refused := 0.0
+	for _, reason := range []string{"outside_worker_networks", "unix_socket", "bad_path", "unsigned", "bad_signature"} {
+		refused += c.metric(fmt.Sprintf(`caddy_grid_bad_records_total{pool="chromium",reason=%q}`, reason))
+	}
+	if refused != float64(rogues) {
+		t.Errorf("client A's request refused %v records before it was served, want all %d rogue records", refused, rogues)
+	}
 	b, err := dial(context.Background(), c.url("/playwright/chromium"))
 	if err == nil {
 		t.Errorf("client B got a session while the only allowed worker was busy: a rogue record served it")
@@ -89,7 +102,7 @@ func serveAroundRogues(t *testing.T, g *grid, c *caddy, honest *listeningWorker,
 		// Wait for the release in Redis: a claim that finds the worker
 		// still busy would wait in the queue for the next wake-up.
 		testenv.Eventually(t, 10*time.Second, "the honest worker's claim released", func() bool {
-			return g.info("chromium", "honest").Active == 0
+			return g.info("chromium", honestID).Active == 0
 		})
 		s, err := dial(context.Background(), c.url("/playwright/chromium"))
 		if err != nil {
@@ -131,7 +144,7 @@ func TestRogueRecordsAreNeverDialed(t *testing.T) {
 	rogue := startListeningWorker(t, "tcp", "127.0.0.1:0")
 	unix := startListeningWorker(t, "unix", filepath.Join(t.TempDir(), "internal.sock"))
 	dotdot := startListeningWorker(t, "tcp", "127.0.0.2:0")
-	g.registerAt("honest", honest.addr, "/playwright", nil)
+	g.registerAt(honestID, honest.addr, "/playwright", nil)
 	g.registerAt("rogue", rogue.addr, "/playwright", nil)
 	g.registerAt("unix", unix.addr, "/playwright", nil)
 	g.registerAt("dotdot", dotdot.addr, "/playwright/%2e%2e/internal/admin", nil)
@@ -144,7 +157,7 @@ func TestRogueRecordsAreNeverDialed(t *testing.T) {
 		}
 	}`})
 	const more = 5
-	served := serveAroundRogues(t, g, c, honest, more)
+	served := serveAroundRogues(t, g, c, honest, 3, more)
 
 	for name, w := range map[string]*listeningWorker{"rogue": rogue, "unix": unix, "dotdot": dotdot} {
 		t.Logf("%s record's listener: %d connections", name, w.l.accepted.Load())
@@ -170,8 +183,8 @@ func TestRogueRecordsAreNeverDialed(t *testing.T) {
 			t.Errorf("no log line names worker %s", id)
 		}
 	}
-	if _, ok := bad["honest"]; ok {
-		t.Errorf("the honest worker is listed as a bad record: %q", bad["honest"])
+	if _, ok := bad[honestID]; ok {
+		t.Errorf("the honest worker is listed as a bad record: %q", bad[honestID])
 	}
 	for _, id := range []string{"rogue", "unix", "dotdot"} {
 		if w := g.info("chromium", id); w.Active != 0 || w.Lifetime != 0 || !w.SuspectUntil.After(time.Now()) {
@@ -193,7 +206,7 @@ func TestSignedRegistrations(t *testing.T) {
 	forged := startListeningWorker(t, "tcp", "127.0.0.1:0")
 	unsigned := startListeningWorker(t, "tcp", "127.0.0.1:0")
 	moved := startListeningWorker(t, "tcp", "127.0.0.1:0")
-	g.registerAt("honest", honest.addr, "/playwright", []byte(secret))
+	g.registerAt(honestID, honest.addr, "/playwright", []byte(secret))
 	g.registerAt("forged", forged.addr, "/playwright", []byte("a guess"))
 	g.registerAt("unsigned", unsigned.addr, "/playwright", nil)
 	// "moved" was registered by its agent with the secret; a Redis writer
@@ -222,7 +235,7 @@ func TestSignedRegistrations(t *testing.T) {
 		}
 	}`})
 	const more = 5
-	served := serveAroundRogues(t, g, c, honest, more)
+	served := serveAroundRogues(t, g, c, honest, 3, more)
 	for name, w := range map[string]*listeningWorker{"forged": forged, "unsigned": unsigned, "moved": moved} {
 		t.Logf("%s record's listener: %d connections", name, w.l.accepted.Load())
 		if n := w.l.accepted.Load(); n != 0 {
