@@ -265,6 +265,7 @@ func (a *App) adminPool(ctx context.Context, b *backend, w http.ResponseWriter, 
 	for _, b := range info.BadRecords {
 		d.BadRecords = append(d.BadRecords, BadRecordOut{ID: b.ID, Error: b.Err})
 	}
+	d.BadRecords = append(d.BadRecords, a.refusedRecords(ctx, info)...)
 	return writeJSON(w, d)
 }
 

@@ -104,6 +104,26 @@ type App struct {
 	// DisableReaper turns this instance's reaper off (another process
 	// runs one). Default: false.
 	DisableReaper bool `json:"disable_reaper,omitempty"`
+	// WorkerNetworks are the networks (CIDR, or one IP) a worker's
+	// address must be in for Caddy to dial it; a record outside them is
+	// refused, reported and skipped. Default: DefaultWorkerNetworks
+	// (loopback and the private ranges 10.0.0.0/8, 172.16.0.0/12,
+	// 192.168.0.0/16, fc00::/7; not link-local).
+	WorkerNetworks []string `json:"worker_networks,omitempty"`
+	// AllowUnixWorkers lets a worker advertise a unix socket
+	// ("unix//path"). Default: false (TCP only).
+	AllowUnixWorkers bool `json:"allow_unix_workers,omitempty"`
+	// AllowWorkerHostnames lets a worker advertise a host name: Caddy
+	// resolves it at every claim, dials only if every address it resolves
+	// to is inside WorkerNetworks, and dials that checked IP. Default:
+	// false (IP literals only; no lookup on the request path).
+	AllowWorkerHostnames bool `json:"allow_worker_hostnames,omitempty"`
+	// WorkerSecret, when set, makes Caddy dial only records signed with
+	// it (grid-worker -worker-secret): an HMAC-SHA256 over pool, ID,
+	// address, path and registration. Use a placeholder such as
+	// {env.GRID_WORKER_SECRET}; it is expanded when the config loads and
+	// never logged. Default: none (records are not signed).
+	WorkerSecret string `json:"worker_secret,omitempty"`
 
 	// backend is nil once Cleanup ran; read it with liveBackend.
 	backend *backend
@@ -114,6 +134,7 @@ type App struct {
 	provisioned time.Time
 	limits      limitsClock
 	prevLimits  map[string]time.Time
+	dial        *dialPolicy
 
 	mu         sync.Mutex
 	stopReaper context.CancelFunc
@@ -165,6 +186,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.validate(); err != nil {
 		return err
 	}
+	dial, err := a.newDialPolicy()
+	if err != nil {
+		return err
+	}
+	a.dial = dial
 	url := caddy.NewReplacer().ReplaceAll(a.Redis, "")
 	if strings.TrimSpace(url) == "" {
 		return fmt.Errorf("grid: redis URL %q is empty after expanding placeholders", a.Redis)
@@ -271,6 +297,10 @@ func (a *App) Registry() *registry.Registry { return a.backend.reg }
 //	    lease_ttl       <duration>
 //	    stale_threshold <duration>
 //	    reaper_interval <duration>|off
+//	    worker_networks <cidr...>
+//	    allow_unix_workers
+//	    allow_worker_hostnames
+//	    worker_secret   <secret>
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	if existing != nil {
@@ -297,6 +327,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("%s already specified", name)
 		}
 		seen[name] = true
+		if ok, err := a.unmarshalDialOption(d, name); ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
 		if !d.NextArg() {
 			return d.ArgErr()
 		}

@@ -196,6 +196,7 @@ func (b *backend) start() {
 // badRecord reports a worker record that does not parse, at most once a
 // minute per worker.
 func (b *backend) badRecord(pool, id string, err error) {
+	badRecords.WithLabelValues(pool, reasonUnparsable).Inc()
 	k := pool + "\x00" + id
 	b.mu.Lock()
 	last, seen := b.recent[k]

@@ -347,7 +347,7 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 		w.Header().Set("Retry-After", retryAfterSeconds(time.Second))
 		return nil
 	}
-	claim, o, _ := b.acquire(r.Context(), req, samples, opts.QueueSize, deadline)
+	claim, o := c.claimAllowed(r.Context(), b, req, samples, opts.QueueSize, deadline)
 	if claim == nil {
 		retry := time.Duration(opts.SelectTimeout)
 		if o == outcomeRedis {

@@ -129,6 +129,11 @@ type Registration struct {
 	// re-asserted when it registers again: the registered lifetime is at
 	// least this. Default: 0.
 	Lifetime int
+	// Secret, when set, signs the record: it carries an HMAC-SHA256 over
+	// Pool, ID, Addr, Path and this registration's generation, which a
+	// proxy holding the same secret verifies (WorkerInfo.CheckSignature)
+	// before it dials. The secret is not stored. Default: none (unsigned).
+	Secret []byte
 	// Draining registers the worker as draining (never selected), for an
 	// agent whose record was lost while it drains. Default: false.
 	Draining bool
@@ -165,6 +170,8 @@ type WorkerInfo struct {
 	// gen identifies the registration; leases of an older one move no
 	// counters.
 	gen string
+	// sig is the record's signature (hex), "" when unsigned.
+	sig string
 }
 
 // Snapshot converts the record to what the selection package works on.

@@ -91,6 +91,10 @@ func decodeWorker(pool string, raw rawWorker, now int64) (WorkerInfo, error) {
 		ExpiresAt:     msTime(nums["expires"]),
 		gen:           strs["gen"],
 	}
+	// The signature is optional: a record without one (or with one that
+	// is not a string) is unsigned, which only a proxy with a secret
+	// refuses.
+	w.sig, _ = m["sig"].(string)
 	return w, nil
 }
 

@@ -103,12 +103,16 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 		v = defaultVirtualNodes
 	}
 	pos := ringPositions(reg.ID, v)
+	var sig string
+	if len(reg.Secret) > 0 {
+		sig = signRecord(reg.Secret, reg.Pool, reg.ID, reg.Addr, reg.Path, gen)
+	}
 	if err := r.rdb.SAdd(ctx, r.poolsKey(), reg.Pool).Err(); err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: adding the pool to %s: %w", reg.ID, reg.Pool, r.poolsKey(), err)
 	}
 	err := r.run(ctx, scriptRegister, reg.Pool, 0,
 		reg.ID, reg.BrowserType, reg.Addr, reg.Path, reg.Capacity, v, ms(ttl), gen, strings.Join(pos, " "),
-		reg.Lifetime, ms(r.opts.CommandTTL), draining).Err()
+		reg.Lifetime, ms(r.opts.CommandTTL), draining, sig).Err()
 	if err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
 	}

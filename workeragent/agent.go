@@ -223,6 +223,26 @@ func (a *Agent) advertised(b *Browser) string {
 	return net.JoinHostPort(host, port)
 }
 
+// warnOutsideDialPolicy warns when Caddy's default dial policy would
+// refuse the advertised address: a host name (dialed only with the grid's
+// allow_worker_hostnames) or an IP outside loopback and the private
+// ranges (dialed only when worker_networks names it).
+func warnOutsideDialPolicy(log *zap.Logger, addr string) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return
+	}
+	ip := net.ParseIP(host)
+	switch {
+	case ip == nil:
+		log.Warn("advertising a host name: Caddy dials it only with the grid option allow_worker_hostnames; advertise an IP (-advertise) otherwise",
+			zap.String("addr", addr))
+	case !ip.IsLoopback() && !ip.IsPrivate():
+		log.Warn("advertised address is outside Caddy's default worker_networks (loopback and private ranges); Caddy dials it only when worker_networks names it",
+			zap.String("addr", addr))
+	}
+}
+
 // rctx is a context for one Redis call. It does not derive from Run's ctx:
 // SIGTERM must not cut the calls that drain and deregister.
 func rctx() (context.Context, context.CancelFunc) {
@@ -261,7 +281,11 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 	if reg.Path == "" {
 		reg.Path = "/"
 	}
+	if a.cfg.WorkerSecret != "" {
+		reg.Secret = []byte(a.cfg.WorkerSecret)
+	}
 	log := a.log.With(zap.String("worker_id", reg.ID), zap.String("pool", reg.Pool))
+	warnOutsideDialPolicy(log, reg.Addr)
 	log.Info("browser listening", zap.String("endpoint", b.Endpoint.String()), zap.Int("pid", b.Pid), zap.Ints("process_groups", b.Groups()))
 
 	// Register; keep trying while Redis is away (it answered at start).

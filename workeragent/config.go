@@ -112,6 +112,13 @@ type Config struct {
 	// "-echo-delay 100ms").
 	FakeArgs string
 
+	// WorkerSecret, when set, signs the worker's record (HMAC-SHA256
+	// over pool, ID, address, path and registration) so that a Caddy
+	// configured with the same worker_secret dials it; never logged.
+	// Prefer the environment variable to the flag (a flag shows in the
+	// process list). Default: none (unsigned records).
+	WorkerSecret string
+
 	// IDPrefix starts every worker ID (<prefix>-<pid>-<random>).
 	// Default: the hostname.
 	IDPrefix string
@@ -219,6 +226,7 @@ func bindings() []binding {
 		{Option{"exec", "EXEC_COMMAND", "", "command for the exec launcher (sh -c); prints its ws:// endpoint"}, str(func(c *Config) *string { return &c.Exec })},
 		{Option{"fakebrowser", "FAKEBROWSER", "beside the binary, else PATH", "fakebrowser binary for the fake launcher"}, str(func(c *Config) *string { return &c.Fakebrowser })},
 		{Option{"fake-args", "FAKEBROWSER_ARGS", "", "extra fakebrowser flags, space-separated"}, str(func(c *Config) *string { return &c.FakeArgs })},
+		{Option{"worker-secret", "GRID_WORKER_SECRET", "", "sign the record with this secret (Caddy's worker_secret); prefer the environment variable"}, str(func(c *Config) *string { return &c.WorkerSecret })},
 		{Option{"id-prefix", "WORKER_ID_PREFIX", "the hostname", "start of every worker ID (<prefix>-<pid>-<random>)"}, str(func(c *Config) *string { return &c.IDPrefix })},
 		{Option{"log-format", "LOG_FORMAT", d.LogFormat, "json or console"}, str(func(c *Config) *string { return &c.LogFormat })},
 		{Option{"log-level", "LOG_LEVEL", d.LogLevel, "debug, info, warn or error"}, str(func(c *Config) *string { return &c.LogLevel })},

@@ -4,7 +4,11 @@
 // drains on the shutdown command or SIGTERM, and exits 0 for its
 // supervisor to restart it (or respawns by itself with -respawn).
 //
-//	grid-worker -redis redis://redis:6379/0 -launcher playwright -host 0.0.0.0 -advertise worker-1
+//	GRID_WORKER_SECRET=... grid-worker -redis redis://redis:6379/0 -launcher playwright -host 0.0.0.0 -advertise 10.20.0.7
+//
+// Caddy dials only an IP inside its grid's worker_networks (a host name
+// such as -advertise worker-1 only with allow_worker_hostnames), and with
+// its worker_secret set only records signed with the same secret.
 //
 // Every flag also reads an environment variable (grid-worker -help lists
 // them). Exit codes: 0 after a drain or a signal, 1 when the agent gives

@@ -165,6 +165,7 @@ local function store(id, w)
     id = w.id, browser = w.browser, addr = w.addr, path = w.path, status = w.status, gen = w.gen,
     capacity = w.capacity, vnodes = w.vnodes, heartbeat = w.heartbeat, registered = w.registered,
     expires = w.expires, suspect_until = w.suspect_until, predicted_end = w.predicted_end,
+    sig = w.sig,
   }))
 end
 

@@ -19,7 +19,8 @@
 --       4 id, 5 browser, 6 addr, 7 path, 8 capacity, 9 V, 10 ttl ms,
 --       11 generation (no spaces), 12 ring positions (hex, space separated),
 --       13 lifetime the agent re-asserts, 14 command ttl ms,
---       15 '1' to register as draining (an agent draining when its record was lost).
+--       15 '1' to register as draining (an agent draining when its record was lost),
+--       16 signature (hex HMAC made by the agent; '' for none: the record has no sig).
 -- Returns: {active, lifetime} as registered.
 -- Complexity: O(V log N) plus O(A log L) for A live leases of the worker.
 local now = now_ms(ARGV[1])
@@ -49,6 +50,7 @@ if carry then
     w.durations = load_durations(id) or {}
   end
 end
+if ARGV[16] and ARGV[16] ~= '' then w.sig = ARGV[16] end
 store(id, w)
 redis.call('HSET', K_ACTIVE, id, fmt(w.active))
 redis.call('HSET', K_LIFETIME, id, fmt(w.lifetime))
