@@ -125,14 +125,17 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// checkPort returns a free port for 0, or checks that a chosen one is free.
-func checkPort(port *int, what, envVar string) error {
+// checkPort returns a free port for 0, or checks that a chosen one is
+// free. It returns the listener holding the port: the caller closes it once
+// every port of the grid is chosen, so that the kernel cannot hand the same
+// free port out twice (it may once a listener is closed).
+func checkPort(port *int, what, envVar string) (net.Listener, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(*port))
 	if err != nil {
-		return &PortInUseError{What: what, Port: *port, Var: envVar}
+		return nil, &PortInUseError{What: what, Port: *port, Var: envVar}
 	}
 	*port = l.Addr().(*net.TCPAddr).Port
-	return l.Close()
+	return l, nil
 }
 
 // Start starts Redis, Caddy and the workers, and waits until every worker
@@ -145,6 +148,7 @@ func Start(ctx context.Context, cfg Config) (g *Grid, err error) {
 			g.Stop()
 		}
 	}()
+	var held []net.Listener
 	for _, p := range []struct {
 		port     *int
 		what, ev string
@@ -154,9 +158,17 @@ func Start(ctx context.Context, cfg Config) (g *Grid, err error) {
 		{&g.cfg.HTTPPort, "caddy http", "HTTP_PORT"},
 		{&g.cfg.AdminPort, "caddy admin", "ADMIN_PORT"},
 	} {
-		if err := checkPort(p.port, p.what, p.ev); err != nil {
+		l, err := checkPort(p.port, p.what, p.ev)
+		if err != nil {
+			for _, l := range held {
+				l.Close()
+			}
 			return g, err
 		}
+		held = append(held, l)
+	}
+	for _, l := range held {
+		l.Close()
 	}
 	if g.cfg.Dir == "" {
 		dir, err := os.MkdirTemp("", "browser-grid-")
