@@ -57,6 +57,9 @@ const (
 	// about 8s of waiting plus the calls' own timeouts).
 	cancelAttempts     = 6
 	cancelFirstBackoff = 250 * time.Millisecond
+	// renewRetry is how often leases are renewed while a renewal is owed
+	// (renewOwed).
+	renewRetry = 200 * time.Millisecond
 )
 
 // liveLease is a lease of a live session of this process, with what a
@@ -85,6 +88,14 @@ type backend struct {
 	leaseTTL atomic.Int64
 	// rearm tells keepLeases that leaseTTL changed (capacity 1).
 	rearm chan struct{}
+	// renewOwed is set when a renewal or another call to Redis failed:
+	// Redis may have lost what this process holds (a restart, a failover
+	// to a replica that missed the last writes). Until a renewal of every
+	// live lease succeeds, keepLeases renews every renewRetry and a claim
+	// first re-asserts the leases (renewMu keeps that to one at a time),
+	// so that no slot this process holds is granted again meanwhile.
+	renewOwed atomic.Bool
+	renewMu   sync.Mutex
 
 	mu       sync.Mutex
 	leases   map[string]map[string]*liveLease // pool → lease ID → lease held by this process
@@ -226,6 +237,11 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 	req.LeaseID = registry.NewLeaseID()
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
+	if b.renewOwed.Load() {
+		// Redis failed since the last renewal: put back what it may have
+		// lost of this process's sessions before granting a slot.
+		b.renewNow(cctx)
+	}
 	c, err := b.reg.Claim(cctx, req)
 	cancel()
 	metrics.selectDuration.WithLabelValues(req.Pool, policy).Observe(time.Since(start).Seconds())
@@ -271,6 +287,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		return nil, err
 	default:
 		metrics.redisErrors.WithLabelValues("claim").Inc()
+		b.renewOwed.Store(true)
 		b.cancelClaim(req.Pool, req.LeaseID, err)
 		return nil, err
 	}
@@ -315,11 +332,62 @@ func (b *backend) cancelClaim(pool, leaseID string, cause error) {
 	}()
 }
 
+// retryInBackground runs end (a release or undo that failed once) again
+// with a doubling backoff, up to cancelAttempts times, while this backend
+// lives.
+func (b *backend) retryInBackground(pool, op string, end func(context.Context) error) {
+	rb, err := b.retain()
+	if err != nil {
+		return
+	}
+	go func() {
+		defer rb.drop()
+		delay := cancelFirstBackoff
+		for attempt := 1; ; attempt++ {
+			t := time.NewTimer(delay)
+			select {
+			case <-rb.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(rb.ctx, redisCallTimeout)
+			err := end(ctx)
+			cancel()
+			if err == nil {
+				rb.logger.Info("ended a claim on a later attempt", zap.String("op", op),
+					zap.String("pool", pool), zap.Int("attempts", attempt+1))
+				return
+			}
+			metrics.redisErrors.WithLabelValues(op).Inc()
+			if attempt == cancelAttempts {
+				rb.logger.Error("could not end claim; its lease expires by itself", zap.String("op", op),
+					zap.String("pool", pool), zap.Int("attempts", attempt+1),
+					zap.Duration("lease_ttl", time.Duration(rb.leaseTTL.Load())), zap.Error(err))
+				return
+			}
+			delay *= 2
+		}
+	}()
+}
+
+// renewNow renews every live lease at once if a renewal is owed (another
+// caller may have done it while this one waited for renewMu).
+func (b *backend) renewNow(ctx context.Context) {
+	b.renewMu.Lock()
+	defer b.renewMu.Unlock()
+	if !b.renewOwed.Load() || ctx.Err() != nil {
+		return
+	}
+	b.renewAll(ctx, time.Duration(b.leaseTTL.Load()))
+}
+
 // finish ends a claim: Release when the session was served (the lifetime
 // it used stays counted), Undo when it never started (active and lifetime
 // given back; suspect marks the worker as failing for a few seconds).
-// A failed call is logged and not retried: this process stops renewing
-// the lease, so Redis frees the slot within one lease TTL anyway.
+// A failed call is tried again in the background (retryInBackground); if
+// that fails too, Redis frees the slot within one lease TTL anyway, since
+// this process no longer renews the lease.
 func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
 	defer cancel()
@@ -346,9 +414,22 @@ func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 			op = "undo"
 		}
 		metrics.redisErrors.WithLabelValues(op).Inc()
-		b.logger.Error("could not end claim; its lease expires by itself",
-			zap.String("op", op), zap.String("pool", c.Pool), zap.String("worker_id", c.Worker.ID),
-			zap.Duration("lease_ttl", time.Duration(b.leaseTTL.Load())), zap.Error(err))
+		b.renewOwed.Store(true)
+		b.logger.Warn("could not end claim; trying again in the background",
+			zap.String("op", op), zap.String("pool", c.Pool), zap.String("worker_id", c.Worker.ID), zap.Error(err))
+		// Release and Undo are safe to repeat (a lease ends once; its
+		// tombstone stops a late renewal from bringing it back). If every
+		// attempt fails, the lease expires by itself within lease_ttl.
+		b.retryInBackground(c.Pool, op, func(ctx context.Context) error {
+			if served {
+				return b.reg.Release(ctx, c.Pool, c.LeaseID)
+			}
+			var d time.Duration
+			if suspect {
+				d = suspectFor
+			}
+			return b.reg.Undo(ctx, c.Pool, c.LeaseID, d)
+		})
 		return
 	}
 	if ce := b.logger.Check(zapcore.DebugLevel, "claim ended"); ce != nil {
@@ -375,7 +456,11 @@ func (b *backend) keepLeases() {
 	defer b.wg.Done()
 	for {
 		ttl := time.Duration(b.leaseTTL.Load())
-		t := time.NewTimer(ttl / 3)
+		every := ttl / 3
+		if b.renewOwed.Load() && renewRetry < every {
+			every = renewRetry
+		}
+		t := time.NewTimer(every)
 		select {
 		case <-b.ctx.Done():
 			t.Stop()
@@ -388,11 +473,13 @@ func (b *backend) keepLeases() {
 			ttl = time.Duration(b.leaseTTL.Load())
 		case <-t.C:
 		}
-		b.renewAll(ttl)
+		b.renewMu.Lock()
+		b.renewAll(b.ctx, ttl)
+		b.renewMu.Unlock()
 	}
 }
 
-func (b *backend) renewAll(ttl time.Duration) {
+func (b *backend) renewAll(ctx context.Context, ttl time.Duration) {
 	b.mu.Lock()
 	batch := make(map[string][]registry.LeaseRenewal, len(b.leases))
 	for pool, ls := range b.leases {
@@ -403,14 +490,18 @@ func (b *backend) renewAll(ttl time.Duration) {
 		}
 	}
 	b.mu.Unlock()
+	// Owed stays set if any pool's renewal fails; cleared first so that a
+	// failure meanwhile (another caller's) is not lost.
+	b.renewOwed.Store(false)
 	for pool, leases := range batch {
 		if len(leases) == 0 {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(b.ctx, redisCallTimeout)
-		res, err := b.reg.RenewLeases(ctx, pool, leases, ttl)
+		cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
+		res, err := b.reg.RenewLeases(cctx, pool, leases, ttl)
 		cancel()
 		if err != nil {
+			b.renewOwed.Store(true)
 			metrics.redisErrors.WithLabelValues("renew").Inc()
 			b.logger.Error("renewing leases of live sessions", zap.String("pool", pool),
 				zap.Int("leases", len(leases)), zap.Error(err))

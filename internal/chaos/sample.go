@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/redis/go-redis/v9"
 )
 
 // The sampler reads, continuously and from outside, what the grid
@@ -154,6 +155,13 @@ func (s *sampler) once() {
 		}
 	} else {
 		smp.bad = true
+		// The harness's own Cluster client learns a failover the plain
+		// go-redis way (a MOVED reply, or its periodic refresh): ask it
+		// to reload the slot map after a failed read, as the grid's
+		// client does, so the observer does not lag the grid.
+		if cc, ok := s.reg.Client().(*redis.ClusterClient); ok {
+			cc.ReloadState(context.Background())
+		}
 	}
 
 	// Read every known browser at once.
