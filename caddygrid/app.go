@@ -166,7 +166,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
 	a.provisioned = time.Now()
 	if cur := running.current(); cur != nil {
-		a.prevLimits = cur.limits.snapshot()
+		a.prevLimits = cur.limits.snapshot(cur.prevLimits)
 	}
 	if a.Redis == "" {
 		a.Redis = DefaultRedis

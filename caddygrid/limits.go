@@ -45,10 +45,20 @@ func (c *limitsClock) configTime(key string, prev map[string]time.Time, at time.
 }
 
 // snapshot copies the times (a new config keeps a copy, not the previous
-// app, so configs do not chain in memory).
-func (c *limitsClock) snapshot() map[string]time.Time {
+// app, so configs do not chain in memory). The times are learnt at claims:
+// a config that served none hands on the times it was handed (prev), so
+// that reloading an idle instance twice does not make its unchanged limits
+// new again (and win over a newer configuration elsewhere).
+func (c *limitsClock) snapshot(prev map[string]time.Time) map[string]time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(c.since) == 0 {
+		out := make(map[string]time.Time, len(prev))
+		for k, v := range prev {
+			out[k] = v
+		}
+		return out
+	}
 	out := make(map[string]time.Time, len(c.since))
 	for k, v := range c.since {
 		out[k] = v

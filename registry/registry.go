@@ -282,38 +282,59 @@ func (r *Registry) renewLeases(ctx context.Context, pool string, leases []LeaseR
 	if ttl <= 0 {
 		ttl = defaultLeaseTTL
 	}
-	args := make([]any, 0, 6+5*len(leases))
-	args = append(args, "renew", r.opts.DurationWindow, ms(ttl), ms(r.opts.CommandTTL), "renewal")
+	var out RenewResult
+	// One lease that cannot be renewed (a worker ID or generation taken
+	// from a record that Redis writers control) must not stop the others:
+	// it is reported as ended, so its holder stops renewing it.
+	valid := make([]LeaseRenewal, 0, len(leases))
 	for _, l := range leases {
-		for _, f := range []struct{ name, v string }{{"lease id", l.ID}, {"worker id", l.Worker}, {"generation", l.Gen}} {
-			if err := checkToken(f.v); err != nil {
-				return RenewResult{}, fmt.Errorf("renewing leases of pool %q: lease %q: %s: %w", pool, l.ID, f.name, err)
+		ok := l.Lifetime >= 0
+		for _, v := range []string{l.ID, l.Worker, l.Gen} {
+			if checkToken(v) != nil {
+				ok = false
 			}
 		}
-		if l.Lifetime < 0 {
-			return RenewResult{}, fmt.Errorf("renewing leases of pool %q: lease %q: lifetime %d is negative", pool, l.ID, l.Lifetime)
+		if ok {
+			valid = append(valid, l)
+		} else {
+			out.Ended = append(out.Ended, l.ID)
 		}
-		args = append(args, l.ID, l.Worker, l.Gen, toMS(l.Claimed), l.Lifetime)
 	}
-	res, err := r.run(ctx, scriptLease, pool, 0, args...).Slice()
-	if err != nil {
-		return RenewResult{}, fmt.Errorf("renewing %d leases of pool %q: %w", len(leases), pool, err)
-	}
-	if len(res) != 2 {
-		return RenewResult{}, fmt.Errorf("renewing %d leases of pool %q: unexpected reply %v", len(leases), pool, res)
-	}
-	strs := func(v any) []string {
-		xs, _ := v.([]any)
-		var out []string
-		for _, x := range xs {
-			if s, ok := x.(string); ok {
-				out = append(out, s)
+	// Bounded calls: a renewal after a failover may re-create every lease.
+	for len(valid) > 0 {
+		n := min(len(valid), renewChunk)
+		chunk := valid[:n]
+		valid = valid[n:]
+		args := make([]any, 0, 6+5*len(chunk))
+		args = append(args, "renew", r.opts.DurationWindow, ms(ttl), ms(r.opts.CommandTTL), "renewal")
+		for _, l := range chunk {
+			args = append(args, l.ID, l.Worker, l.Gen, toMS(l.Claimed), l.Lifetime)
+		}
+		res, err := r.run(ctx, scriptLease, pool, 0, args...).Slice()
+		if err != nil {
+			return out, fmt.Errorf("renewing %d leases of pool %q: %w", len(chunk), pool, err)
+		}
+		if len(res) != 2 {
+			return out, fmt.Errorf("renewing %d leases of pool %q: unexpected reply %v", len(chunk), pool, res)
+		}
+		strs := func(v any) []string {
+			xs, _ := v.([]any)
+			var ss []string
+			for _, x := range xs {
+				if s, ok := x.(string); ok {
+					ss = append(ss, s)
+				}
 			}
+			return ss
 		}
-		return out
+		out.Recreated = append(out.Recreated, strs(res[0])...)
+		out.Ended = append(out.Ended, strs(res[1])...)
 	}
-	return RenewResult{Recreated: strs(res[0]), Ended: strs(res[1])}, nil
+	return out, nil
 }
+
+// renewChunk is how many leases one renewal call carries.
+const renewChunk = 200
 
 func (r *Registry) expireLeases(ctx context.Context, pool string, max int) (int, error) {
 	if err := checkPool(pool); err != nil {

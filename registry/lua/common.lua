@@ -123,6 +123,13 @@ local function decode(raw)
   if w.status ~= 'available' and w.status ~= 'draining' then
     return nil, 'unknown status "' .. w.status .. '"'
   end
+  -- id and gen are joined with spaces in lease_owner's members and checked
+  -- by every renewal: a record whose would be refused there is bad here.
+  for _, f in ipairs({ 'id', 'gen' }) do
+    if w[f] == '' or #w[f] > 200 or string.find(w[f], '[%s%c]') then
+      return nil, 'field ' .. f .. ' is empty, longer than 200 bytes or has spaces or control characters'
+    end
+  end
   return w
 end
 
@@ -344,7 +351,10 @@ end
 -- index. Every claim makes at most one worker busy, so this is amortised
 -- O(log N) per claim.
 local function fs_migrate(now)
-  local ids = redis.call('ZRANGEBYSCORE', K_FSP, '-inf', fmt(now), 'WITHSCORES')
+  -- bounded: after a quiet spell many may be due; later claims move the
+  -- rest (meanwhile such a busy entry sorts a little earlier than it would
+  -- as an idle one)
+  local ids = redis.call('ZRANGEBYSCORE', K_FSP, '-inf', fmt(now), 'WITHSCORES', 'LIMIT', 0, 64)
   for i = 1, #ids, 2 do
     local id, pend = ids[i], tonumber(ids[i + 1])
     local key = tonumber(redis.call('ZSCORE', K_FSB, id)) or pend

@@ -22,7 +22,11 @@ for i = 5, #ARGV do
   if not (w and fresh(w, now, stale)) then
     local had = redis.call('ZSCORE', K_LF, id)
     local retiring = redis.call('SISMEMBER', K_RET, id) == 1
+    -- As in expire.lua: a stale worker may come back (its agent paused,
+    -- not dead); its live shutdown command waits for its next registration.
+    local cmd = live_command(id, now) and redis.call('HGET', K_CMD, id)
     local n = remove_worker(id)
+    if cmd then redis.call('HSET', K_CMD, id, cmd) end
     if retiring then woke = true end
     if n > 0 or had then removed[#removed + 1] = id end
   end

@@ -9,13 +9,10 @@
 --              the lifetime limit or holding a command, and an expired
 --              command is dropped. Returns each worker's generation,
 --              lifetime and active count, for the count stage.
---   'count'    sets the active count of listed workers to their live
---              leases. Go counted the leases (HSCAN of the leases hash)
---              after reading the worker; the count is exact when the
---              worker's generation and lifetime are unchanged since (no
---              claim since, so no lease Go could not have seen): then its
---              live leases are those Go listed that still exist. A worker
---              that changed is left to the next pass.
+--   'count'    sets the active count of listed workers (those whose count
+--              Go found to disagree with the leases it listed) to their
+--              generation's entries in lease_owner, which is exact at that
+--              moment; a worker whose generation changed is left alone.
 --   'scan'     one chunk of one key: lease_owner made to match the
 --              leases ('leases': missing entries added; 'owner': entries
 --              of no lease removed; the pass runs these two first, so the
@@ -103,11 +100,12 @@ if stage == 'count' then
   while i <= #ARGV do
     local id, gen, life, k = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
     local w = load_worker(id)
-    if w and w.gen == gen and w.lifetime == life then
-      local n = 0
-      for j = i + 4, i + 3 + k do
-        if redis.call('HEXISTS', K_LEASES, ARGV[j]) == 1 then n = n + 1 end
-      end
+    if w and w.gen == gen then
+      -- lease_owner is exact (the scan stages repaired it first, and
+      -- every script keeps it with the leases): count from it rather than
+      -- from the leases Go listed, which a renewal may have re-created
+      -- since (a stale list would under-count a full worker)
+      local n = owner_count(id, gen)
       if w.active ~= n then
         w.active = n
         redis.call('HSET', K_ACTIVE, id, fmt(n))
