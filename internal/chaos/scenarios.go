@@ -310,6 +310,10 @@ var scenarios = []Scenario{
 			r.e.caddies[0].p.kill9()
 			r.killedFrontend = map[int]time.Time{0: at}
 			r.fault(at)
+			// A lease claimed an instant before the kill lives its whole
+			// lease_ttl; then the next claim or heartbeat (every
+			// heartbeatInterval) frees it. The bound is that, not less.
+			r.healBound = leaseTTL + heartbeatInterval
 			r.observe()
 			return nil
 		},
