@@ -96,6 +96,10 @@ type backend struct {
 	// so that no slot this process holds is granted again meanwhile.
 	renewOwed atomic.Bool
 	renewMu   sync.Mutex
+	// epochs holds each pool's dataset epoch as last seen (under mu): a
+	// claim whose epoch Redis no longer has re-asserts this process's
+	// leases before it is granted a slot (registry.EpochError).
+	epochs map[string]string
 
 	mu       sync.Mutex
 	leases   map[string]map[string]*liveLease // pool → lease ID → lease held by this process
@@ -242,7 +246,23 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		// lost of this process's sessions before granting a slot.
 		b.renewNow(cctx)
 	}
+	b.mu.Lock()
+	req.Epoch = b.epochs[req.Pool]
+	b.mu.Unlock()
 	c, err := b.reg.Claim(cctx, req)
+	var ee *registry.EpochError
+	if errors.As(err, &ee) {
+		// Redis lost the pool's data since this process last claimed (a
+		// restart that came back empty between two calls, so no call
+		// failed): re-assert every live lease, then claim once more.
+		b.logger.Warn("Redis lost the pool's data; re-asserting this instance's live sessions before claiming",
+			zap.String("pool", req.Pool))
+		b.renewOwed.Store(true)
+		b.renewNow(cctx)
+		b.setEpoch(req.Pool, ee.Now)
+		req.Epoch = ee.Now
+		c, err = b.reg.Claim(cctx, req)
+	}
 	cancel()
 	metrics.selectDuration.WithLabelValues(req.Pool, policy).Observe(time.Since(start).Seconds())
 	var nw *registry.NoWorkerError
@@ -251,6 +271,12 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		b.limitsOverridden(req, c.PoolLimits)
 	case errors.As(err, &nw) && nw.LimitsOverridden:
 		b.limitsOverridden(req, nw.PoolLimits)
+	}
+	switch {
+	case err == nil:
+		b.setEpoch(req.Pool, c.Epoch)
+	case errors.As(err, &nw):
+		b.setEpoch(req.Pool, nw.Epoch)
 	}
 	switch {
 	case err == nil:
@@ -369,6 +395,19 @@ func (b *backend) retryInBackground(pool, op string, end func(context.Context) e
 			delay *= 2
 		}
 	}()
+}
+
+// setEpoch remembers a pool's dataset epoch ("" changes nothing).
+func (b *backend) setEpoch(pool, epoch string) {
+	if epoch == "" {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.epochs == nil {
+		b.epochs = map[string]string{}
+	}
+	b.epochs[pool] = epoch
 }
 
 // renewNow renews every live lease at once if a renewal is owed (another

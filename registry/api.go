@@ -11,6 +11,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -290,6 +291,12 @@ type ClaimRequest struct {
 	// now: the claim's limits win whenever they differ. Clocks of the
 	// claimers should agree to within the time between two reloads.
 	ConfigTime time.Time
+	// Epoch is the pool's dataset epoch this caller last saw (Claim.Epoch,
+	// NoWorkerError.Epoch); "" for none. When Redis no longer has it (it
+	// restarted empty, or failed over to a replica without it), the claim
+	// grants nothing and returns an *EpochError: the caller's live leases
+	// may be gone with it, so it re-asserts them (RenewLeases) first.
+	Epoch string
 }
 
 // DefaultMaxScan is the max_scan budget of a lifetime_first or fair_share
@@ -330,6 +337,18 @@ type Claim struct {
 	// are stored for the pool: see ClaimRequest.ConfigTime).
 	PoolLimits       PoolLimits
 	LimitsOverridden bool
+	// Epoch is the pool's dataset epoch (see ClaimRequest.Epoch).
+	Epoch string
+}
+
+// EpochError is returned by Claim when the dataset epoch the caller saw
+// is not Redis's: Redis lost data since; nothing was claimed.
+type EpochError struct {
+	Seen, Now string
+}
+
+func (e *EpochError) Error() string {
+	return fmt.Sprintf("the pool's data was lost since this claimer last claimed (epoch %q, now %q): re-assert its leases, then claim again", e.Seen, e.Now)
 }
 
 // NoWorkerError is returned (wrapping ErrNoWorker) when nothing is
@@ -340,9 +359,10 @@ type NoWorkerError struct {
 	// was retiring, so workers one session short of the lifetime limit
 	// were held back (they may have been the only ones left).
 	Retiring bool
-	// PoolLimits and LimitsOverridden: as in Claim.
+	// PoolLimits, LimitsOverridden and Epoch: as in Claim.
 	PoolLimits       PoolLimits
 	LimitsOverridden bool
+	Epoch            string
 }
 
 func (e *NoWorkerError) Error() string { return ErrNoWorker.Error() }
@@ -470,4 +490,7 @@ func (r *Registry) Inspect(ctx context.Context, pool string) (PoolInfo, error) {
 }
 
 // Interface guards.
-var _ error = (*NoWorkerError)(nil)
+var (
+	_ error = (*NoWorkerError)(nil)
+	_ error = (*EpochError)(nil)
+)

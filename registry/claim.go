@@ -37,6 +37,7 @@ type outcome struct {
 	// limits in force, and whether they are not the request's.
 	limits     PoolLimits
 	overridden bool
+	epoch      string
 }
 
 func (r *Registry) checkRequest(req *ClaimRequest) error {
@@ -111,7 +112,8 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 		req.Limits.MaxConcurrent, req.Limits.MaxLifetime, ms(req.Limits.StaleAfter), req.Limits.MaxScan,
 		req.FairShare.Window, med, ms(req.FairShare.Default),
 		leaseID, ms(req.LeaseTTL), req.Holder, ms(r.opts.CommandTTL),
-		r.opts.DurationWindow, r.opts.LeaseSweep, stagger, toMS(req.ConfigTime)}
+		r.opts.DurationWindow, r.opts.LeaseSweep, stagger, toMS(req.ConfigTime),
+		req.Epoch, newToken(8)}
 	if req.Policy == Vnode {
 		k := req.Vnode.Samples
 		dr := req.Vnode.Draw(req.Rand)
@@ -140,9 +142,15 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 			return outcome{}, fmt.Errorf("lease %q: %w", leaseID, ErrClaimCancelled)
 		case -2:
 			return decodeReplay(req.Pool, res)
+		case -3:
+			epoch := ""
+			if len(res) > 1 {
+				epoch, _ = res[1].(string)
+			}
+			return outcome{}, &EpochError{Seen: req.Epoch, Now: epoch}
 		}
 	}
-	if len(res) != 24 {
+	if len(res) != 25 {
 		return outcome{}, fmt.Errorf("unexpected reply of %d items", len(res))
 	}
 	n := func(i int) int64 { x, _ := res[i].(int64); return x }
@@ -165,6 +173,7 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	r.badList(req.Pool, res[9])
 	o.retiring = n(15) == 1
 	o.overridden = n(17) == 1
+	o.epoch = s(24)
 	o.limits = PoolLimits{Limits: req.Limits, Window: int(n(21)), Median: n(22) == 1, Default: time.Duration(n(23)) * time.Millisecond}
 	o.limits.MaxConcurrent, o.limits.MaxLifetime, o.limits.StaggerDrains = int(n(18)), int(n(19)), n(20) == 1
 	if !r.opts.NoStaleExpiry && !dry {
@@ -183,7 +192,7 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 		}
 	}
 	if n(0) != 1 {
-		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring, PoolLimits: o.limits, LimitsOverridden: o.overridden}
+		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring, PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch}
 	}
 	o.decision.OK = true
 	o.decision.ID = s(1)
@@ -237,7 +246,7 @@ func (r *Registry) claim(ctx context.Context, req ClaimRequest) (*Claim, error) 
 		return nil, fmt.Errorf("claiming a worker in pool %q: %w", req.Pool, err)
 	}
 	return &Claim{LeaseID: lease, Pool: req.Pool, Worker: o.worker, Gen: o.worker.gen, Drain: o.drain, Decision: o.decision,
-		PoolLimits: o.limits, LimitsOverridden: o.overridden}, nil
+		PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch}, nil
 }
 
 func (r *Registry) pick(ctx context.Context, req ClaimRequest) (WorkerInfo, selection.Decision, error) {

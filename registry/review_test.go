@@ -194,3 +194,38 @@ func TestRenewalIsChunked(t *testing.T) {
 		t.Errorf("%d leases renewed in %d script calls, want at least %d (chunks of %d)", n, got, want, renewChunk)
 	}
 }
+
+// A Redis that lost the pool's data between two claims (restarted empty
+// with no call failing meanwhile) grants a claimer nothing until it has
+// seen the new epoch: its live leases may be gone, and re-asserting them
+// first is what keeps their worker from being over-admitted.
+func TestClaimAfterDataLossAsksForReassertion(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	mustRegister(t, r, capReg("w", "gen-1", 1))
+	c, err := claimP(t, r, "")
+	if err != nil || c.Epoch == "" {
+		t.Fatalf("first claim: %v, epoch %q", err, c.Epoch)
+	}
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mustRegister(t, r, capReg("w", "gen-1", 1)) // the agent comes back first
+	req := ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: capLimits, LeaseTTL: time.Minute, Epoch: c.Epoch}
+	_, err = r.Claim(ctx, req)
+	var ee *EpochError
+	if !errors.As(err, &ee) || ee.Now == "" || ee.Now == c.Epoch {
+		t.Fatalf("claim with the lost epoch: %v, want an EpochError with a new epoch", err)
+	}
+	if a, l, _ := figures(t, r, "w"); a != 0 || l != 0 {
+		t.Fatalf("the refused claim counted: active %d lifetime %d", a, l)
+	}
+	// Re-asserted, the worker is full again and the next claim finds nothing.
+	if _, err := r.RenewLeases(ctx, "p", []LeaseRenewal{{ID: c.LeaseID, Worker: "w", Gen: c.Gen, Claimed: time.Now(), Lifetime: c.Worker.Lifetime}}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	req.Epoch = ee.Now
+	if _, err := r.Claim(ctx, req); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("claim after re-assertion on a full worker: %v, want ErrNoWorker", err)
+	}
+}

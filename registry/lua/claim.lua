@@ -41,15 +41,17 @@
 --       17 durations kept, 18 max expired leases to free first,
 --       19 stagger drains (0/1),
 --       20 configuration time ms (when the caller's limits were configured; 0: now),
---       21 K, then K pivots (32 hex), K jitters, K tiebreaks (tiebreak mod m for m = 1..K).
+--       21 the dataset epoch the caller last saw ('' none), 22 a fresh epoch token,
+--       23 K, then K pivots (32 hex), K jitters, K tiebreaks (tiebreak mod m for m = 1..K).
 -- Returns (a replay of an existing lease id: {-2, id, record, active,
---   lifetime, durations, drain, now}; a cancelled lease id: {-1, 'cancelled'}):
+--   lifetime, durations, drain, now}; a cancelled lease id: {-1, 'cancelled'};
+--   an epoch the caller saw that Redis no longer has: {-3, epoch}):
 --   {ok, id, record, active, lifetime, durations, drain, scanned,
 --           {stale ids}, {bad id, reason, ...}, wraps, effective, dedupes, tied, now,
 --           retiring (0/1: StaggerDrains held last sessions back), {stale retiring ids},
 --           overridden (0/1: the claim's limits lost to newer stored ones), then the
 --           limits in force: max_concurrent, max_lifetime, stagger (0/1),
---           fs window, fs median (0/1), fs default ms}
+--           fs window, fs median (0/1), fs default ms, the dataset epoch}
 -- Complexity: O(log N + S) for S entries walked (S <= max_scan + K);
 --   vnode O(K (log NV + S)); plus O(R) for R members of the retiring set
 --   (StaggerDrains only; R is 1 or 0 while the rule holds, plus dead
@@ -63,7 +65,7 @@ local stale, maxscan = tonumber(ARGV[8]), tonumber(ARGV[9])
 local keep = tonumber(ARGV[17])
 local stagger = ARGV[19] == '1'
 -- VB is where the vnode arguments start.
-local VB = 21
+local VB = 23
 
 -- A claim is keyed by its lease id (chosen by the caller): run again (a
 -- client retry, or a caller repeating a claim whose reply it lost) it
@@ -71,6 +73,21 @@ local VB = 21
 if not dry then
   local replay = claim_replay(ARGV[13], now)
   if replay then return replay end
+end
+
+-- The dataset's epoch: a random token the pool's config hash keeps from
+-- its first claim on. A claimer passes the epoch it last saw (ARGV 21);
+-- when Redis no longer has it (restarted empty, or a failover to a replica
+-- without it), the leases that claimer holds may be gone too, so it is
+-- told to re-assert them (renewal) before anything is granted to it:
+-- {-3, epoch}. ARGV 22 is a fresh token, stored when the pool has none.
+local epoch = redis.call('HGET', K_CFG, 'epoch')
+if not epoch then
+  epoch = ARGV[22]
+  if not dry then redis.call('HSET', K_CFG, 'epoch', epoch) end
+end
+if not dry and ARGV[21] ~= '' and ARGV[21] ~= epoch then
+  return { -3, epoch }
 end
 
 local freed = expire_leases(now, tonumber(ARGV[18]), keep)
@@ -400,4 +417,4 @@ local stagger_out = 0
 if cfg.stagger then stagger_out = 1 end
 return { ok, chosen, record, active, lifetime, durations, drain, scanned, stale_ids, bad,
   wraps, effective, dedupes, tied, now, held, retired_stale,
-  overridden, cfg.mc, cfg.ml, stagger_out, cfg.win, med_out, cfg.def }
+  overridden, cfg.mc, cfg.ml, stagger_out, cfg.win, med_out, cfg.def, epoch }
