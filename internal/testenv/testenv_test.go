@@ -51,7 +51,10 @@ func TestClusterMasterRestartRejoins(t *testing.T) {
 	m.Kill()
 	n := c.WaitPromoted(slot, m, 30*time.Second)
 	m.Restart()
-	Eventually(t, 30*time.Second, "the old master to replicate the new one", func() bool {
+	// The sentinels reconfigure a returning old master only once they have
+	// seen it up for a few info periods: ~10-20 s here when idle, more on
+	// a loaded machine (30 s timed out once in a full make test).
+	Eventually(t, 90*time.Second, "the old master to replicate the new one", func() bool {
 		for _, r := range c.ReplicasOf(n) {
 			if r == m {
 				return true
@@ -70,11 +73,14 @@ func TestSentinelMasterRestartRejoins(t *testing.T) {
 	m.Kill()
 	n := s.WaitFailover(m, 30*time.Second)
 	m.Restart()
-	Eventually(t, 30*time.Second, "the old master to replicate the new one", func() bool {
+	// The sentinels reconfigure a returning old master only once they have
+	// seen it up for a few info periods: ~10-20 s here when idle, more on
+	// a loaded machine (30 s timed out once in a full make test).
+	Eventually(t, 90*time.Second, "the old master to replicate the new one", func() bool {
 		info := replicationInfo(m)
 		return info["role"] == "slave" && info["master_host"]+":"+info["master_port"] == n.Addr
 	})
-	s.WaitInSync(30 * time.Second)
+	s.WaitInSync(60 * time.Second)
 	if s.Master() != n {
 		t.Fatalf("the sentinels name %v as master, want %s", s.Master(), n.Addr)
 	}
