@@ -212,19 +212,9 @@ func (b *backend) start() {
 // minute per worker.
 func (b *backend) badRecord(pool, id string, err error) {
 	badRecords.WithLabelValues(pool, reasonUnparsable).Inc()
-	k := pool + "\x00" + id
-	b.mu.Lock()
-	last, seen := b.recent[k]
-	now := time.Now()
-	if seen && now.Sub(last) < time.Minute {
-		b.mu.Unlock()
+	if !b.firstReport(reasonUnparsable, pool, id) {
 		return
 	}
-	if len(b.recent) > 10000 {
-		clear(b.recent)
-	}
-	b.recent[k] = now
-	b.mu.Unlock()
 	b.logger.Warn("skipping a worker record that does not parse",
 		zap.String("pool", pool), zap.String("worker_id", id), zap.Error(err))
 }
@@ -327,41 +317,26 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 // away, a bounded number of times; it holds a reference on the backend so
 // the client outlives it.
 func (b *backend) cancelClaim(pool, leaseID string, cause error) {
-	rb, err := b.retain()
-	if err != nil {
-		return
-	}
-	go func() {
-		defer rb.drop()
-		delay := cancelFirstBackoff
-		for attempt := 1; ; attempt++ {
-			ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
-			err := rb.reg.Cancel(ctx, pool, leaseID)
-			cancel()
-			if err == nil {
-				metrics.claimsCancelled.WithLabelValues(pool).Inc()
-				rb.logger.Info("cancelled a claim whose call failed; it leaves nothing",
-					zap.String("pool", pool), zap.String("lease_id", leaseID), zap.NamedError("claim_error", cause))
-				return
-			}
-			metrics.redisErrors.WithLabelValues("cancel").Inc()
-			if attempt == cancelAttempts {
-				rb.logger.Error("could not cancel a claim whose call failed; if it ran, its lease expires by itself",
-					zap.String("pool", pool), zap.String("lease_id", leaseID), zap.Int("attempts", attempt),
-					zap.Duration("lease_ttl", time.Duration(rb.leaseTTL.Load())), zap.Error(err))
-				return
-			}
-			t := time.NewTimer(delay)
-			<-t.C
-			delay *= 2
+	b.retryInBackground("cancel", true, func(ctx context.Context) error {
+		return b.reg.Cancel(ctx, pool, leaseID)
+	}, func(attempts int, err error) {
+		if err == nil {
+			metrics.claimsCancelled.WithLabelValues(pool).Inc()
+			b.logger.Info("cancelled a claim whose call failed; it leaves nothing",
+				zap.String("pool", pool), zap.String("lease_id", leaseID), zap.NamedError("claim_error", cause))
+			return
 		}
-	}()
+		b.logger.Error("could not cancel a claim whose call failed; if it ran, its lease expires by itself",
+			zap.String("pool", pool), zap.String("lease_id", leaseID), zap.Int("attempts", attempts),
+			zap.Duration("lease_ttl", time.Duration(b.leaseTTL.Load())), zap.Error(err))
+	})
 }
 
-// retryInBackground runs end (a release or undo that failed once) again
-// with a doubling backoff, up to cancelAttempts times, while this backend
-// lives.
-func (b *backend) retryInBackground(pool, op string, end func(context.Context) error) {
+// retryInBackground runs call (a Redis call safe to repeat: cancel,
+// release, undo) up to cancelAttempts times with a doubling backoff from
+// cancelFirstBackoff, the first at once when now, while this backend
+// lives; done gets the attempts made and the last error (nil: success).
+func (b *backend) retryInBackground(op string, now bool, call func(context.Context) error, done func(attempts int, err error)) {
 	rb, err := b.retain()
 	if err != nil {
 		return
@@ -370,29 +345,26 @@ func (b *backend) retryInBackground(pool, op string, end func(context.Context) e
 		defer rb.drop()
 		delay := cancelFirstBackoff
 		for attempt := 1; ; attempt++ {
-			t := time.NewTimer(delay)
-			select {
-			case <-rb.ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
+			if attempt > 1 || !now {
+				t := time.NewTimer(delay)
+				select {
+				case <-rb.ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+				delay *= 2
 			}
 			ctx, cancel := context.WithTimeout(rb.ctx, redisCallTimeout)
-			err := end(ctx)
+			err := call(ctx)
 			cancel()
-			if err == nil {
-				rb.logger.Info("ended a claim on a later attempt", zap.String("op", op),
-					zap.String("pool", pool), zap.Int("attempts", attempt+1))
+			if err != nil {
+				metrics.redisErrors.WithLabelValues(op).Inc()
+			}
+			if err == nil || attempt == cancelAttempts {
+				done(attempt, err)
 				return
 			}
-			metrics.redisErrors.WithLabelValues(op).Inc()
-			if attempt == cancelAttempts {
-				rb.logger.Error("could not end claim; its lease expires by itself", zap.String("op", op),
-					zap.String("pool", pool), zap.Int("attempts", attempt+1),
-					zap.Duration("lease_ttl", time.Duration(rb.leaseTTL.Load())), zap.Error(err))
-				return
-			}
-			delay *= 2
 		}
 	}()
 }
@@ -428,30 +400,29 @@ func (b *backend) renewNow(ctx context.Context) {
 // that fails too, Redis frees the slot within one lease TTL anyway, since
 // this process no longer renews the lease.
 func (b *backend) finish(c *registry.Claim, served, suspect bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
-	defer cancel()
-	var err error
-	outcome := "released"
-	if served {
-		err = b.reg.Release(ctx, c.Pool, c.LeaseID)
-	} else {
-		outcome = "undone"
+	outcome, op := "released", "release"
+	if !served {
+		outcome, op = "undone", "undo"
+	}
+	end := func(ctx context.Context) error {
+		if served {
+			return b.reg.Release(ctx, c.Pool, c.LeaseID)
+		}
 		var d time.Duration
 		if suspect {
 			d = suspectFor
 		}
-		err = b.reg.Undo(ctx, c.Pool, c.LeaseID, d)
+		return b.reg.Undo(ctx, c.Pool, c.LeaseID, d)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
+	err := end(ctx)
+	cancel()
 	b.mu.Lock()
 	delete(b.leases[c.Pool], c.LeaseID)
 	b.mu.Unlock()
 	metrics.activeSessions.WithLabelValues(c.Pool).Dec()
 	metrics.releases.WithLabelValues(c.Pool, outcome).Inc()
 	if err != nil {
-		op := "release"
-		if !served {
-			op = "undo"
-		}
 		metrics.redisErrors.WithLabelValues(op).Inc()
 		b.renewOwed.Store(true)
 		b.logger.Warn("could not end claim; trying again in the background",
@@ -459,15 +430,15 @@ func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 		// Release and Undo are safe to repeat (a lease ends once; its
 		// tombstone stops a late renewal from bringing it back). If every
 		// attempt fails, the lease expires by itself within lease_ttl.
-		b.retryInBackground(c.Pool, op, func(ctx context.Context) error {
-			if served {
-				return b.reg.Release(ctx, c.Pool, c.LeaseID)
+		b.retryInBackground(op, false, end, func(attempts int, err error) {
+			if err == nil {
+				b.logger.Info("ended a claim on a later attempt", zap.String("op", op),
+					zap.String("pool", c.Pool), zap.Int("attempts", attempts+1))
+				return
 			}
-			var d time.Duration
-			if suspect {
-				d = suspectFor
-			}
-			return b.reg.Undo(ctx, c.Pool, c.LeaseID, d)
+			b.logger.Error("could not end claim; its lease expires by itself", zap.String("op", op),
+				zap.String("pool", c.Pool), zap.Int("attempts", attempts+1),
+				zap.Duration("lease_ttl", time.Duration(b.leaseTTL.Load())), zap.Error(err))
 		})
 		return
 	}

@@ -79,19 +79,9 @@ func limitsKey(req registry.ClaimRequest) string {
 // claim ran under the pool's stored limits (a newer configuration's), not
 // the ones this config brought.
 func (b *backend) limitsOverridden(req registry.ClaimRequest, inForce registry.PoolLimits) {
-	k := fmt.Sprintf("limits\x00%s\x00%s\x00%+v", req.Pool, limitsKey(req), inForce)
-	b.mu.Lock()
-	last, seen := b.recent[k]
-	now := time.Now()
-	if seen && now.Sub(last) < time.Minute {
-		b.mu.Unlock()
+	if !b.firstReport("limits", req.Pool, fmt.Sprintf("%s\x00%+v", limitsKey(req), inForce)) {
 		return
 	}
-	if len(b.recent) > 10000 {
-		clear(b.recent)
-	}
-	b.recent[k] = now
-	b.mu.Unlock()
 	fields := []zap.Field{
 		zap.String("pool", req.Pool),
 		zap.Int("configured_max_concurrent", req.Limits.MaxConcurrent),

@@ -33,15 +33,12 @@ func init() {
 
 func runBounds(cfg *config) error {
 	w := cfg.out
-	srv, err := regStartRedis()
+	reg, rdb, stop, err := regOpen()
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 8})
-	defer rdb.Close()
+	defer stop()
 	ctx := context.Background()
-	reg := registry.New(rdb, registry.Options{NoStaleExpiry: true})
 
 	budget := 2 * time.Second
 	nClaim, nReap := 5_000, 10_000
@@ -122,7 +119,7 @@ func runBounds(cfg *config) error {
 			return err
 		}
 	}
-	ping := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 1})
+	ping := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, PoolSize: 1})
 	defer ping.Close()
 	if err := ping.Ping(ctx).Err(); err != nil {
 		return err

@@ -42,15 +42,12 @@ var regLimits = selection.Limits{MaxConcurrent: 5, MaxLifetime: 1_000_000, Stale
 
 func runRegistry(cfg *config) error {
 	w := cfg.out
-	srv, err := regStartRedis()
+	reg, rdb, stop, err := regOpen()
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 8})
-	defer rdb.Close()
+	defer stop()
 	ctx := context.Background()
-	reg := registry.New(rdb, registry.Options{NoStaleExpiry: true})
 
 	budget := 700 * time.Millisecond
 	if cfg.quick {
@@ -234,6 +231,19 @@ func (s *regServer) stop() {
 }
 
 // regStartRedis starts a private redis-server on a free port in a temp dir.
+// regOpen starts a redis-server and returns a registry over it (claims
+// hand no stale workers to background expiry, so timings are the
+// script's own), its client, and a function that stops both.
+func regOpen() (*registry.Registry, *redis.Client, func(), error) {
+	srv, err := regStartRedis()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 8})
+	stop := func() { rdb.Close(); srv.stop() }
+	return registry.New(rdb, registry.Options{NoStaleExpiry: true}), rdb, stop, nil
+}
+
 func regStartRedis() (*regServer, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
