@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
+	"github.com/coder/websocket"
 )
 
 var binPath string
@@ -95,17 +95,19 @@ func TestPrintsEndpointsAndEchoes(t *testing.T) {
 			t.Fatalf("endpoints %q", eps)
 		}
 		seen[ep] = true
-		c, _, err := wsock.Dial(context.Background(), ep, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, _, err := websocket.Dial(ctx, ep, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.WriteText("hi"); err != nil {
+		if err := c.Write(ctx, websocket.MessageText, []byte("hi")); err != nil {
 			t.Fatal(err)
 		}
-		if _, msg, err := c.ReadMessage(); err != nil || string(msg) != "hi" {
+		if _, msg, err := c.Read(ctx); err != nil || string(msg) != "hi" {
 			t.Fatalf("echo from %s: %q %v", ep, msg, err)
 		}
-		c.Close()
+		c.Close(websocket.StatusNormalClosure, "")
+		cancel()
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if code := exitCode(t, cmd); code != 0 {
@@ -115,9 +117,9 @@ func TestPrintsEndpointsAndEchoes(t *testing.T) {
 
 func TestCrashExitCode(t *testing.T) {
 	cmd, eps, _ := startBin(t, 1, "-crash-on-session", "1")
-	c, _, err := wsock.Dial(context.Background(), eps[0], nil)
+	c, _, err := websocket.Dial(context.Background(), eps[0], nil)
 	if err == nil {
-		defer c.Abort()
+		defer c.CloseNow()
 	}
 	if code := exitCode(t, cmd); code != 3 {
 		t.Fatalf("exit code %d, want 3", code)

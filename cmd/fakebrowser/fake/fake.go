@@ -21,6 +21,8 @@
 package fake
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,11 +36,16 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
+	"github.com/coder/websocket"
 )
 
 // ExitCrash is the exit code of a process that crashes on request.
 const ExitCrash = 3
+
+// MaxMessageSize is the largest message a session reads (and echoes), in
+// bytes: a browser's DevTools messages (screenshots, traces) run to
+// megabytes, far above the WebSocket library's default of 32 KiB.
+const MaxMessageSize = 32 << 20
 
 // Behavior is how the server treats WebSocket sessions. The zero value
 // accepts every session at once and echoes forever.
@@ -180,7 +187,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	behavior Behavior
-	conns    map[*wsock.Conn]struct{}
+	conns    map[*session]struct{}
 	endpoint string
 	closed   bool
 	closing  chan struct{}
@@ -202,7 +209,7 @@ func New(opts Options) *Server {
 	if opts.Exit == nil {
 		opts.Exit = os.Exit
 	}
-	s := &Server{opts: opts, behavior: opts.Behavior, conns: map[*wsock.Conn]struct{}{}, closing: make(chan struct{})}
+	s := &Server{opts: opts, behavior: opts.Behavior, conns: map[*session]struct{}{}, closing: make(chan struct{})}
 	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
 	return s
 }
@@ -287,7 +294,7 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	close(s.closing)
-	conns := make([]*wsock.Conn, 0, len(s.conns))
+	conns := make([]*session, 0, len(s.conns))
 	for c := range s.conns {
 		conns = append(conns, c)
 	}
@@ -296,7 +303,10 @@ func (s *Server) Close() error {
 	var wg sync.WaitGroup
 	for _, c := range conns {
 		wg.Add(1)
-		go func() { defer wg.Done(); c.CloseWith(wsock.CloseGoingAway, "fakebrowser shutting down", time.Second) }()
+		go func() {
+			defer wg.Done()
+			c.closeWithin(websocket.StatusGoingAway, "fakebrowser shutting down", time.Second)
+		}()
 	}
 	wg.Wait()
 	return err
@@ -377,14 +387,14 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("fakebrowser: refusing the upgrade with %d as configured", b.Refuse), b.Refuse)
 		return
 	}
-	c, err := wsock.Upgrade(w, r)
+	c, err := accept(w, r)
 	if err != nil {
-		return // Upgrade answered the client with what was wrong
+		return // Accept answered the client with what was wrong
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		c.CloseWith(wsock.CloseGoingAway, "fakebrowser shutting down", time.Second)
+		c.closeWithin(websocket.StatusGoingAway, "fakebrowser shutting down", time.Second)
 		return
 	}
 	s.conns[c] = struct{}{}
@@ -418,17 +428,17 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 }
 
 // echo serves one session until it closes.
-func (s *Server) echo(c *wsock.Conn, b Behavior) {
-	defer c.Close()
+func (s *Server) echo(c *session, b Behavior) {
+	defer c.ws.Close(websocket.StatusNormalClosure, "")
 	if b.CloseAfter > 0 {
 		t := time.AfterFunc(b.CloseAfter, func() {
-			c.CloseWith(wsock.CloseNormal, "fakebrowser: closing after "+b.CloseAfter.String(), 2*time.Second)
+			c.closeWithin(websocket.StatusNormalClosure, "fakebrowser: closing after "+b.CloseAfter.String(), 2*time.Second)
 		})
 		defer t.Stop()
 	}
 	var echoed int
 	for {
-		op, msg, err := c.ReadMessage()
+		typ, msg, err := c.ws.Read(context.Background())
 		if err != nil {
 			return
 		}
@@ -443,16 +453,63 @@ func (s *Server) echo(c *wsock.Conn, b Behavior) {
 				return
 			}
 		}
-		if err := c.WriteMessage(op, msg); err != nil {
+		if err := c.ws.Write(context.Background(), typ, msg); err != nil {
 			return
 		}
 		echoed++
 		if b.CloseAfterMessages > 0 && echoed >= b.CloseAfterMessages {
-			c.CloseWith(wsock.CloseNormal, fmt.Sprintf("fakebrowser: closing after %d messages", echoed), 2*time.Second)
+			c.closeWithin(websocket.StatusNormalClosure, fmt.Sprintf("fakebrowser: closing after %d messages", echoed), 2*time.Second)
 			return
 		}
 	}
 }
+
+// session is one accepted WebSocket and the connection under it.
+type session struct {
+	ws *websocket.Conn
+	nc net.Conn
+}
+
+// accept upgrades the request to a WebSocket session; on failure it has
+// answered the client with what was wrong.
+func accept(w http.ResponseWriter, r *http.Request) (*session, error) {
+	hw := &hijackRecorder{ResponseWriter: w}
+	// A fake browser takes any Origin, as the old server did and as the
+	// browser servers it stands in for do: it is a test worker behind the
+	// grid, never a page's cross-origin target.
+	ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	if err != nil {
+		return nil, err
+	}
+	ws.SetReadLimit(MaxMessageSize)
+	return &session{ws: ws, nc: hw.nc}, nil
+}
+
+// closeWithin runs the close handshake with code and reason but drops the
+// connection when the peer has not answered within d (the library alone
+// would wait up to 5 s for a peer that does not read).
+func (c *session) closeWithin(code websocket.StatusCode, reason string, d time.Duration) {
+	if c.nc != nil {
+		t := time.AfterFunc(d, func() { c.nc.Close() })
+		defer t.Stop()
+	}
+	_ = c.ws.Close(code, reason)
+}
+
+// hijackRecorder keeps the connection Accept takes over, so a close can be
+// bounded by closing it.
+type hijackRecorder struct {
+	http.ResponseWriter
+	nc net.Conn
+}
+
+func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	nc, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	h.nc = nc
+	return nc, brw, err
+}
+
+func (h *hijackRecorder) Unwrap() http.ResponseWriter { return h.ResponseWriter }
 
 func (s *Server) logf(format string, args ...any) {
 	if s.opts.Log != nil {
@@ -461,4 +518,7 @@ func (s *Server) logf(format string, args ...any) {
 }
 
 // Interface guards.
-var _ http.Handler = (*Server)(nil)
+var (
+	_ http.Handler  = (*Server)(nil)
+	_ http.Hijacker = (*hijackRecorder)(nil)
+)

@@ -1,6 +1,7 @@
 package fake
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,8 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
-	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
 )
 
 // start runs a Server on a free port; exits records crash requests.
@@ -28,26 +30,57 @@ func start(t *testing.T, b Behavior) (*Server, string, chan int) {
 	return s, ep, exits
 }
 
-func dial(t *testing.T, ep string) *wsock.Conn {
+func dial(t *testing.T, ep string) *websocket.Conn {
 	t.Helper()
+	// The context bounds the handshake only: a dialled connection does not
+	// depend on it.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, _, err := wsock.Dial(ctx, ep, nil)
+	c, _, err := websocket.Dial(ctx, ep, nil)
 	if err != nil {
 		t.Fatalf("dialing %s: %v", ep, err)
 	}
-	t.Cleanup(func() { c.Abort() })
+	t.Cleanup(func() { c.CloseNow() })
 	return c
 }
 
-func roundTrip(t *testing.T, c *wsock.Conn, msg string) {
+// refusedWith dials ep and returns the HTTP response of a refused
+// handshake, failing the test when the dial did not end in a refusal.
+func refusedWith(t *testing.T, ep string) *http.Response {
 	t.Helper()
-	if err := c.WriteText(msg); err != nil {
+	c, resp, err := websocket.Dial(context.Background(), ep, nil)
+	if err == nil {
+		c.CloseNow()
+		t.Fatalf("dialing %s: the upgrade was accepted, want a refusal", ep)
+	}
+	if resp == nil {
+		t.Fatalf("dialing %s: %v, want an HTTP refusal", ep, err)
+	}
+	return resp
+}
+
+func roundTrip(t *testing.T, c *websocket.Conn, msg string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
 		t.Fatalf("write: %v", err)
 	}
-	op, got, err := c.ReadMessage()
-	if err != nil || op != wsock.OpText || string(got) != msg {
-		t.Fatalf("echo of %q: %v %q %v", msg, op, got, err)
+	typ, got, err := c.Read(ctx)
+	if err != nil || typ != websocket.MessageText || string(got) != msg {
+		t.Fatalf("echo of %q: %v %q %v", msg, typ, got, err)
+	}
+}
+
+// readErr reads until the connection fails and returns why.
+func readErr(t *testing.T, c *websocket.Conn) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for {
+		if _, _, err := c.Read(ctx); err != nil {
+			return err
+		}
 	}
 }
 
@@ -80,7 +113,7 @@ func TestEchoAndStats(t *testing.T) {
 	if st.Sessions != 2 || st.Active != 2 || st.PeakActive != 2 || st.Messages != 3 || st.Bytes != 11 || st.Endpoint != ep {
 		t.Fatalf("stats %+v", st)
 	}
-	if err := a.Close(); err != nil {
+	if err := a.Close(websocket.StatusNormalClosure, ""); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 5*time.Second, "active to drop to 1", func() bool { return s.Stats().Active == 1 })
@@ -89,12 +122,32 @@ func TestEchoAndStats(t *testing.T) {
 	}
 }
 
+// TestEchoesLargeMessages: a message far above the WebSocket library's
+// default read limit (32 KiB) is echoed whole, as a browser answers a
+// screenshot; gridbench's throughput runs echo 64 KiB messages.
+func TestEchoesLargeMessages(t *testing.T) {
+	_, ep, _ := start(t, Behavior{})
+	c := dial(t, ep)
+	c.SetReadLimit(MaxMessageSize)
+	msg := make([]byte, 4<<20)
+	for i := range msg {
+		msg[i] = byte(i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Write(ctx, websocket.MessageBinary, msg); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	typ, got, err := c.Read(ctx)
+	if err != nil || typ != websocket.MessageBinary || !bytes.Equal(got, msg) {
+		t.Fatalf("echo of %d bytes: %v, %d bytes, %v", len(msg), typ, len(got), err)
+	}
+}
+
 func TestRefuse(t *testing.T) {
 	s, ep, _ := start(t, Behavior{Refuse: 503})
-	_, _, err := wsock.Dial(context.Background(), ep, nil)
-	var he *wsock.HandshakeError
-	if !errors.As(err, &he) || he.StatusCode != 503 || he.Header.Get("Retry-After") == "" {
-		t.Fatalf("err = %v, want a 503 refusal with Retry-After", err)
+	if resp := refusedWith(t, ep); resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("refused with %s (Retry-After %q), want a 503 with Retry-After", resp.Status, resp.Header.Get("Retry-After"))
 	}
 	if st := s.Stats(); st.Refused != 1 || st.Sessions != 0 || st.UpgradeRequests != 1 {
 		t.Fatalf("stats %+v", st)
@@ -105,7 +158,7 @@ func TestHangHoldsTheUpgrade(t *testing.T) {
 	s, ep, _ := start(t, Behavior{Hang: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if _, _, err := wsock.Dial(ctx, ep, nil); err == nil || ctx.Err() == nil {
+	if _, _, err := websocket.Dial(ctx, ep, nil); err == nil || ctx.Err() == nil {
 		t.Fatalf("dial to a hanging server returned %v before the client gave up", err)
 	}
 	if st := s.Stats(); st.UpgradeRequests != 1 || st.Sessions != 0 {
@@ -128,9 +181,9 @@ func TestCloseAfterMessages(t *testing.T) {
 	c := dial(t, ep)
 	roundTrip(t, c, "a")
 	roundTrip(t, c, "b")
-	_, _, err := c.ReadMessage()
-	var ce *wsock.CloseError
-	if !errors.As(err, &ce) || ce.Code != wsock.CloseNormal || !strings.Contains(ce.Reason, "2 messages") {
+	err := readErr(t, c)
+	var ce websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.StatusNormalClosure || !strings.Contains(ce.Reason, "2 messages") {
 		t.Fatalf("after 2 messages: %v, want a normal close naming the count", err)
 	}
 }
@@ -138,10 +191,9 @@ func TestCloseAfterMessages(t *testing.T) {
 func TestCloseAfterDuration(t *testing.T) {
 	_, ep, _ := start(t, Behavior{CloseAfter: 100 * time.Millisecond})
 	c := dial(t, ep)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, _, err := c.ReadMessage()
-	var ce *wsock.CloseError
-	if !errors.As(err, &ce) || ce.Code != wsock.CloseNormal || !strings.Contains(ce.Reason, "100ms") {
+	err := readErr(t, c)
+	var ce websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.StatusNormalClosure || !strings.Contains(ce.Reason, "100ms") {
 		t.Fatalf("got %v, want a normal close after 100ms", err)
 	}
 }
@@ -171,7 +223,7 @@ func TestCrashAfterSessions(t *testing.T) {
 		c := dial(t, ep)
 		roundTrip(t, c, fmt.Sprint("session ", i))
 		if i == 0 {
-			c.Close()
+			c.Close(websocket.StatusNormalClosure, "")
 			select {
 			case code := <-exits:
 				t.Fatalf("exited with %d after one session", code)
@@ -179,7 +231,7 @@ func TestCrashAfterSessions(t *testing.T) {
 			}
 			continue
 		}
-		c.Close()
+		c.Close(websocket.StatusNormalClosure, "")
 	}
 	select {
 	case code := <-exits:
@@ -204,15 +256,14 @@ func TestControlAndQueryOverrides(t *testing.T) {
 	if resp.StatusCode != 200 || s.Behavior().Refuse != 502 || s.Behavior().EchoDelay != time.Millisecond {
 		t.Fatalf("control answered %d, behavior now %+v", resp.StatusCode, s.Behavior())
 	}
-	var he *wsock.HandshakeError
-	if _, _, err := wsock.Dial(context.Background(), ep, nil); !errors.As(err, &he) || he.StatusCode != 502 {
-		t.Fatalf("after control: %v", err)
+	if resp := refusedWith(t, ep); resp.StatusCode != 502 {
+		t.Fatalf("after control: refused with %s, want 502", resp.Status)
 	}
 	// A session may override the behavior for itself.
 	c := dial(t, ep+"?fb-refuse=0&fb-close-after-messages=1")
 	roundTrip(t, c, "only one")
-	if _, _, err := c.ReadMessage(); err == nil {
-		t.Fatal("the session override of close-after-messages was ignored")
+	if err := readErr(t, c); websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+		t.Fatalf("after one message: %v, want the session override of close-after-messages to close it", err)
 	}
 
 	for _, bad := range []url.Values{{"refuse": {"101"}}, {"echo-delay": {"-1s"}}, {"nonsense": {"1"}}} {
@@ -225,8 +276,8 @@ func TestControlAndQueryOverrides(t *testing.T) {
 			t.Errorf("control %v answered %d, want 400", bad, resp.StatusCode)
 		}
 	}
-	if _, _, err := wsock.Dial(context.Background(), ep+"?fb-refuse=abc", nil); !errors.As(err, &he) || he.StatusCode != 400 {
-		t.Fatalf("a bad session override: %v, want 400", err)
+	if resp := refusedWith(t, ep+"?fb-refuse=abc"); resp.StatusCode != 400 {
+		t.Fatalf("a bad session override: refused with %s, want 400", resp.Status)
 	}
 	if resp, _ := http.Get(base + "/control"); resp == nil || resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Fatal("GET /control was not refused")
@@ -240,11 +291,10 @@ func TestCloseEndsSessionsWithGoingAway(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	var err error
-	go func() { defer wg.Done(); _, _, err = c.ReadMessage() }()
+	go func() { defer wg.Done(); _, _, err = c.Read(context.Background()) }()
 	s.Close()
 	wg.Wait()
-	var ce *wsock.CloseError
-	if !errors.As(err, &ce) || ce.Code != wsock.CloseGoingAway {
+	if websocket.CloseStatus(err) != websocket.StatusGoingAway {
 		t.Fatalf("client got %v, want 1001", err)
 	}
 }
