@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
-	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
@@ -291,30 +291,52 @@ func (c *caddy) metric(sample string) float64 {
 
 // session is one client WebSocket through Caddy.
 type session struct {
-	conn *wsock.Conn
+	conn *websocket.Conn
 }
 
-// dial opens a session and checks that it reaches a worker (an echo).
+// refused is a handshake answered with an HTTP status other than 101.
+type refused struct {
+	StatusCode int
+	Header     http.Header
+	// Body is the start of the answer's body (the WebSocket library keeps
+	// its first KiB).
+	Body []byte
+	err  error
+}
+
+func (r *refused) Error() string { return fmt.Sprintf("%v: %s", r.err, r.Body) }
+func (r *refused) Unwrap() error { return r.err }
+
+// dial opens a session and checks that it reaches a worker (an echo). A
+// refused handshake is a *refused (see refusal).
 func dial(ctx context.Context, u string) (*session, error) {
-	c, _, err := (&wsock.Dialer{HandshakeTimeout: 20 * time.Second}).Dial(ctx, u)
+	// The timeout bounds the handshake only: the session outlives it.
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, u, nil)
 	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			body, _ := io.ReadAll(resp.Body)
+			return nil, &refused{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, err: err}
+		}
 		return nil, err
 	}
 	s := &session{conn: c}
 	if err := s.echo("hello"); err != nil {
-		c.Abort()
+		c.CloseNow()
 		return nil, err
 	}
 	return s, nil
 }
 
 func (s *session) echo(msg string) error {
-	if err := s.conn.WriteText(msg); err != nil {
+	// A read that runs out of time closes the session.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.conn.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
 		return fmt.Errorf("writing: %w", err)
 	}
-	_ = s.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	_, got, err := s.conn.ReadMessage()
-	_ = s.conn.SetReadDeadline(time.Time{})
+	_, got, err := s.conn.Read(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the echo: %w", err)
 	}
@@ -324,13 +346,26 @@ func (s *session) echo(msg string) error {
 	return nil
 }
 
-func (s *session) close() { s.conn.CloseWith(wsock.CloseNormal, "", 2*time.Second) }
+// close runs the close handshake, dropping the connection when the peer
+// has not answered within 2 s (the library alone waits up to 5 s).
+func (s *session) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	go s.conn.Close(websocket.StatusNormalClosure, "")
+	// The peer's answering close frame ends this read; a read that runs
+	// out of time drops the connection, which ends Close as well.
+	for {
+		if _, _, err := s.conn.Read(ctx); err != nil {
+			return
+		}
+	}
+}
 
 // refusal returns the refused handshake behind err, or nil.
-func refusal(err error) *wsock.HandshakeError {
-	var he *wsock.HandshakeError
-	if errors.As(err, &he) {
-		return he
+func refusal(err error) *refused {
+	var r *refused
+	if errors.As(err, &r) {
+		return r
 	}
 	return nil
 }

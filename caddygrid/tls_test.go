@@ -4,13 +4,15 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"net/http"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
-	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
 )
 
 // TestWSSWithInternalCA: wss://localhost with 'tls internal'; a client
@@ -35,20 +37,23 @@ func TestWSSWithInternalCA(t *testing.T) {
 		t.Fatalf("no certificate in %s", c.rootCA())
 	}
 
-	dialer := &wsock.Dialer{TLSConfig: &tls.Config{RootCAs: roots}, HandshakeTimeout: 20 * time.Second}
-	var conn *wsock.Conn
+	// A transport of its own: HTTP/1.1 only, as a WebSocket handshake needs.
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	var conn *websocket.Conn
+	var resp *http.Response
 	var err error
 	// The site certificate is issued right after start; retry until it is.
 	testenv.Eventually(t, 20*time.Second, "a wss:// session", func() bool {
-		conn, _, err = dialer.Dial(context.Background(), c.url("/playwright/chromium"))
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		conn, resp, err = websocket.Dial(ctx, c.url("/playwright/chromium"), &websocket.DialOptions{HTTPClient: client})
 		return err == nil
 	})
 	s := &session{conn: conn}
 	if err := s.echo("over tls"); err != nil {
 		t.Fatal(err)
 	}
-	if state := conn.NetConn().(*tls.Conn).ConnectionState(); len(state.PeerCertificates) == 0 ||
-		state.PeerCertificates[0].Issuer.CommonName == "" {
+	if resp.TLS == nil || len(resp.TLS.PeerCertificates) == 0 || resp.TLS.PeerCertificates[0].Issuer.CommonName == "" {
 		t.Errorf("no certificate chain on the client side")
 	}
 	s.close()
@@ -57,7 +62,8 @@ func TestWSSWithInternalCA(t *testing.T) {
 	}
 
 	// Without Caddy's root the handshake fails.
-	_, _, err = (&wsock.Dialer{TLSConfig: &tls.Config{RootCAs: x509.NewCertPool()}}).Dial(context.Background(), c.url("/playwright/chromium"))
+	untrusting := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: x509.NewCertPool()}}}
+	_, _, err = websocket.Dial(context.Background(), c.url("/playwright/chromium"), &websocket.DialOptions{HTTPClient: untrusting})
 	if err == nil {
 		t.Fatal("a client trusting no root connected")
 	}

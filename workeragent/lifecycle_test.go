@@ -21,8 +21,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
-	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
 	"github.com/browsergrid/caddy-browser-grid/registry"
 	"github.com/browsergrid/caddy-browser-grid/workeragent"
 )
@@ -262,15 +263,17 @@ func TestRegistersWithTheRightFigures(t *testing.T) {
 		t.Fatalf("worker id %q does not carry the agent's pid %d", w.ID, p.Cmd.Process.Pid)
 	}
 	// The browser really answers at the registered path.
-	c, _, err := wsock.Dial(context.Background(), "ws://127.0.0.1:"+ep.Port()+w.Path, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, "ws://127.0.0.1:"+ep.Port()+w.Path, nil)
 	if err != nil {
 		t.Fatalf("dialing the registered browser: %v", err)
 	}
-	c.WriteText("ping")
-	if _, msg, err := c.ReadMessage(); err != nil || string(msg) != "ping" {
+	c.Write(ctx, websocket.MessageText, []byte("ping"))
+	if _, msg, err := c.Read(ctx); err != nil || string(msg) != "ping" {
 		t.Fatalf("echo: %q %v", msg, err)
 	}
-	c.Close()
+	c.Close(websocket.StatusNormalClosure, "")
 	heartbeatsWhile(t, reg, "team-x", w.ID, 2, func(w registry.WorkerInfo) bool { return w.Status == "available" })
 	if !alive(pid) {
 		t.Fatal("the browser is not running")
@@ -394,11 +397,11 @@ func TestDrainTimeoutCutsAStuckSession(t *testing.T) {
 	_, ep, _ := browserOf(t, p, w.ID)
 
 	// A real session on the browser, claimed as Caddy would, never closed.
-	conn, _, err := wsock.Dial(context.Background(), ep.String(), nil)
+	conn, _, err := websocket.Dial(context.Background(), ep.String(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Abort()
+	defer conn.CloseNow()
 	claim(t, reg, "chromium")
 	if err := reg.Drain(context.Background(), "chromium", w.ID); err != nil {
 		t.Fatal(err)
@@ -413,8 +416,9 @@ func TestDrainTimeoutCutsAStuckSession(t *testing.T) {
 	if !ok || e["active"] != float64(1) {
 		t.Fatalf("no drain-timeout log with active 1: %v", e)
 	}
-	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, _, err := conn.ReadMessage(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, _, err := conn.Read(ctx); err == nil || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("the stuck session was not cut: %v", err)
 	}
 }

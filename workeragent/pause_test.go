@@ -2,7 +2,6 @@ package workeragent_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -12,8 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
-	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
@@ -64,7 +64,7 @@ http://127.0.0.1:%d {
 // tryFigures counts sessions tried through Caddy and those served.
 type tryFigures struct {
 	tried, served int
-	open          []*wsock.Conn
+	open          []*websocket.Conn
 }
 
 // try opens one session through Caddy: served when the upgrade succeeds
@@ -72,22 +72,22 @@ type tryFigures struct {
 func (f *tryFigures) try(t *testing.T, u string) bool {
 	t.Helper()
 	f.tried++
-	c, _, err := (&wsock.Dialer{HandshakeTimeout: 10 * time.Second}).Dial(context.Background(), u)
+	// The timeout bounds the handshake and the echo; the session outlives it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, u, nil)
 	if err != nil {
-		var he *wsock.HandshakeError
-		if errors.As(err, &he) && he.StatusCode == http.StatusServiceUnavailable {
+		if resp != nil && resp.StatusCode == http.StatusServiceUnavailable {
 			return false
 		}
 		t.Fatalf("session through caddy: %v", err)
 	}
-	if err := c.WriteText("ping"); err != nil {
+	if err := c.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
 		t.Fatal(err)
 	}
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, msg, err := c.ReadMessage(); err != nil || string(msg) != "ping" {
+	if _, msg, err := c.Read(ctx); err != nil || string(msg) != "ping" {
 		t.Fatalf("echo through caddy: %q %v", msg, err)
 	}
-	_ = c.SetReadDeadline(time.Time{})
 	f.served++
 	f.open = append(f.open, c)
 	return true
@@ -136,7 +136,7 @@ func TestFrozenAgentKeepsItsSessionsCounted(t *testing.T) {
 	var f tryFigures
 	defer func() {
 		for _, c := range f.open {
-			c.Abort()
+			c.CloseNow()
 		}
 	}()
 	for range 2 {

@@ -2,13 +2,12 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
+	"github.com/coder/websocket"
 )
 
 // outcome is one client session as the client saw it.
@@ -86,16 +85,12 @@ func (tr *traffic) session(ctx context.Context, pinned int, hold time.Duration, 
 		tr.mu.Unlock()
 	}()
 
-	c, _, err := (&wsock.Dialer{HandshakeTimeout: tr.handshake}).Dial(ctx, tr.frontends[fe])
+	c, err := tr.dial(ctx, fe, o)
 	if err != nil {
-		var he *wsock.HandshakeError
-		if errors.As(err, &he) {
-			o.status = he.StatusCode
-		}
 		o.err = fmt.Errorf("opening a session: %w", err)
 		return o
 	}
-	defer c.Abort()
+	defer c.CloseNow()
 	if err := echo(c, "hello"); err != nil {
 		o.err = fmt.Errorf("first echo: %w", err)
 		return o
@@ -129,22 +124,52 @@ func (tr *traffic) session(ctx context.Context, pinned int, hold time.Duration, 
 	}
 }
 
-func (tr *traffic) closeOK(o *outcome, c *wsock.Conn) *outcome {
+// dial runs the handshake through frontend fe within tr.handshake; a
+// refusal's HTTP status goes to o.status.
+func (tr *traffic) dial(ctx context.Context, fe int, o *outcome) (*websocket.Conn, error) {
+	// The timeout bounds the handshake only: the connection outlives it.
+	ctx, cancel := context.WithTimeout(ctx, tr.handshake)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, tr.frontends[fe], nil)
+	if err != nil && resp != nil && resp.StatusCode != 101 {
+		o.status = resp.StatusCode
+	}
+	return c, err
+}
+
+func (tr *traffic) closeOK(o *outcome, c *websocket.Conn) *outcome {
 	if err := echo(c, "bye"); err != nil {
 		o.err, o.broke = fmt.Errorf("session broke at its end: %w", err), true
 		return o
 	}
-	_ = c.CloseWith(wsock.CloseNormal, "", 2*time.Second)
+	closeWithin(c, 2*time.Second)
 	return o
 }
 
-func echo(c *wsock.Conn, msg string) error {
-	if err := c.WriteText(msg); err != nil {
+// closeWithin runs the close handshake, but drops the connection if the
+// peer has not answered within d (the library alone waits up to 5 s).
+func closeWithin(c *websocket.Conn, d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	go c.Close(websocket.StatusNormalClosure, "")
+	// The peer's answering close frame ends this read; a read that runs
+	// out of time drops the connection, which ends Close as well.
+	for {
+		if _, _, err := c.Read(ctx); err != nil {
+			return
+		}
+	}
+}
+
+func echo(c *websocket.Conn, msg string) error {
+	// A read that runs out of time closes the connection, as a broken
+	// session should be.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
 		return fmt.Errorf("writing: %w", err)
 	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, got, err := c.ReadMessage()
-	_ = c.SetReadDeadline(time.Time{})
+	_, got, err := c.Read(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the echo: %w", err)
 	}
