@@ -139,24 +139,28 @@ func TestNewIDUniquePerLaunch(t *testing.T) {
 	}
 }
 
-// TestREADMEListsEveryOption keeps the README's flags table in step with
-// the flags the agent really has.
-func TestREADMEListsEveryOption(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "README.md"))
+// TestOperationsDocListsEveryFlag keeps the flags table of
+// docs/operations.md (its "## Flags" section) in step with the flags the
+// agent really has: a flag or variable missing from the table fails it.
+func TestOperationsDocListsEveryFlag(t *testing.T) {
+	const page = "docs/operations.md"
+	raw, err := os.ReadFile(filepath.Join("..", filepath.FromSlash(page)))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("reading the flags table: %v", err)
 	}
 	s := string(raw)
-	start := strings.Index(s, "<!-- section: workers")
-	end := strings.Index(s, "<!-- /section: workers -->")
-	if start < 0 || end < start {
-		t.Fatal("README.md has no workers section")
+	start := strings.Index(s, "\n## Flags\n")
+	if start < 0 {
+		t.Fatalf("%s has no \"## Flags\" section", page)
 	}
-	section := s[start:end]
+	section := s[start+1:]
+	if end := strings.Index(section[len("## Flags"):], "\n## "); end >= 0 {
+		section = section[:len("## Flags")+end]
+	}
 	for _, o := range Options() {
 		row := "| `-" + o.Flag + "` | `" + o.Env + "` |"
 		if !strings.Contains(section, row) {
-			t.Errorf("README workers section has no row starting %q", row)
+			t.Errorf("%s flags table has no row starting %q", page, row)
 		}
 	}
 }
