@@ -250,6 +250,8 @@ type benchCaddy struct {
 	log      *os.File
 	gridAddr string
 	rpAddr   string
+	// adminAddr serves Caddy's admin API (and /debug/pprof/).
+	adminAddr string
 }
 
 func (c *benchCaddy) stop() {
@@ -303,6 +305,13 @@ func freePort() (int, error) {
 
 // startBenchCaddy runs bin/caddy with the two sites on free ports.
 func startBenchCaddy(redisAddr string, workers []*url.URL) (*benchCaddy, error) {
+	return startCaddySites(redisAddr, "bench", workers)
+}
+
+// startCaddySites runs bin/caddy with two sites on free ports: browser_grid
+// over pool, and stock reverse_proxy least_conn over workers as static
+// upstreams.
+func startCaddySites(redisAddr, pool string, workers []*url.URL) (*benchCaddy, error) {
 	bin, err := findCaddy()
 	if err != nil {
 		return nil, err
@@ -321,7 +330,8 @@ func startBenchCaddy(redisAddr string, workers []*url.URL) (*benchCaddy, error) 
 	for _, u := range workers {
 		upstreams = append(upstreams, u.Host)
 	}
-	c := &benchCaddy{dir: dir, gridAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), rpAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])}
+	c := &benchCaddy{dir: dir, gridAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), rpAddr: fmt.Sprintf("127.0.0.1:%d", ports[2]),
+		adminAddr: fmt.Sprintf("127.0.0.1:%d", ports[0])}
 	config := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	auto_https off
@@ -337,7 +347,7 @@ func startBenchCaddy(redisAddr string, workers []*url.URL) (*benchCaddy, error) 
 }
 
 http://%s {
-	browser_grid bench
+	browser_grid %s
 }
 
 http://%s {
@@ -345,7 +355,7 @@ http://%s {
 		lb_policy least_conn
 	}
 }
-`, ports[0], redisAddr, c.gridAddr, c.rpAddr, strings.Join(upstreams, " "))
+`, ports[0], redisAddr, c.gridAddr, pool, c.rpAddr, strings.Join(upstreams, " "))
 	cfgPath := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		return nil, err
