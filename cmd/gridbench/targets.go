@@ -71,7 +71,8 @@ var (
 	tgtConns    = flag.Int("redis-claimer-conns", 8, "redis-targets: connections (goroutines) per claiming process")
 	tgtStockN   = flag.String("redis-stock-n", "1000,10000", "redis-targets: pool sizes for grid vs stock reverse_proxy (comma separated; empty: skip)")
 	tgtStockC   = flag.String("redis-stock-clients", "4,64", "redis-targets: client counts for grid vs stock reverse_proxy")
-	tgtPprof    = flag.String("redis-pprof", "", "redis-targets: write a CPU profile of bin/caddy under the grid load (C clients) to this file")
+	tgtPprof    = flag.String("redis-pprof", "", "redis-targets: write CPU profiles of bin/caddy under C clients' load, grid to this file and stock reverse_proxy to it + \".stock\"")
+	tgtPprofFor = flag.Duration("redis-pprof-for", 10*time.Second, "redis-targets: how long each CPU profile runs")
 )
 
 // The hidden claimer mode (a second OS process of gridbench).
@@ -425,13 +426,7 @@ func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int) ([]t
 		return nil, err
 	}
 
-	// The grid's sessions, with a CPU profile of Caddy on request.
-	profDone := make(chan error, 1)
-	if *tgtPprof != "" {
-		go func() { profDone <- tgtProfile(cad.adminAddr, *tgtPprof, sessions) }()
-	} else {
-		profDone <- nil
-	}
+	// The grid's sessions.
 	cpu0, err := tgtRedisCPU(ctx, rdb)
 	if err != nil {
 		return nil, err
@@ -465,9 +460,6 @@ func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int) ([]t
 	}
 	cpu1, err := tgtRedisCPU(ctx, rdb)
 	if err != nil {
-		return nil, err
-	}
-	if err := <-profDone; err != nil {
 		return nil, err
 	}
 	perSession := (cpu1 - cpu0) * 1e6 / float64(sessions)
@@ -505,7 +497,17 @@ func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int) ([]t
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", k, tgtF(s.calls/float64(sessions), 2), tgtF(s.usec/float64(sessions), 1), tgtF(s.perCall(), 2))
 	}
 	if *tgtPprof != "" {
-		fmt.Fprintf(w, "\nCPU profile of bin/caddy during the grid's sessions: %s (go tool pprof -top bin/caddy %s).\n", *tgtPprof, *tgtPprof)
+		for _, p := range []struct {
+			name, path string
+			url        func() string
+		}{{"browser_grid", *tgtPprof, grid}, {"reverse_proxy least_conn", *tgtPprof + ".stock", stock}} {
+			n, err := tgtProfile(cad.adminAddr, p.path, p.url, clients, *tgtPprofFor)
+			if err != nil {
+				return nil, err
+			}
+			fmt.Fprintf(w, "\nCPU profile of bin/caddy, %s, %d clients, %s: %d sessions; %s (go tool pprof -top bin/caddy %s).\n",
+				p.name, clients, *tgtPprofFor, n, p.path, p.path)
+		}
 	}
 
 	// Connect p50, one client, the two paths interleaved.
@@ -730,27 +732,43 @@ func tgtPingCPU(ctx context.Context, rdb *redis.Client, clients, n int) (float64
 	return (c1 - c0) * 1e6 / float64(n), nil
 }
 
-// tgtProfile fetches a CPU profile of Caddy from its admin API, as long as
-// sessions at about 400/s take (at least 2 s), into path.
-func tgtProfile(admin, path string, sessions int) error {
-	secs := max(2, sessions/400)
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, secs))
+// tgtProfile fetches a CPU profile of Caddy from its admin API into path
+// while clients open sessions at u for about as long, and returns how many
+// sessions were opened.
+func tgtProfile(admin, path string, u func() string, clients int, d time.Duration) (int, error) {
+	secs := max(1, int(d.Seconds()))
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, secs))
+		if err != nil {
+			done <- fmt.Errorf("profiling caddy: %w", err)
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			done <- fmt.Errorf("profiling caddy: %s", resp.Status)
+			return
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			done <- err
+			return
+		}
+		if _, err := io.Copy(f, resp.Body); err != nil {
+			f.Close()
+			done <- fmt.Errorf("writing the profile: %w", err)
+			return
+		}
+		done <- f.Close()
+	}()
+	// The profile starts when Caddy reads the request; the load stays
+	// inside its window.
+	time.Sleep(100 * time.Millisecond)
+	lat, _, err := tgtLoad(u, clients, 0, time.Duration(secs)*time.Second-300*time.Millisecond)
 	if err != nil {
-		return fmt.Errorf("profiling caddy: %w", err)
+		return 0, err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("profiling caddy: %s", resp.Status)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return fmt.Errorf("writing the profile: %w", err)
-	}
-	return f.Close()
+	return len(lat), <-done
 }
 
 // cmdStat is one command's INFO commandstats line.
