@@ -84,7 +84,7 @@ func runProfile(cfg *config) error {
 		return err
 	}
 	// The claim's 23 arguments (a dry lifetime_first claim, as Pick sends).
-	claimArgs := []any{0, reg.Key(pool, "wakeup"), pool, "lifetime_first", 1, 5, 1_000_000, 60_000, 16, 20, 0, 30_000,
+	claimArgs := []any{0, reg.Key(pool, "wakeup"), pool, "lifetime_first", 1, 5, 1_000_000, 3_600_000, 16, 20, 0, 30_000,
 		"", 30_000, "gridbench", 60_000, 20, 64, 0, 0, "", "0123456789abcdef", 0}
 	common, claim, luaErr := profReadLua()
 

@@ -294,15 +294,6 @@ func findCaddy() (string, error) {
 	return "", fmt.Errorf("bin/caddy not found (looked at %s); run 'make build'", strings.Join(candidates, ", "))
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // startBenchCaddy runs bin/caddy with the two sites on free ports.
 func startBenchCaddy(redisAddr string, workers []*url.URL) (*benchCaddy, error) {
 	return startCaddySites(redisAddr, "bench", workers)
@@ -316,11 +307,21 @@ func startCaddySites(redisAddr, pool string, workers []*url.URL) (*benchCaddy, e
 	if err != nil {
 		return nil, err
 	}
+	// The three ports are taken at once (a port freed and taken again
+	// could come back twice, most of all when thousands of fakebrowser
+	// listeners crowd the ephemeral range).
 	var ports [3]int
+	var held []net.Listener
 	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
-			return nil, err
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("finding a free port: %w", err)
 		}
+		held = append(held, l)
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	for _, l := range held {
+		l.Close()
 	}
 	dir, err := os.MkdirTemp("", "gridbench-caddy-")
 	if err != nil {

@@ -50,6 +50,7 @@ import (
 
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
 	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/browsergrid/caddy-browser-grid/selection"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -71,6 +72,7 @@ var (
 	tgtConns    = flag.Int("redis-claimer-conns", 8, "redis-targets: connections (goroutines) per claiming process")
 	tgtStockN   = flag.String("redis-stock-n", "1000,10000", "redis-targets: pool sizes for grid vs stock reverse_proxy (comma separated; empty: skip)")
 	tgtStockC   = flag.String("redis-stock-clients", "4,64", "redis-targets: client counts for grid vs stock reverse_proxy")
+	tgtParts    = flag.String("redis-parts", "scripts,caddy,stock", "redis-targets: which parts to run (scripts: script costs, claim p50, claiming processes; caddy: through bin/caddy; stock: grid vs stock)")
 	tgtPprof    = flag.String("redis-pprof", "", "redis-targets: write CPU profiles of bin/caddy under C clients' load, grid to this file and stock reverse_proxy to it + \".stock\"")
 	tgtPprofFor = flag.Duration("redis-pprof-for", 10*time.Second, "redis-targets: how long each CPU profile runs")
 )
@@ -84,6 +86,11 @@ var (
 	claimerFor    = flag.Duration("claimer-for", time.Second, "internal: how long to run")
 	claimerConnsF = flag.Int("claimer-conns", 8, "internal: connections")
 )
+
+// tgtLimits never refuse a claim (every claim is released before the
+// batch's next few), and keep workers registered at the start fresh for
+// the whole section however slow the machine.
+var tgtLimits = selection.Limits{MaxConcurrent: 5, MaxLifetime: 1_000_000, StaleAfter: time.Hour, MaxScan: 16}
 
 // tgtRow is one line of the targets table.
 type tgtRow struct {
@@ -111,19 +118,26 @@ func runTargets(cfg *config) error {
 		n, batch*rounds, batch, samples, workers, sessions, clients, connects)
 	fmt.Fprintf(w, "%s per sessions/s cell and per claiming run; stock comparison at N=%v with %v clients.\n\n", dur, stockN, stockC)
 
+	part := func(name string) bool { return slices.Contains(strings.Split(*tgtParts, ","), name) }
 	var rows []tgtRow
-	r1, err := tgtScripts(cfg, n, batch, rounds, samples, dur)
-	if err != nil {
-		return err
+	if part("scripts") {
+		r, err := tgtScripts(cfg, n, batch, rounds, samples, dur)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, r...)
 	}
-	rows = append(rows, r1...)
-	r2, err := tgtThroughCaddy(cfg, workers, sessions, clients, connects)
-	if err != nil {
-		return err
+	if part("caddy") {
+		r, err := tgtThroughCaddy(cfg, workers, sessions, clients, connects)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, r...)
 	}
-	rows = append(rows, r2...)
-	if err := tgtStock(cfg, stockN, stockC, dur); err != nil {
-		return err
+	if part("stock") {
+		if err := tgtStock(cfg, stockN, stockC, dur); err != nil {
+			return err
+		}
 	}
 
 	fmt.Fprintln(w, "\nTargets of issue 12 (each against a baseline measured in this run):")
@@ -177,7 +191,7 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 	policies := []registry.Policy{registry.LifetimeFirst, registry.Vnode, registry.FairShare}
 	costs := map[registry.Policy]*cost{}
 	for _, p := range policies {
-		req := registry.ClaimRequest{Pool: pool, Policy: p, Limits: regLimits, Holder: "gridbench"}
+		req := registry.ClaimRequest{Pool: pool, Policy: p, Limits: tgtLimits, Holder: "gridbench"}
 		if p == registry.Vnode {
 			req.Vnode.Samples = 2
 		}
@@ -258,7 +272,7 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 		tgtF(worstRelease/pingUS, 0) + "×", "≤ 10 µs", regVerdict(worstRelease <= 10)})
 
 	// Client-visible claim against PING, interleaved on the same client.
-	req := registry.ClaimRequest{Pool: pool, Policy: registry.LifetimeFirst, Limits: regLimits, Holder: "gridbench"}
+	req := registry.ClaimRequest{Pool: pool, Policy: registry.LifetimeFirst, Limits: tgtLimits, Holder: "gridbench"}
 	var pings, claims []time.Duration
 	for range samples {
 		t := time.Now()
@@ -345,7 +359,7 @@ func claimerMain() int {
 	defer rdb.Close()
 	reg := registry.New(rdb, registry.Options{NoStaleExpiry: true})
 	ctx := context.Background()
-	req := registry.ClaimRequest{Pool: *claimerPool, Policy: registry.LifetimeFirst, Limits: regLimits, Holder: "gridbench-claimer"}
+	req := registry.ClaimRequest{Pool: *claimerPool, Policy: registry.LifetimeFirst, Limits: tgtLimits, Holder: "gridbench-claimer"}
 	op := func() error {
 		c, err := reg.Claim(ctx, req)
 		if err != nil {
