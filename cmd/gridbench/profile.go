@@ -169,7 +169,8 @@ func runProfile(cfg *config) error {
 	fmt.Fprintln(w, "|---|---:|---:|")
 	var empty float64
 	for i, r := range rows {
-		us, err := profMeasure(ctx, rdb, r.cmd, reps, r.run)
+		d, err := profDelta(ctx, rdb, reps, r.run)
+		us := d[r.cmd].perCall()
 		if err != nil && r.cmd == "fcall" && loadErr != nil {
 			err = loadErr
 		}
@@ -190,8 +191,8 @@ func runProfile(cfg *config) error {
 		if r.loops > 0 {
 			op := (us - empty) / float64(r.loops)
 			if strings.Contains(r.what, "HGET") {
-				st, _ := tgtCommandStats(ctx, rdb)
-				op -= st["hget"].perCall()
+				// the nested HGETs' own time, counted apart by Redis
+				op -= d["hget"].usec / float64(reps*r.loops)
 			}
 			per = tgtF(op, 2)
 		}
@@ -203,25 +204,35 @@ func runProfile(cfg *config) error {
 // profMeasure runs op reps times (after a warm-up) and returns cmd's
 // usec_per_call over those calls.
 func profMeasure(ctx context.Context, rdb *redis.Client, cmd string, reps int, op func(context.Context) error) (float64, error) {
+	d, err := profDelta(ctx, rdb, reps, op)
+	if err != nil {
+		return 0, err
+	}
+	return d[cmd].perCall(), nil
+}
+
+// profDelta runs op reps times (after a warm-up) and returns the
+// commandstats delta over those calls.
+func profDelta(ctx context.Context, rdb *redis.Client, reps int, op func(context.Context) error) (cmdStats, error) {
 	for range 5 {
 		if err := op(ctx); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
 	a, err := tgtCommandStats(ctx, rdb)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	for range reps {
 		if err := op(ctx); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
 	b, err := tgtCommandStats(ctx, rdb)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return b.sub(a)[cmd].perCall(), nil
+	return b.sub(a), nil
 }
 
 // profReadLua reads common.lua and claim.lua from registry/lua/.

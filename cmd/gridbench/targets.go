@@ -239,6 +239,24 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 		}
 		costs[p] = c
 	}
+	// Heartbeats, one per worker in turn (each renews the record and may
+	// free expired leases of the pool).
+	hb0, err := tgtCommandStats(ctx, rdb)
+	if err != nil {
+		return nil, err
+	}
+	hbs := batch * rounds
+	for i := range hbs {
+		if _, err := reg.Heartbeat(ctx, pool, fmt.Sprintf("w%05d", i%n), time.Hour); err != nil {
+			return nil, fmt.Errorf("heartbeat at N=%d: %w", n, err)
+		}
+	}
+	hb1, err := tgtCommandStats(ctx, rdb)
+	if err != nil {
+		return nil, err
+	}
+	heartbeat := hb1.sub(hb0)
+
 	fmt.Fprintf(w, "Scripts in Redis at N=%d (INFO commandstats deltas; a script's time includes its nested commands; PING %s µs per call):\n\n", n, tgtF(pingUS, 2))
 	fmt.Fprintln(w, "| script | µs per call | × PING | nested commands per call | nested µs per call | Lua's own µs (script − nested) | top nested commands (calls per call) |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---|")
@@ -258,6 +276,12 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 			nestedPer := nested.usec / float64(ph.count)
 			fmt.Fprintf(w, "| %s | %s | %s× | %s | %s | %s | %s |\n", ph.name, tgtF(per, 1), tgtF(per/pingUS, 0),
 				tgtF(nested.calls/float64(ph.count), 1), tgtF(nestedPer, 1), tgtF(per-nestedPer, 1), ph.st.top(6, float64(ph.count)))
+		}
+		if p == policies[len(policies)-1] {
+			script, nested := heartbeat.scripts(), heartbeat.nested()
+			per, nestedPer := script.usec/float64(hbs), nested.usec/float64(hbs)
+			fmt.Fprintf(w, "| heartbeat | %s | %s× | %s | %s | %s | %s |\n", tgtF(per, 1), tgtF(per/pingUS, 0),
+				tgtF(nested.calls/float64(hbs), 1), tgtF(nestedPer, 1), tgtF(per-nestedPer, 1), heartbeat.top(6, float64(hbs)))
 		}
 		per := c.claim.scripts().usec / float64(c.claims)
 		name := string(p)
