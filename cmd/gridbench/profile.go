@@ -142,6 +142,7 @@ func runProfile(cfg *config) error {
 			run: evalsha(common+"\nlocal r = ARGV[1] for i = 1, 100 do decode(r) end return 1", nil, record), cmd: "evalsha"},
 		{what: "positional request (23 ARGV read) and an array reply of 25 items", run: evalsha(profPositional, nil, append(claimArgs, record)...), cmd: "evalsha"},
 		{what: "cjson request (one ARGV) decoded and a cjson reply of 25 fields", run: evalsha(profJSON, nil, profRequest, record), cmd: "evalsha"},
+		{what: "cjson request (one ARGV) decoded and an array reply of 25 items", run: evalsha(profJSONArray, nil, profRequest, record), cmd: "evalsha"},
 		{what: fmt.Sprintf("dry lifetime_first claim at N=%d (Pick's walk), EVALSHA of common.lua + claim.lua", n),
 			run: evalsha(common+claim, poolKeys, claimArgs...), cmd: "evalsha"},
 		{what: fmt.Sprintf("the same walk as a Function, helpers made once at load, N=%d", n),
@@ -288,6 +289,13 @@ return cjson.encode({ ok = true, id = 'w00001', record = ARGV[2], active = 1, li
   scanned = 1, stale = {}, bad = {}, wraps = 0, effective = 1, dedupes = 0, tied = false, now = now, retiring = false,
   retired_stale = {}, overridden = false, max_concurrent = mc, max_lifetime = ml, stagger = req.stagger, fs_window = req.fs_window,
   fs_median = req.fs_median, fs_default_ms = req.fs_default_ms, epoch = req.token })
+`
+
+// profJSONArray decodes the cjson request and answers with an array.
+const profJSONArray = `
+local req = cjson.decode(ARGV[1])
+return { 1, 'w00001', ARGV[2], 1, 2, '', 0, 1, {}, {}, 0, 1, 0, 0, req.now, 0, {}, 0, req.max_concurrent, req.max_lifetime, 0,
+  req.fs_window, 0, req.fs_default_ms, req.token }
 `
 
 // profRequest is a claim request as one JSON document (vnode, K = 2).
