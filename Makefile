@@ -79,10 +79,12 @@ chaos: deps-apt build
 chaos-short: build
 	$(BIN)/gridchaos -short $(CHAOSFLAGS)
 
-## bench: Go benchmarks and cmd/gridbench, printed as ratio tables.
+## bench: Go benchmarks and cmd/gridbench, printed as ratio tables. One section, smaller:
+## make bench BENCHFLAGS='-only redis -redis-n 2000' (gridbench -h lists the sections and knobs).
+BENCHFLAGS ?=
 bench: deps build
 	$(GO) test -run "^$$" -bench . -benchmem ./selection/... ./registry/...
-	$(BIN)/gridbench
+	$(BIN)/gridbench $(BENCHFLAGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

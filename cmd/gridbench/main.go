@@ -36,12 +36,20 @@ var sections []section
 func register(s section) { sections = append(sections, s) }
 
 func main() {
-	only := flag.String("only", "", "run only sections whose name contains this")
+	sort.Slice(sections, func(i, j int) bool { return sections[i].order < sections[j].order })
+	var names []string
+	for _, s := range sections {
+		names = append(names, s.name)
+	}
+	only := flag.String("only", "", "run only sections whose name contains this (sections: "+strings.Join(names, ", ")+")")
 	quick := flag.Bool("quick", false, "small samples: a smoke run, figures not meaningful")
 	list := flag.Bool("list", false, "list the sections and exit")
 	flag.Parse()
 
-	sort.Slice(sections, func(i, j int) bool { return sections[i].order < sections[j].order })
+	if *claimerAddr != "" {
+		// A claiming process started by the redis-targets section.
+		os.Exit(claimerMain())
+	}
 	if *list {
 		for _, s := range sections {
 			fmt.Println(s.name)

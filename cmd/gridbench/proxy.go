@@ -270,6 +270,8 @@ type benchCaddy struct {
 	log      *os.File
 	gridAddr string
 	rpAddr   string
+	// adminAddr serves Caddy's admin API (and /debug/pprof/).
+	adminAddr string
 }
 
 func (c *benchCaddy) stop() {
@@ -312,26 +314,34 @@ func findCaddy() (string, error) {
 	return "", fmt.Errorf("bin/caddy not found (looked at %s); run 'make build'", strings.Join(candidates, ", "))
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // startBenchCaddy runs bin/caddy with the two sites on free ports.
 func startBenchCaddy(redisAddr string, workers []*url.URL) (*benchCaddy, error) {
+	return startCaddySites(redisAddr, "bench", workers)
+}
+
+// startCaddySites runs bin/caddy with two sites on free ports: browser_grid
+// over pool, and stock reverse_proxy least_conn over workers as static
+// upstreams.
+func startCaddySites(redisAddr, pool string, workers []*url.URL) (*benchCaddy, error) {
 	bin, err := findCaddy()
 	if err != nil {
 		return nil, err
 	}
+	// The three ports are taken at once (a port freed and taken again
+	// could come back twice, most of all when thousands of fakebrowser
+	// listeners crowd the ephemeral range).
 	var ports [3]int
+	var held []net.Listener
 	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
-			return nil, err
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("finding a free port: %w", err)
 		}
+		held = append(held, l)
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	for _, l := range held {
+		l.Close()
 	}
 	dir, err := os.MkdirTemp("", "gridbench-caddy-")
 	if err != nil {
@@ -341,7 +351,8 @@ func startBenchCaddy(redisAddr string, workers []*url.URL) (*benchCaddy, error) 
 	for _, u := range workers {
 		upstreams = append(upstreams, u.Host)
 	}
-	c := &benchCaddy{dir: dir, gridAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), rpAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])}
+	c := &benchCaddy{dir: dir, gridAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), rpAddr: fmt.Sprintf("127.0.0.1:%d", ports[2]),
+		adminAddr: fmt.Sprintf("127.0.0.1:%d", ports[0])}
 	config := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	auto_https off
@@ -357,7 +368,7 @@ func startBenchCaddy(redisAddr string, workers []*url.URL) (*benchCaddy, error) 
 }
 
 http://%s {
-	browser_grid bench
+	browser_grid %s
 }
 
 http://%s {
@@ -365,7 +376,7 @@ http://%s {
 		lb_policy least_conn
 	}
 }
-`, ports[0], redisAddr, c.gridAddr, c.rpAddr, strings.Join(upstreams, " "))
+`, ports[0], redisAddr, c.gridAddr, pool, c.rpAddr, strings.Join(upstreams, " "))
 	cfgPath := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		return nil, err
