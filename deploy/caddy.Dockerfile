@@ -26,7 +26,8 @@ FROM debian:${DEBIAN_RELEASE}-slim
 RUN apt-get update \
 	&& DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
 	&& rm -rf /var/lib/apt/lists/* \
-	&& useradd --system --uid 10002 --user-group --create-home --home-dir /var/lib/caddy caddy
+	&& groupadd --system --gid 10002 caddy \
+	&& useradd --system --uid 10002 --gid caddy --create-home --home-dir /var/lib/caddy caddy
 COPY --from=build /out/caddy /usr/bin/caddy
 ENV XDG_CONFIG_HOME=/var/lib/caddy/config \
 	XDG_DATA_HOME=/var/lib/caddy/data

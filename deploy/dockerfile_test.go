@@ -109,6 +109,11 @@ func checkFinalStage(t *testing.T, path string, final stage) instruction {
 		t.Errorf("%s: no USER: the image would run as root", path)
 	} else if user := strings.Split(u.args[0], ":")[0]; user == "root" || user == "0" {
 		t.Errorf("%s: USER %s is root", path, u.args[0])
+	} else if regexp.MustCompile(`^[0-9]+$`).MatchString(user) &&
+		!regexp.MustCompile(`useradd\b[^\n]*--uid `+user+`\b`).MatchString(runText(final)) {
+		// A numeric user (which runAsNonRoot can check) needs an account:
+		// Chromium wants a home directory.
+		t.Errorf("%s: USER %s, but the final stage creates no user with that uid (useradd --uid %s)", path, u.args[0], user)
 	}
 	if s, ok := final.last("STOPSIGNAL"); !ok || s.args[0] != "SIGTERM" {
 		t.Errorf("%s: want STOPSIGNAL SIGTERM (got %v)", path, s.args)

@@ -38,7 +38,8 @@ RUN apt-get update \
 	&& DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
 		chromium nodejs ca-certificates fonts-liberation \
 	&& rm -rf /var/lib/apt/lists/* \
-	&& useradd --system --uid 10001 --user-group --create-home --home-dir /home/grid grid
+	&& groupadd --system --gid 10001 grid \
+	&& useradd --system --uid 10001 --gid grid --create-home --home-dir /home/grid grid
 COPY --from=agent /out/grid-worker /opt/grid/bin/grid-worker
 COPY --from=playwright /opt/grid/playwright /opt/grid/playwright
 
