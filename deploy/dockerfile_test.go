@@ -182,6 +182,18 @@ func TestWorkerDockerfile(t *testing.T) {
 	if !final.copiedTo("/opt/grid/playwright") {
 		t.Errorf("%s: the final stage does not copy playwright/ to /opt/grid/playwright", path)
 	}
+	// The build context is the repository root: what make build and make
+	// deps-node leave there must stay out of it, or COPY playwright/ would
+	// replace the image's node_modules with the host's.
+	ignore, err := os.ReadFile("../.dockerignore")
+	if err != nil {
+		t.Errorf("%s: the build context has no .dockerignore: %v", path, err)
+	}
+	for _, want := range []string{"playwright/node_modules/", "bin/"} {
+		if !regexp.MustCompile(`(?m)^/?` + regexp.QuoteMeta(want) + `?\s*$`).Match(ignore) {
+			t.Errorf("%s: ../.dockerignore does not leave out %s", path, want)
+		}
+	}
 	// Debian's Chromium and Node in the final image.
 	for _, pkg := range []string{"chromium", "nodejs"} {
 		if !final.runs("apt-get install") || !regexp.MustCompile(`\b`+pkg+`\b`).MatchString(runText(final)) {
