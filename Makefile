@@ -19,7 +19,7 @@ MAX_CONCURRENT ?= 2
 SESSIONS     ?= 36
 CLIENTS      ?= 3
 
-.PHONY: all deps deps-apt deps-node build run test test-go fuzz chaos chaos-short bench fmt lint examples xcaddy clean
+.PHONY: all deps deps-apt deps-node build run test test-go fuzz chaos chaos-short bench fmt lint examples deploy-check xcaddy clean
 
 all: build
 
@@ -56,7 +56,7 @@ run: deps build
 		-max-concurrent $(MAX_CONCURRENT) -sessions $(SESSIONS) -clients $(CLIENTS)
 
 ## test: everything CI runs (vet, Go tests with real Redis/Chromium/Caddy, examples, fuzzing, the chaos short form).
-test: deps build lint examples test-go fuzz chaos-short
+test: deps build lint examples deploy-check test-go fuzz chaos-short
 
 test-go:
 	$(GO) test -count=1 -timeout 18m $(GOTESTFLAGS) ./...
@@ -103,6 +103,16 @@ examples: build
 		GRID_WORKER_SECRET=$${GRID_WORKER_SECRET:-examples-only} $(BIN)/caddy adapt --config $$f --adapter caddyfile --validate >/dev/null; \
 		$(BIN)/caddy fmt --diff $$f >/dev/null || { $(BIN)/caddy fmt --diff $$f; exit 1; }; \
 	done
+
+## deploy-check: check deploy/ without a Docker daemon or a cluster: the Dockerfiles with
+## BuildKit's parser, compose.yaml with compose-go, k8s/ decoded strictly into the k8s.io/api
+## types and KEDA's CRD schema, every grid-worker flag and variable against bin/grid-worker
+## -help, every Caddyfile adapted by bin/caddy. deploy/ is a module of its own (go test ./...
+## above does not enter it); go fetches its modules and KEDA's through the module proxy.
+deploy-check: build
+	cd deploy && $(GO) vet ./... && \
+		GRID_WORKER_BIN=$(CURDIR)/$(BIN)/grid-worker GRID_CADDY_BIN=$(CURDIR)/$(BIN)/caddy \
+		$(GO) test -count=1 $(GOTESTFLAGS) ./...
 
 ## xcaddy: build Caddy with xcaddy from this checkout and check it lists every module.
 XCADDY_GOPROXY = $(shell $(GO) env GOPROXY | cut -d, -f1)|off
