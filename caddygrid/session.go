@@ -54,6 +54,8 @@ type session struct {
 	finished bool
 	// retryAfter is what the Retry-After header says on 429 and 503.
 	retryAfter time.Duration
+	// limited says why a client over its client_limit was refused.
+	limited *registry.ClientLimitError
 }
 
 // sessionFrom returns the request's session, or nil.
