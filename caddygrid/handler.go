@@ -40,8 +40,9 @@ const (
 	DefaultStreamCloseDelay = time.Hour
 	// dialTimeout bounds the TCP connect to a worker.
 	dialTimeout = 3 * time.Second
-	// retryMatchExpr makes an upgrade refused on the worker's side (5xx, or
-	// 404: the worker does not serve that path) a retryable response for
+	// retryMatchExpr makes an upgrade refused on the worker's side (5xx;
+	// 404: the worker does not serve that path; an answer below 400 but
+	// 101: no WebSocket server there) a retryable response for
 	// reverse_proxy, so the session moves to another worker instead of
 	// failing; dial errors are always retried, and a transport error (no
 	// status at all, e.g. no answer within upgrade_timeout) matches the
@@ -49,7 +50,7 @@ const (
 	// doing (428: a Playwright client whose version the server does not
 	// speak; 400: a malformed handshake): every worker would answer the
 	// same, so they go back to the client at once and blame no worker.
-	retryMatchExpr = "type({http.reverse_proxy.status_code}) != int || {http.reverse_proxy.status_code} >= 500 || {http.reverse_proxy.status_code} == 404"
+	retryMatchExpr = "type({http.reverse_proxy.status_code}) != int || {http.reverse_proxy.status_code} >= 500 || {http.reverse_proxy.status_code} == 404 || ({http.reverse_proxy.status_code} < 400 && {http.reverse_proxy.status_code} != 101)"
 )
 
 // Handler is the browser_grid HTTP handler: the one-line form of the grid.

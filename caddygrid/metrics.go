@@ -39,9 +39,14 @@ var metrics = struct {
 	leasesReasserted *prometheus.CounterVec
 	claimsCancelled  *prometheus.CounterVec
 
-	// clientLimited: see clientlimit.go.
-	clientLimited *prometheus.CounterVec
+	// clientLimited: see clientlimit.go; upgradeRefused: upgrade.go.
+	clientLimited  *prometheus.CounterVec
+	upgradeRefused *prometheus.CounterVec
 }{
+	upgradeRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "grid", Name: "upgrade_refused_total",
+		Help: "Upgrade attempts a worker answered with another status than 101, by status (5xx, 404 and 1xx-3xx count as the worker's failure; other 4xx as the client's).",
+	}, []string{"pool", "code"}),
 	clientLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "client_limited_total",
 		Help: "Requests refused with 429 because their client held its client_limit of live sessions in the pool.",
@@ -143,7 +148,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		metrics.selections, metrics.noWorker, metrics.selectDuration, metrics.queueWait,
 		metrics.queueDepth, metrics.activeSessions, metrics.rejections, metrics.dialRetries,
 		metrics.releases, metrics.drains, metrics.redisErrors, metrics.leasesLost,
-		metrics.leasesReasserted, metrics.claimsCancelled, metrics.clientLimited,
+		metrics.leasesReasserted, metrics.claimsCancelled, metrics.clientLimited, metrics.upgradeRefused,
 		metrics.staleSeen, metrics.scanDepth, metrics.wraps, metrics.samples,
 		metrics.dedupes, metrics.tiedMin, reaperEvents, badRecords,
 	} {

@@ -346,6 +346,7 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 			return nil
 		}
 		metrics.dialRetries.WithLabelValues(failed.Pool).Inc()
+		b.upgradeRefused(failed, status, suspect)
 		c.logger.Warn("worker failed; claim given back, trying another",
 			zap.String("pool", failed.Pool), zap.String("worker_id", failed.Worker.ID),
 			zap.String("addr", failed.Worker.Addr), zap.Int("status", status),
