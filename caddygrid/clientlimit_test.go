@@ -172,6 +172,9 @@ func TestClientLimitAcrossInstances(t *testing.T) {
 	if s != nil || he.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(he.Body), "1 live sessions of 1 allowed") {
 		t.Fatalf("second session of one IP at client_limit 1: %v", he)
 	}
+	if n := g.clientSessions(t, "127.0.0.1"); n != 1 {
+		t.Fatalf("the IP address 127.0.0.1 holds %d sessions; want 1 (the default key is the client's IP)", n)
+	}
 
 	for _, s := range []*session{a2, a3, b1, b2, ip} {
 		s.close()

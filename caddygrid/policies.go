@@ -81,13 +81,16 @@ type ClaimOptions struct {
 	// e.g. "{http.auth.user.id}" or "{http.request.header.X-Client}".
 	// Only its SHA-256 reaches Redis. A request whose key expands to ""
 	// counts as its IP address. Used with ClientLimit only.
-	// Default: "{http.request.remote.host}" (the client's IP address).
+	// Default: "{http.vars.client_ip}" (the client's IP address, see
+	// DefaultClientKey).
 	ClientKey string `json:"client_key,omitempty"`
 }
 
 // DefaultClientKey is the client key of client_limit: the client's IP
-// address (the connection's, or the one trusted_proxies reveal).
-const DefaultClientKey = "{http.request.remote.host}"
+// address as Caddy determines it ({client_ip} in a Caddyfile): the
+// connection's, or, from a proxy listed in the server's trusted_proxies,
+// the one its forwarding header names.
+const DefaultClientKey = "{http.vars.client_ip}"
 
 // stagger resolves StaggerDrains with the policy's default.
 func (o ClaimOptions) stagger(def bool) bool {
