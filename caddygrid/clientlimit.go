@@ -47,7 +47,7 @@ func (b *backend) clientLimited(req registry.ClaimRequest, err error) {
 	if errors.As(err, &le) {
 		live = le.Live
 	}
-	b.logger.Info("client at its client_limit; answering 429 (logged once a minute per client)",
+	b.logger.Info("client at its client_limit; refused (logged once a minute per client)",
 		zap.String("pool", req.Pool), zap.String("client_hash", h),
 		zap.Int("live_sessions", live), zap.Int("client_limit", req.ClientLimit))
 }

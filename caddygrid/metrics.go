@@ -49,7 +49,7 @@ var metrics = struct {
 	}, []string{"pool", "code"}),
 	clientLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "client_limited_total",
-		Help: "Requests refused with 429 because their client held its client_limit of live sessions in the pool.",
+		Help: "Requests refused (429; 503 in a hand-composed reverse_proxy) because their client held its client_limit of live sessions in the pool.",
 	}, []string{"pool"}),
 	selections: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "selections_total",
