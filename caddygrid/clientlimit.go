@@ -16,7 +16,7 @@ import (
 // clientKey expands the client_key placeholder for r. A key that expands
 // to nothing (no such header, no authenticated user) falls back to the
 // client's IP address, so that leaving the header out does not escape
-// the limit.
+// the limit; it is never empty.
 func clientKey(r *http.Request, tmpl string) string {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl != nil {
@@ -27,10 +27,15 @@ func clientKey(r *http.Request, tmpl string) string {
 			return k
 		}
 	}
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil && host != "" {
 		return host
 	}
-	return r.RemoteAddr
+	if r.RemoteAddr != "" {
+		return r.RemoteAddr
+	}
+	// No address at all (a unix socket listener): such clients share one
+	// budget rather than none.
+	return "unknown client"
 }
 
 // clientLimited counts a claim refused by the client limit and logs it at
