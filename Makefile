@@ -63,7 +63,7 @@ test-go:
 
 ## fuzz: each fuzz target for FUZZTIME (their seed corpora run in every go test).
 FUZZTIME    ?= 10s
-FUZZ_TARGETS = FuzzClientRequest FuzzAdminAPI
+FUZZ_TARGETS = FuzzClientRequest FuzzAdminAPI FuzzClientKey
 fuzz:
 	@set -e; for f in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./caddygrid; \

@@ -281,6 +281,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		}
 		ls[c.LeaseID] = &liveLease{renewal: registry.LeaseRenewal{
 			ID: c.LeaseID, Worker: c.Worker.ID, Gen: c.Gen, Claimed: start, Lifetime: c.Worker.Lifetime,
+			Client: c.Client,
 		}}
 		b.lastPick[req.Pool] = req
 		b.mu.Unlock()
@@ -300,6 +301,9 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		return nil, err
 	case errors.Is(err, registry.ErrNoWorker):
 		metrics.noWorker.WithLabelValues(req.Pool, policy).Inc()
+		return nil, err
+	case errors.Is(err, registry.ErrClientLimit):
+		b.clientLimited(req, err)
 		return nil, err
 	default:
 		metrics.redisErrors.WithLabelValues("claim").Inc()
@@ -614,6 +618,9 @@ const (
 	outcomeBadPool           // 400: the pool is not allowed
 	outcomeNoSource          // 503: the policy runs without the browser_grid upstream source
 	outcomeStopped           // 503: the request's config was replaced and cleaned up before it claimed
+
+	// 429: the client holds its client_limit of live sessions
+	outcomeClientLimited
 )
 
 // acquire claims a worker for the session, waiting in the pool's queue
@@ -622,6 +629,9 @@ func (b *backend) acquire(ctx context.Context, req registry.ClaimRequest, sample
 	c, err := b.claim(ctx, req, samples)
 	if err == nil {
 		return c, outcomeNone, nil
+	}
+	if errors.Is(err, registry.ErrClientLimit) {
+		return nil, outcomeClientLimited, err
 	}
 	if !errors.Is(err, registry.ErrNoWorker) {
 		return nil, b.redisFailure(ctx, req.Pool, err), err
@@ -665,6 +675,12 @@ func (b *backend) acquire(ctx context.Context, req registry.ClaimRequest, sample
 			q.leave(w)
 			q.wakeHead() // pass the wake-up on: another slot may be free too
 			return c, outcomeNone, nil
+		}
+		if errors.Is(err, registry.ErrClientLimit) {
+			// the client's other sessions took its budget meanwhile
+			q.leave(w)
+			q.wakeHead()
+			return nil, outcomeClientLimited, err
 		}
 		if !errors.Is(err, registry.ErrNoWorker) {
 			q.leave(w)

@@ -253,21 +253,21 @@ func checkWorkerPath(p string) *refusal {
 // (undo, suspect for refusedSuspectFor) every claim whose record the dial
 // policy refuses, claiming again, at most maxRefusals times. The claim it
 // returns points at the address to dial.
-func (c *policyCore) claimAllowed(ctx context.Context, b *backend, req registry.ClaimRequest, samples, queueSize int, deadline time.Time) (*registry.Claim, outcome) {
+func (c *policyCore) claimAllowed(ctx context.Context, b *backend, req registry.ClaimRequest, samples, queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
 	p := c.app.dial
 	for range maxRefusals {
-		claim, o, _ := b.acquire(ctx, req, samples, queueSize, deadline)
+		claim, o, err := b.acquire(ctx, req, samples, queueSize, deadline)
 		if claim == nil || p == nil {
-			return claim, o
+			return claim, o, err
 		}
 		addr, r := p.check(ctx, &claim.Worker)
 		if r == nil {
 			claim.Worker.Addr = addr
-			return claim, outcomeNone
+			return claim, outcomeNone, nil
 		}
 		b.refuseRecord(claim, r)
 	}
-	return nil, outcomeTimeout
+	return nil, outcomeTimeout, registry.ErrNoWorker
 }
 
 // refuseRecord reports a refused record and gives its claim back. It

@@ -40,8 +40,9 @@ const (
 	DefaultStreamCloseDelay = time.Hour
 	// dialTimeout bounds the TCP connect to a worker.
 	dialTimeout = 3 * time.Second
-	// retryMatchExpr makes an upgrade refused on the worker's side (5xx, or
-	// 404: the worker does not serve that path) a retryable response for
+	// retryMatchExpr makes an upgrade refused on the worker's side (5xx;
+	// 404: the worker does not serve that path; an answer below 400 but
+	// 101: no WebSocket server there) a retryable response for
 	// reverse_proxy, so the session moves to another worker instead of
 	// failing; dial errors are always retried, and a transport error (no
 	// status at all, e.g. no answer within upgrade_timeout) matches the
@@ -49,7 +50,7 @@ const (
 	// doing (428: a Playwright client whose version the server does not
 	// speak; 400: a malformed handshake): every worker would answer the
 	// same, so they go back to the client at once and blame no worker.
-	retryMatchExpr = "type({http.reverse_proxy.status_code}) != int || {http.reverse_proxy.status_code} >= 500 || {http.reverse_proxy.status_code} == 404"
+	retryMatchExpr = "type({http.reverse_proxy.status_code}) != int || {http.reverse_proxy.status_code} >= 500 || {http.reverse_proxy.status_code} == 404 || ({http.reverse_proxy.status_code} < 400 && {http.reverse_proxy.status_code} != 101)"
 )
 
 // Handler is the browser_grid HTTP handler: the one-line form of the grid.
@@ -59,7 +60,8 @@ const (
 // atomic select-and-claim in Redis), dial_retries retries that also cover
 // a refused upgrade, the worker's own Host, max_session as the stream
 // timeout, and a stream_close_delay so a config reload does not cut live
-// sessions. When no worker was claimed it answers 429 (queue full) or 503
+// sessions. When no worker was claimed it answers 429 (queue full, or the
+// client holds its client_limit of live sessions) or 503
 // (none free within select_timeout, or Redis unreachable) with
 // Retry-After. The claim is released when the socket closes.
 type Handler struct {
@@ -280,6 +282,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		w.Header().Set("Retry-After", retryAfterSeconds(retry))
 		return h.reject(w, r, http.StatusServiceUnavailable, pool,
 			"the grid's configuration was replaced while this request waited; retry")
+	case outcomeClientLimited:
+		w.Header().Set("Retry-After", retryAfterSeconds(retry))
+		return h.reject(w, r, http.StatusTooManyRequests, pool, s.limitedMessage())
 	case outcomeNoSource:
 		return h.reject(w, r, http.StatusServiceUnavailable, pool, "the grid is misconfigured")
 	case outcomeCanceled:
@@ -358,6 +363,8 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //	    select_timeout     <duration>
 //	    queue_size         <n>
 //	    stagger_drains     [on|off]
+//	    client_limit       <n>
+//	    client_key         <placeholder>
 //	    max_session        <duration>
 //	    dial_retries       <0-10>
 //	    upgrade_timeout    <duration>
@@ -375,11 +382,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	seen := map[string]bool{}
+	keyAt := checkClientKey(d)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
 		if name == "max_scan" {
 			return d.Err("max_scan is an option of the vnode policy: policy vnode { max_scan <n> }")
 		}
+		keyAt.see(d)
 		if ok, err := unmarshalClaimOption(d, &h.ClaimOptions, seen); ok {
 			if err != nil {
 				return err
@@ -457,7 +466,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("unrecognized subdirective '%s'", name)
 		}
 	}
-	return nil
+	return keyAt.check(h.ClaimOptions)
 }
 
 // Interface guards

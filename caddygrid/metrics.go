@@ -38,7 +38,19 @@ var metrics = struct {
 	// cancelClaim in backend.go.
 	leasesReasserted *prometheus.CounterVec
 	claimsCancelled  *prometheus.CounterVec
+
+	// clientLimited: see clientlimit.go; upgradeRefused: upgrade.go.
+	clientLimited  *prometheus.CounterVec
+	upgradeRefused *prometheus.CounterVec
 }{
+	upgradeRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "grid", Name: "upgrade_refused_total",
+		Help: "Upgrade attempts a worker answered with another status than 101, by status (5xx, 404 and 1xx-3xx count as the worker's failure; other 4xx as the client's).",
+	}, []string{"pool", "code"}),
+	clientLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "grid", Name: "client_limited_total",
+		Help: "Requests refused (429; 503 in a hand-composed reverse_proxy) because their client held its client_limit of live sessions in the pool.",
+	}, []string{"pool"}),
 	selections: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "selections_total",
 		Help: "Sessions claimed on a worker (one atomic select-and-claim that found a worker).",
@@ -67,7 +79,7 @@ var metrics = struct {
 	}, []string{"pool"}),
 	rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "rejections_total",
-		Help: "Requests the grid answered itself: 400 unknown pool, 426 not a WebSocket, 429 queue full, 503 no worker in time or Redis unreachable. pool is empty for 400 and 426.",
+		Help: "Requests the grid answered itself: 400 unknown pool, 426 not a WebSocket, 429 queue full or client limit, 503 no worker in time or Redis unreachable. pool is empty for 400 and 426.",
 	}, []string{"pool", "code"}),
 	dialRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "dial_retries_total",
@@ -136,7 +148,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		metrics.selections, metrics.noWorker, metrics.selectDuration, metrics.queueWait,
 		metrics.queueDepth, metrics.activeSessions, metrics.rejections, metrics.dialRetries,
 		metrics.releases, metrics.drains, metrics.redisErrors, metrics.leasesLost,
-		metrics.leasesReasserted, metrics.claimsCancelled,
+		metrics.leasesReasserted, metrics.claimsCancelled, metrics.clientLimited, metrics.upgradeRefused,
 		metrics.staleSeen, metrics.scanDepth, metrics.wraps, metrics.samples,
 		metrics.dedupes, metrics.tiedMin, reaperEvents, badRecords,
 	} {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -69,7 +70,27 @@ type ClaimOptions struct {
 	// worker's last session goes elsewhere or waits. Needs max_lifetime.
 	// Default: on for lifetime_first, off for vnode and fair_share.
 	StaggerDrains *bool `json:"stagger_drains,omitempty"`
+	// ClientLimit is the most live sessions one client (ClientKey) may
+	// hold in a pool, across every Caddy instance sharing the Redis; the
+	// next request of that client gets 429 with Retry-After at once (503
+	// in a hand-composed reverse_proxy), without waiting or claiming. A
+	// session counts until its lease ends (released, or expired after a
+	// crash). 0: no limit. Default: 0.
+	ClientLimit int `json:"client_limit,omitempty"`
+	// ClientKey names the client, a placeholder expanded per request,
+	// e.g. "{http.auth.user.id}" or "{http.request.header.X-Client}".
+	// Only its SHA-256 reaches Redis. A request whose key expands to ""
+	// counts as its IP address. Used with ClientLimit only.
+	// Default: "{http.vars.client_ip}" (the client's IP address, see
+	// DefaultClientKey).
+	ClientKey string `json:"client_key,omitempty"`
 }
+
+// DefaultClientKey is the client key of client_limit: the client's IP
+// address as Caddy determines it ({client_ip} in a Caddyfile): the
+// connection's, or, from a proxy listed in the server's trusted_proxies,
+// the one its forwarding header names.
+const DefaultClientKey = "{http.vars.client_ip}"
 
 // stagger resolves StaggerDrains with the policy's default.
 func (o ClaimOptions) stagger(def bool) bool {
@@ -86,6 +107,9 @@ func (o *ClaimOptions) setDefaults() {
 	if o.QueueSize == 0 {
 		o.QueueSize = DefaultQueueSize
 	}
+	if o.ClientLimit > 0 && o.ClientKey == "" {
+		o.ClientKey = DefaultClientKey
+	}
 }
 
 func (o ClaimOptions) validate() error {
@@ -100,6 +124,10 @@ func (o ClaimOptions) validate() error {
 		return fmt.Errorf("select_timeout %s: must be more than 0", time.Duration(o.SelectTimeout))
 	case o.QueueSize < 0:
 		return fmt.Errorf("queue_size %d: must be 1 or more", o.QueueSize)
+	case o.ClientLimit < 0:
+		return fmt.Errorf("client_limit %d: must be 1 or more", o.ClientLimit)
+	case o.ClientKey != "" && o.ClientLimit == 0:
+		return fmt.Errorf("client_key %q: needs client_limit", o.ClientKey)
 	}
 	return nil
 }
@@ -125,6 +153,12 @@ func (o *ClaimOptions) merge(from ClaimOptions) {
 	if o.StaggerDrains == nil {
 		o.StaggerDrains = from.StaggerDrains
 	}
+	if o.ClientLimit == 0 {
+		o.ClientLimit = from.ClientLimit
+	}
+	if o.ClientKey == "" {
+		o.ClientKey = from.ClientKey
+	}
 }
 
 // unmarshalClaimOption parses one shared option at the dispenser's cursor.
@@ -132,7 +166,8 @@ func (o *ClaimOptions) merge(from ClaimOptions) {
 func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[string]bool) (bool, error) {
 	name := d.Val()
 	switch name {
-	case "max_concurrent", "max_lifetime", "max_scan", "queue_size", "select_timeout", "stagger_drains":
+	case "max_concurrent", "max_lifetime", "max_scan", "queue_size", "select_timeout", "stagger_drains",
+		"client_limit", "client_key":
 	default:
 		return false, nil
 	}
@@ -163,6 +198,13 @@ func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[stri
 	val := d.Val()
 	if d.NextArg() {
 		return true, d.ArgErr()
+	}
+	if name == "client_key" {
+		if strings.TrimSpace(val) == "" {
+			return true, d.Err("invalid client_key '': must name the client, e.g. {http.auth.user.id}")
+		}
+		o.ClientKey = val
+		return true, nil
 	}
 	if name == "select_timeout" {
 		dur, err := positiveDuration(d, name, val)
@@ -197,6 +239,11 @@ func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[stri
 			return true, d.Errf("invalid queue_size '%s': must be 1 or more", val)
 		}
 		o.QueueSize = n
+	case "client_limit":
+		if n < 1 {
+			return true, d.Errf("invalid client_limit '%s': must be a whole number, 1 or more", val)
+		}
+		o.ClientLimit = n
 	}
 	return true, nil
 }
@@ -302,6 +349,7 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 			return nil
 		}
 		metrics.dialRetries.WithLabelValues(failed.Pool).Inc()
+		b.upgradeRefused(failed, status, suspect)
 		c.logger.Warn("worker failed; claim given back, trying another",
 			zap.String("pool", failed.Pool), zap.String("worker_id", failed.Worker.ID),
 			zap.String("addr", failed.Worker.Addr), zap.Int("status", status),
@@ -334,6 +382,9 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	req.Vnode.Limits = req.Limits
 	req.FairShare.Limits = req.Limits
 	req.ConfigTime = c.app.limits.configTime(limitsKey(req), c.app.prevLimits, c.app.provisioned)
+	if opts.ClientLimit > 0 {
+		req.ClientKey, req.ClientLimit = clientKey(r, opts.ClientKey), opts.ClientLimit
+	}
 	// A retry uses the backend the session holds a reference on: the
 	// config that made this policy may have been replaced and cleaned up
 	// meanwhile (Caddy does not wait for its requests), which leaves its
@@ -347,14 +398,17 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 		w.Header().Set("Retry-After", retryAfterSeconds(time.Second))
 		return nil
 	}
-	claim, o := c.claimAllowed(r.Context(), b, req, samples, opts.QueueSize, deadline)
+	claim, o, err := c.claimAllowed(r.Context(), b, req, samples, opts.QueueSize, deadline)
 	if claim == nil {
 		retry := time.Duration(opts.SelectTimeout)
 		if o == outcomeRedis {
 			retry = time.Second
 		}
 		s.setOutcome(o, retry)
-		if o == outcomeQueueFull || o == outcomeTimeout || o == outcomeRedis {
+		if o == outcomeClientLimited {
+			s.setLimited(err)
+		}
+		if o == outcomeQueueFull || o == outcomeTimeout || o == outcomeRedis || o == outcomeClientLimited {
 			w.Header().Set("Retry-After", retryAfterSeconds(retry))
 		}
 		return nil
@@ -416,6 +470,8 @@ func (p *LifetimeFirstSelection) claimOptions() *ClaimOptions { return &p.ClaimO
 //	    select_timeout <duration>
 //	    queue_size     <n>
 //	    stagger_drains [on|off]
+//	    client_limit   <n>
+//	    client_key     <placeholder>
 //	}
 func (p *LifetimeFirstSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name
@@ -438,8 +494,12 @@ func (p *LifetimeFirstSelection) unmarshalOwn(d *caddyfile.Dispenser, shared boo
 // repeated option is an error.
 func unmarshalPolicyBlock(d *caddyfile.Dispenser, o *ClaimOptions, shared bool, alsoShared func(name string) bool, own func(name string) error) error {
 	seen := map[string]bool{}
+	keyAt := checkClientKey(d)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
+		if shared {
+			keyAt.see(d)
+		}
 		if shared || (alsoShared != nil && alsoShared(name)) {
 			if ok, err := unmarshalClaimOption(d, o, seen); ok {
 				if err != nil {
@@ -456,7 +516,7 @@ func unmarshalPolicyBlock(d *caddyfile.Dispenser, o *ClaimOptions, shared bool, 
 			return err
 		}
 	}
-	return nil
+	return keyAt.check(*o)
 }
 
 // VnodeSelection is the ring of virtual nodes with power-of-K choices of
@@ -550,6 +610,8 @@ func (p *VnodeSelection) claimOptions() *ClaimOptions { return &p.ClaimOptions }
 //	    select_timeout <duration>
 //	    queue_size     <n>
 //	    stagger_drains [on|off]
+//	    client_limit   <n>
+//	    client_key     <placeholder>
 //	}
 func (p *VnodeSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name
@@ -655,6 +717,8 @@ func (p *FairShareSelection) claimOptions() *ClaimOptions { return &p.ClaimOptio
 //	    select_timeout   <duration>
 //	    queue_size       <n>
 //	    stagger_drains   [on|off]
+//	    client_limit     <n>
+//	    client_key       <placeholder>
 //	}
 func (p *FairShareSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name

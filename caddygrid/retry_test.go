@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -200,4 +201,80 @@ func TestReaperRunsInCaddy(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, "the reaper's metric", func() bool {
 		return c.metric(`caddy_grid_reaper_events_total{kind="worker_expired"}`) == 1
 	})
+}
+
+// TestNonHandshakeAnswerIsTheWorkersFailure: a worker that answers the
+// upgrade with a 2xx or 3xx serves something else than a browser at that
+// address and path, and would answer every client the same: the session
+// moves on to another worker, the claim is given back (lifetime too), the
+// worker is marked suspect so it stops being chosen, and the answer is
+// counted by status and logged. A client-side 4xx (428) is counted too,
+// blaming nobody.
+func TestNonHandshakeAnswerIsTheWorkersFailure(t *testing.T) {
+	g := newGrid(t)
+	// Lifetime-first order among equals is by ID: w1 and w2 come first.
+	ok200 := g.worker("chromium", "w1", fake.Behavior{Refuse: http.StatusOK})
+	redirect := g.worker("chromium", "w2", fake.Behavior{Refuse: http.StatusFound})
+	good := g.worker("chromium", "w3", fake.Behavior{})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			dial_retries 2
+		}
+	}`})
+	const clients = 5
+	for i := range clients {
+		s, err := dial(context.Background(), c.url("/playwright/chromium"))
+		if err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+		s.close()
+	}
+	if good.Stats().Sessions != clients {
+		t.Fatalf("the healthy worker served %d sessions, want %d", good.Stats().Sessions, clients)
+	}
+	// Each was tried once: then suspect, skipped by the next clients.
+	for _, w := range []*fake.Server{ok200, redirect} {
+		if n := w.Stats().Refused; n != 1 {
+			t.Errorf("a worker answering without a handshake was tried %d times, want once (then suspect)", n)
+		}
+	}
+	for _, id := range []string{"w1", "w2"} {
+		w := g.info("chromium", id)
+		if w.Lifetime != 0 || w.Active != 0 {
+			t.Errorf("worker %s charged: lifetime %d, active %d", id, w.Lifetime, w.Active)
+		}
+		if !w.SuspectUntil.After(time.Now()) {
+			t.Errorf("worker %s not marked suspect after answering the upgrade without a handshake", id)
+		}
+	}
+	for _, code := range []string{"200", "302"} {
+		if n := c.metric(`caddy_grid_upgrade_refused_total{code="` + code + `",pool="chromium"}`); n != 1 {
+			t.Errorf("upgrade_refused_total{code=%s} = %v, want 1", code, n)
+		}
+	}
+	if out := c.proc.Output(); !strings.Contains(out, `"status":200`) || !strings.Contains(out, `"status":302`) {
+		t.Errorf("no log line names the statuses 200 and 302:\n%s", out)
+	}
+
+	// A client-side 4xx goes back to the client, blames nobody, and is
+	// counted and logged with its status.
+	g2 := newGrid(t)
+	g2.worker("chromium", "w1", fake.Behavior{Refuse: http.StatusPreconditionRequired})
+	c2 := startCaddy(t, caddyOpts{redisURL: g2.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium
+	}`})
+	if _, err := dial(context.Background(), c2.url("/playwright/chromium")); refusal(err) == nil || refusal(err).StatusCode != http.StatusPreconditionRequired {
+		t.Fatalf("got %v, want the worker's 428", err)
+	}
+	testenv.Eventually(t, 5*time.Second, "the 428 counted", func() bool {
+		return c2.metric(`caddy_grid_upgrade_refused_total{code="428",pool="chromium"}`) == 1
+	})
+	if w := g2.info("chromium", "w1"); w.SuspectUntil.After(time.Now()) {
+		t.Errorf("worker marked suspect by a client-side 428")
+	}
+	if out := c2.proc.Output(); !strings.Contains(out, `"status":428`) {
+		t.Errorf("no log line names the status 428:\n%s", out)
+	}
 }

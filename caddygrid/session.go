@@ -54,6 +54,8 @@ type session struct {
 	finished bool
 	// retryAfter is what the Retry-After header says on 429 and 503.
 	retryAfter time.Duration
+	// limited says why a client over its client_limit was refused.
+	limited *registry.ClientLimitError
 }
 
 // sessionFrom returns the request's session, or nil.
@@ -173,7 +175,9 @@ func (s *session) finish(clientGone bool) {
 	}
 	status := s.upstreamStatus()
 	served := status == http.StatusSwitchingProtocols
-	b.finish(c, served, blames(status, clientGone))
+	suspect := blames(status, clientGone)
+	b.upgradeRefused(c, status, suspect)
+	b.finish(c, served, suspect)
 }
 
 // blames reports whether a failed attempt that ended with upstream status
@@ -190,9 +194,13 @@ func blames(status int, clientGone bool) bool {
 }
 
 // workerRefused reports whether an upgrade answered with status failed
-// because of the worker rather than the client (see retryMatchExpr).
+// because of the worker rather than the client (see retryMatchExpr): 5xx,
+// 404, or an answer that is no handshake at all (1xx but 101, 2xx, 3xx:
+// something else than a browser serves that address and path, and would
+// answer every client the same).
 func workerRefused(status int) bool {
-	return status >= 500 || status == http.StatusNotFound
+	return status >= 500 || status == http.StatusNotFound ||
+		(status > 0 && status < 400 && status != http.StatusSwitchingProtocols)
 }
 
 // upstreamStatus is the status the last upstream answered (0: none).

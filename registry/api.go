@@ -297,6 +297,18 @@ type ClaimRequest struct {
 	// grants nothing and returns an *EpochError: the caller's live leases
 	// may be gone with it, so it re-asserts them (RenewLeases) first.
 	Epoch string
+	// ClientKey names the client the session is for (an IP address, a
+	// user ID); it reaches Redis only as ClientHash. With ClientLimit > 0,
+	// a claim for a client that already holds ClientLimit live sessions
+	// in the pool, across every process sharing the Redis, claims nothing
+	// and returns a *ClientLimitError. A session counts from its claim
+	// until its lease ends by any path (release, undo, cancel, expiry).
+	// Default: "" (no client: not counted).
+	ClientKey string
+	// ClientLimit is the most live sessions ClientKey may hold in the
+	// pool. 0: no limit (a session with a ClientKey still counts toward
+	// other claims' limits). Default: 0.
+	ClientLimit int
 }
 
 // DefaultMaxScan is the max_scan budget of a lifetime_first or fair_share
@@ -339,6 +351,8 @@ type Claim struct {
 	LimitsOverridden bool
 	// Epoch is the pool's dataset epoch (see ClaimRequest.Epoch).
 	Epoch string
+	// Client is ClientHash(ClaimRequest.ClientKey) (for LeaseRenewal).
+	Client string
 }
 
 // EpochError is returned by Claim when the dataset epoch the caller saw
@@ -415,6 +429,9 @@ type LeaseRenewal struct {
 	// Lifetime is the worker's lifetime right after the claim
 	// (Claim.Worker.Lifetime).
 	Lifetime int
+	// Client is the lease's client hash (Claim.Client; "" none): a
+	// re-created lease counts for its client again.
+	Client string
 }
 
 // RenewResult says what a renewal found besides live leases.

@@ -59,6 +59,9 @@ func (r *Registry) checkRequest(req *ClaimRequest) error {
 	if req.Policy != Vnode && req.Limits.MaxScan == 0 {
 		req.Limits.MaxScan = DefaultMaxScan
 	}
+	if req.ClientLimit < 0 {
+		return fmt.Errorf("client limit %d is negative", req.ClientLimit)
+	}
 	if req.LeaseTTL < 0 {
 		return fmt.Errorf("lease TTL %s is negative", req.LeaseTTL)
 	}
@@ -132,6 +135,8 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	} else {
 		args = append(args, 0)
 	}
+	// The client's hash and limit come last (claim.lua's CB).
+	args = append(args, ClientHash(req.ClientKey), req.ClientLimit)
 	res, err := r.run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
 	if err != nil {
 		return outcome{}, err
@@ -148,6 +153,12 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 				epoch, _ = res[1].(string)
 			}
 			return outcome{}, &EpochError{Seen: req.Epoch, Now: epoch}
+		case -4:
+			live := int64(0)
+			if len(res) > 1 {
+				live, _ = res[1].(int64)
+			}
+			return outcome{}, &ClientLimitError{Live: int(live), Limit: req.ClientLimit}
 		}
 	}
 	if len(res) != 25 {
@@ -246,7 +257,7 @@ func (r *Registry) claim(ctx context.Context, req ClaimRequest) (*Claim, error) 
 		return nil, fmt.Errorf("claiming a worker in pool %q: %w", req.Pool, err)
 	}
 	return &Claim{LeaseID: lease, Pool: req.Pool, Worker: o.worker, Gen: o.worker.gen, Drain: o.drain, Decision: o.decision,
-		PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch}, nil
+		PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch, Client: ClientHash(req.ClientKey)}, nil
 }
 
 func (r *Registry) pick(ctx context.Context, req ClaimRequest) (WorkerInfo, selection.Decision, error) {

@@ -31,6 +31,8 @@ const (
 	// Lease ownership and tombstones (see lua/common.lua, "Leases").
 	keyLeaseOwner = "lease_owner" // ZSET (lex, scores 0) "<worker id> <gen> <lease id>" per lease
 	keyCancelled  = "cancelled"   // ZSET lease id of an ended or cancelled lease, score = forget at (ms)
+	// Per-client live sessions (see lua/common.lua, "Clients").
+	keyLeaseClient = "lease_client" // ZSET (lex, scores 0) "<client hash> <lease id>" per lease with a client
 )
 
 // poolKeyNames is the KEYS layout every script expects (lua/common.lua).
@@ -40,6 +42,7 @@ var poolKeyNames = []string{
 	keyIdxLifetime, keyIdxRing, keyIdxIdle, keyIdxBusy, keyIdxEnd,
 	keyRetiring,
 	keyLeaseOwner, keyCancelled,
+	keyLeaseClient,
 }
 
 // maxNameLen bounds pool names and worker IDs.

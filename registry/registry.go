@@ -288,7 +288,7 @@ func (r *Registry) renewLeases(ctx context.Context, pool string, leases []LeaseR
 	// it is reported as ended, so its holder stops renewing it.
 	valid := make([]LeaseRenewal, 0, len(leases))
 	for _, l := range leases {
-		ok := l.Lifetime >= 0
+		ok := l.Lifetime >= 0 && checkClientHash(l.Client) == nil
 		for _, v := range []string{l.ID, l.Worker, l.Gen} {
 			if checkToken(v) != nil {
 				ok = false
@@ -305,10 +305,10 @@ func (r *Registry) renewLeases(ctx context.Context, pool string, leases []LeaseR
 		n := min(len(valid), renewChunk)
 		chunk := valid[:n]
 		valid = valid[n:]
-		args := make([]any, 0, 6+5*len(chunk))
+		args := make([]any, 0, 6+6*len(chunk))
 		args = append(args, "renew", r.opts.DurationWindow, ms(ttl), ms(r.opts.CommandTTL), "renewal")
 		for _, l := range chunk {
-			args = append(args, l.ID, l.Worker, l.Gen, toMS(l.Claimed), l.Lifetime)
+			args = append(args, l.ID, l.Worker, l.Gen, toMS(l.Claimed), l.Lifetime, l.Client)
 		}
 		res, err := r.run(ctx, scriptLease, pool, 0, args...).Slice()
 		if err != nil {
@@ -564,10 +564,11 @@ func (r *Registry) reconcile(ctx context.Context, pool string) (ReconcileResult,
 			break
 		}
 	}
-	// lease_owner first: claims and releases derive active counts from it.
-	for _, key := range []string{"leases", "owner"} {
+	// lease_owner first: claims and releases derive active counts from it
+	// (and lease_client, per-client counts).
+	for _, key := range []string{"leases", "owner", "client"} {
 		if err := r.reconcileScan(ctx, pool, key, &out); err != nil {
-			return fail("repairing lease_owner ("+key+")", err)
+			return fail("repairing lease_owner and lease_client ("+key+")", err)
 		}
 	}
 	// The workers, as they are before the leases are counted.

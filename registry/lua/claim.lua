@@ -42,10 +42,13 @@
 --       19 stagger drains (0/1),
 --       20 configuration time ms (when the caller's limits were configured; 0: now),
 --       21 the dataset epoch the caller last saw ('' none), 22 a fresh epoch token,
---       23 K, then K pivots (32 hex), K jitters, K tiebreaks (tiebreak mod m for m = 1..K).
+--       23 K, then K pivots (32 hex), K jitters, K tiebreaks (tiebreak mod m for m = 1..K),
+--       then (CB = 24 + 3K) CB the client's hash ('' none), CB+1 the client's
+--          limit of live sessions (0 none).
 -- Returns (a replay of an existing lease id: {-2, id, record, active,
 --   lifetime, durations, drain, now}; a cancelled lease id: {-1, 'cancelled'};
---   an epoch the caller saw that Redis no longer has: {-3, epoch}):
+--   an epoch the caller saw that Redis no longer has: {-3, epoch};
+--   a client at its limit: {-4, its live sessions}):
 --   {ok, id, record, active, lifetime, durations, drain, scanned,
 --           {stale ids}, {bad id, reason, ...}, wraps, effective, dedupes, tied, now,
 --           retiring (0/1: StaggerDrains held last sessions back), {stale retiring ids},
@@ -92,6 +95,16 @@ end
 
 local freed = expire_leases(now, tonumber(ARGV[18]), keep)
 if freed > 0 then wake() end
+
+-- Per-client limit (see common.lua, "Clients"): counted after expired
+-- leases are freed, so a crashed holder's sessions stop counting once
+-- their leases lapse; refused before any walk, so nothing is claimed.
+local CB = VB + 1 + 3 * (tonumber(ARGV[VB]) or 0)
+local client = ARGV[CB] or ''
+if not dry then
+  local live = client_over(client, tonumber(ARGV[CB + 1]))
+  if live then return { -4, live } end
+end
 
 -- Which limits win (issue 9): the newest configuration. The pool's config
 -- hash holds the limits in force and set_at, the time of the configuration
@@ -394,11 +407,14 @@ if chosen then
       redis.call('HSET', K_CMD, chosen, 'shutdown|' .. fmt(now + tonumber(ARGV[16])))
     end
     local lid = ARGV[13]
-    redis.call('HSET', K_LEASES, lid, cjson.encode({
+    local lease = {
       worker = chosen, gen = cw.gen, claimed = now, est = est, drain = drain, holder = ARGV[15],
       life = cw.lifetime,
-    }))
+    }
+    if client ~= '' then lease.client = client end
+    redis.call('HSET', K_LEASES, lid, cjson.encode(lease))
     redis.call('ZADD', K_LEXP, fmt(now + tonumber(ARGV[14])), lid)
+    client_add(client, lid)
   end
   record = redis.call('HGET', K_WORKERS, chosen)
   durations = redis.call('HGET', K_DUR, chosen) or ''

@@ -28,6 +28,8 @@
 --                    every lease: who owns it, by worker and registration generation
 --  17 cancelled      ZSET lease ids that were ended or cancelled (tombstones),
 --                    score = when to forget them (ms)
+--  18 lease_client   ZSET (lex, all scores 0) "<client hash> <lease id>" for
+--                    every lease claimed with a client key (see "Clients")
 --
 -- ARGV common to every script: 1 now in ms (0: Redis TIME), 2 the pool's
 -- wakeup channel, 3 the pool name. Script-specific arguments follow.
@@ -55,6 +57,7 @@ local K_LEASES, K_LEXP, K_CFG = KEYS[7], KEYS[8], KEYS[9]
 local K_LF, K_RING, K_FSI, K_FSB, K_FSP = KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local K_RET = KEYS[15]
 local K_OWNER, K_TOMB = KEYS[16], KEYS[17]
+local K_CLIENT = KEYS[18]
 
 -- Lifetime-first score: lifetime descending, then active ascending; members
 -- with equal scores sort by id bytes, which gives the ID ASC tiebreak.
@@ -485,6 +488,44 @@ local function owner_repair(lease_ids)
   return fixed
 end
 
+-- Clients (issue 10, per-client limit). A lease claimed with a client key
+-- stores the key's hash (hex, never the raw key) as its 'client' field and
+-- has one lease_client entry "<hash> <lease id>". A client's live sessions
+-- are the count of its entries (client_count), so they follow the leases:
+-- every path that removes a lease (release, undo, cancel, expiry, a
+-- replayed claim of a worker gone) drops its entry with it (client_drop),
+-- renewal re-creates it with the lease, and reconcile repairs the set
+-- against the leases. Hashes are hex: they hold no spaces.
+
+local function client_range(c)
+  return '[' .. c .. ' ', '(' .. c .. '!'
+end
+
+local function client_count(c)
+  local lo, hi = client_range(c)
+  return redis.call('ZLEXCOUNT', K_CLIENT, lo, hi)
+end
+
+local function client_add(c, lid)
+  if type(c) == 'string' and c ~= '' then redis.call('ZADD', K_CLIENT, 0, c .. ' ' .. lid) end
+end
+
+-- client_drop removes the entry of lease lid whose decoded value is l.
+local function client_drop(l, lid)
+  if type(l) == 'table' and type(l.client) == 'string' and l.client ~= '' then
+    redis.call('ZREM', K_CLIENT, l.client .. ' ' .. lid)
+  end
+end
+
+-- client_over reports the live sessions of client c when a new claim
+-- would take it past limit (limit 0 or no client: never).
+local function client_over(c, limit)
+  if c == '' or not limit or limit <= 0 then return nil end
+  local n = client_count(c)
+  if n >= limit then return n end
+  return nil
+end
+
 -- claim_replay answers a claim whose lease id was used before: the same
 -- claim again while its lease lives ({-2, ...}, see claim.lua), or
 -- {-1, 'cancelled'} when the lease was ended or cancelled. A lease whose
@@ -505,6 +546,7 @@ local function claim_replay(lid, now)
     if ok and type(l) == 'table' and type(l.worker) == 'string' and type(l.gen) == 'string' then
       redis.call('ZREM', K_OWNER, owner_member(l.worker, l.gen, lid))
     end
+    if ok then client_drop(l, lid) end
     return nil
   end
   local drain = 0
@@ -523,6 +565,7 @@ local function lease_free(lid, now, mode, suspect_ms, keep)
   if not raw then return false end
   redis.call('HDEL', K_LEASES, lid)
   local ok, l = pcall(cjson.decode, raw)
+  if ok then client_drop(l, lid) end
   if not ok or type(l) ~= 'table' or type(l.worker) ~= 'string' then return true end
   local id = l.worker
   if type(l.gen) == 'string' then redis.call('ZREM', K_OWNER, owner_member(id, l.gen, lid)) end

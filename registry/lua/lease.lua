@@ -24,8 +24,9 @@
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 op, 5 durations kept,
 --   release/undo: 6 lease id, 7 suspect ms, 8 tombstone ttl ms
---   renew:   6 ttl ms, 7 command ttl ms, 8 holder, then per lease 5 values:
---            lease id, worker id, generation, claimed ms, lifetime
+--   renew:   6 ttl ms, 7 command ttl ms, 8 holder, then per lease 6 values:
+--            lease id, worker id, generation, claimed ms, lifetime, client hash
+--            ('' none: a re-created lease counts for its client again)
 --   expire:  6 max leases
 -- Returns: release/undo: 1 when the lease existed, else 0; renew:
 --   {{re-created lease ids}, {ended (tombstoned) lease ids}}; expire: how
@@ -51,8 +52,9 @@ elseif op == 'renew' then
   local holder = ARGV[8]
   local recreated, ended = {}, {}
   local touched, order = {}, {}
-  for i = 9, #ARGV - 4, 5 do
+  for i = 9, #ARGV - 5, 6 do
     local lid, wid, gen = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    local client = ARGV[i + 5]
     local claimed, life = tonumber(ARGV[i + 3]) or 0, tonumber(ARGV[i + 4]) or 0
     if claimed <= 0 or claimed > now then claimed = now end
     if redis.call('HEXISTS', K_LEASES, lid) == 1 then
@@ -60,11 +62,12 @@ elseif op == 'renew' then
     elseif tombstoned(lid, now) then
       ended[#ended + 1] = lid
     else
-      redis.call('HSET', K_LEASES, lid, cjson.encode({
-        worker = wid, gen = gen, claimed = claimed, est = 0, drain = 0, holder = holder, life = life,
-      }))
+      local lease = { worker = wid, gen = gen, claimed = claimed, est = 0, drain = 0, holder = holder, life = life }
+      if client ~= '' then lease.client = client end
+      redis.call('HSET', K_LEASES, lid, cjson.encode(lease))
       redis.call('ZADD', K_LEXP, exp, lid)
       redis.call('ZADD', K_OWNER, 0, owner_member(wid, gen, lid))
+      client_add(client, lid)
       recreated[#recreated + 1] = lid
       local k = wid .. ' ' .. gen
       local t = touched[k]

@@ -15,7 +15,9 @@
 --              moment; a worker whose generation changed is left alone.
 --   'scan'     one chunk of one key: lease_owner made to match the
 --              leases ('leases': missing entries added; 'owner': entries
---              of no lease removed; the pass runs these two first, so the
+--              of no lease removed; likewise lease_client: 'leases' adds
+--              missing entries, 'client' removes those of no lease of
+--              that client; the pass runs these first, so the
 --              counts below agree with what claims and releases derive
 --              from lease_owner), then index entries (idx:*, ring) of no
 --              record or of a worker not indexed under the stored limits
@@ -29,7 +31,7 @@
 --   leases:  5 durations kept, 6 max leases
 --   workers: 5 cursor, 6 count
 --   count:   5.. groups of: id, generation, lifetime, k, k lease ids
---   scan:    5 key name (lf fsi fsb fsp ring active lifetime durations
+--   scan:    5 key name (leases owner client lf fsi fsb fsp ring active lifetime durations
 --            commands vnodes retiring), 6 cursor, 7 count
 -- Returns: leases: {freed}; workers: {cursor, fixed, {bad id, reason, ...},
 --   {id, gen, lifetime, active, ...}}; count: {fixed}; scan: {cursor,
@@ -189,6 +191,30 @@ if stage == 'scan' then
           redis.call('ZADD', K_OWNER, 0, m)
           fixed = fixed + 1
         end
+      end
+      -- and its lease_client entry when it has a client
+      if ok and type(l) == 'table' and type(l.client) == 'string' and l.client ~= ''
+          and not redis.call('ZSCORE', K_CLIENT, l.client .. ' ' .. kv[i]) then
+        client_add(l.client, kv[i])
+        fixed = fixed + 1
+      end
+    end
+  elseif which == 'client' then
+    -- every lease_client entry names a lease of that client
+    local res = redis.call('ZSCAN', K_CLIENT, ARGV[6], 'COUNT', math.max(1, math.floor(tonumber(ARGV[7]) / 2)))
+    cursor = res[1]
+    local ms = res[2]
+    for i = 1, #ms, 2 do
+      local m = ms[i]
+      local c, lid = string.match(m, '^(%S+) (%S+)$')
+      local keep = false
+      if lid then
+        local ok, l = pcall(cjson.decode, redis.call('HGET', K_LEASES, lid) or '')
+        keep = ok and type(l) == 'table' and l.client == c
+      end
+      if not keep then
+        redis.call('ZREM', K_CLIENT, m)
+        orphans = orphans + 1
       end
     end
   elseif which == 'owner' then

@@ -1,0 +1,104 @@
+package caddygrid
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// clientKey expands the client_key placeholder for r. A key that expands
+// to nothing (no such header, no authenticated user) falls back to the
+// client's IP address, so that leaving the header out does not escape
+// the limit; it is never empty.
+func clientKey(r *http.Request, tmpl string) string {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl != nil {
+		if k := repl.ReplaceAll(tmpl, ""); k != "" {
+			return k
+		}
+		if k := repl.ReplaceAll(DefaultClientKey, ""); k != "" {
+			return k
+		}
+	}
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil && host != "" {
+		return host
+	}
+	if r.RemoteAddr != "" {
+		return r.RemoteAddr
+	}
+	// No address at all (a unix socket listener): such clients share one
+	// budget rather than none.
+	return "unknown client"
+}
+
+// clientLimited counts a claim refused by the client limit and logs it at
+// most once a minute per client and pool, naming the client by its hash
+// only.
+func (b *backend) clientLimited(req registry.ClaimRequest, err error) {
+	metrics.clientLimited.WithLabelValues(req.Pool).Inc()
+	h := registry.ClientHash(req.ClientKey)
+	if !b.firstReport("client_limit", req.Pool, h) {
+		return
+	}
+	var le *registry.ClientLimitError
+	live := 0
+	if errors.As(err, &le) {
+		live = le.Live
+	}
+	b.logger.Info("client at its client_limit; refused (logged once a minute per client)",
+		zap.String("pool", req.Pool), zap.String("client_hash", h),
+		zap.Int("live_sessions", live), zap.Int("client_limit", req.ClientLimit))
+}
+
+// setLimited records why the client was refused (a *ClientLimitError in err).
+func (s *session) setLimited(err error) {
+	var le *registry.ClientLimitError
+	if !errors.As(err, &le) {
+		return
+	}
+	s.mu.Lock()
+	s.limited = le
+	s.mu.Unlock()
+}
+
+// limitedMessage is the body of the 429 for a client over its limit.
+func (s *session) limitedMessage() string {
+	s.mu.Lock()
+	le := s.limited
+	s.mu.Unlock()
+	if le == nil {
+		return "client limit reached for this client; retry when one of its sessions has ended"
+	}
+	return fmt.Sprintf("client limit reached: %d live sessions of %d allowed for this client; retry when one has ended", le.Live, le.Limit)
+}
+
+// clientKeyLine remembers where client_key was given, so that a
+// client_key without client_limit fails at adapt time naming its line.
+type clientKeyLine struct {
+	file string
+	line int
+}
+
+func checkClientKey(d *caddyfile.Dispenser) *clientKeyLine { return &clientKeyLine{file: d.File()} }
+
+// see notes the line when the dispenser is at a client_key option.
+func (k *clientKeyLine) see(d *caddyfile.Dispenser) {
+	if d.Val() == "client_key" {
+		k.line = d.Line()
+	}
+}
+
+// check refuses a client_key without client_limit.
+func (k *clientKeyLine) check(o ClaimOptions) error {
+	if k.line > 0 && o.ClientLimit == 0 {
+		return fmt.Errorf("%s:%d - Error during parsing: client_key needs client_limit <n>", k.file, k.line)
+	}
+	return nil
+}
