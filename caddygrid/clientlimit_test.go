@@ -11,7 +11,6 @@ import (
 
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
-	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
 )
 
 // The per-client limit (issue 10, item 4), black-box: two bin/caddy
@@ -38,14 +37,14 @@ type clientTally struct{ tried, served, limited int }
 
 // dialAs opens a session through u as client (X-Client header; "" none).
 // It returns the session, or the refused handshake.
-func (ct *clientTally) dialAs(t *testing.T, u, client string) (*session, *wsock.HandshakeError) {
+func (ct *clientTally) dialAs(t *testing.T, u, client string) (*session, *refused) {
 	t.Helper()
 	ct.tried++
 	h := http.Header{}
 	if client != "" {
 		h.Set("X-Client", client)
 	}
-	c, _, err := (&wsock.Dialer{Header: h, HandshakeTimeout: 20 * time.Second}).Dial(context.Background(), u)
+	s, err := dialHeader(context.Background(), u, h)
 	if err != nil {
 		he := refusal(err)
 		if he == nil {
@@ -55,10 +54,6 @@ func (ct *clientTally) dialAs(t *testing.T, u, client string) (*session, *wsock.
 			ct.limited++
 		}
 		return nil, he
-	}
-	s := &session{conn: c}
-	if err := s.echo("hello"); err != nil {
-		t.Fatalf("client %q through %s: %v", client, u, err)
 	}
 	ct.served++
 	return s, nil

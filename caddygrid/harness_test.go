@@ -310,10 +310,15 @@ func (r *refused) Unwrap() error { return r.err }
 // dial opens a session and checks that it reaches a worker (an echo). A
 // refused handshake is a *refused (see refusal).
 func dial(ctx context.Context, u string) (*session, error) {
+	return dialHeader(ctx, u, nil)
+}
+
+// dialHeader is dial with the handshake's request headers.
+func dialHeader(ctx context.Context, u string, h http.Header) (*session, error) {
 	// The timeout bounds the handshake only: the session outlives it.
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	c, resp, err := websocket.Dial(ctx, u, nil)
+	c, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: h})
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			body, _ := io.ReadAll(resp.Body)
