@@ -282,6 +282,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"the grid's configuration was replaced while this request waited; retry")
 	case outcomeNoSource:
 		return h.reject(w, r, http.StatusServiceUnavailable, pool, "the grid is misconfigured")
+	case outcomeUnknownVersion:
+		return h.reject(w, r, http.StatusPreconditionRequired, pool, s.refusalMessage())
 	case outcomeCanceled:
 		// The client left while waiting; 499 for the access log, as
 		// reverse_proxy records a client that went away.
@@ -358,6 +360,7 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //	    select_timeout     <duration>
 //	    queue_size         <n>
 //	    stagger_drains     [on|off]
+//	    version_routing    [on|off]
 //	    max_session        <duration>
 //	    dial_retries       <0-10>
 //	    upgrade_timeout    <duration>

@@ -69,7 +69,15 @@ type ClaimOptions struct {
 	// worker's last session goes elsewhere or waits. Needs max_lifetime.
 	// Default: on for lifetime_first, off for vnode and fair_share.
 	StaggerDrains *bool `json:"stagger_drains,omitempty"`
+	// VersionRouting sends a Playwright client (its User-Agent names its
+	// version) only to workers of its major.minor, and refuses with 428 a
+	// version no worker of the pool serves; clients without a version go
+	// to any worker. Off: every client goes to any worker. Default: on.
+	VersionRouting *bool `json:"version_routing,omitempty"`
 }
+
+// routing resolves VersionRouting with its default (on).
+func (o ClaimOptions) routing() bool { return o.VersionRouting == nil || *o.VersionRouting }
 
 // stagger resolves StaggerDrains with the policy's default.
 func (o ClaimOptions) stagger(def bool) bool {
@@ -125,6 +133,9 @@ func (o *ClaimOptions) merge(from ClaimOptions) {
 	if o.StaggerDrains == nil {
 		o.StaggerDrains = from.StaggerDrains
 	}
+	if o.VersionRouting == nil {
+		o.VersionRouting = from.VersionRouting
+	}
 }
 
 // unmarshalClaimOption parses one shared option at the dispenser's cursor.
@@ -132,7 +143,7 @@ func (o *ClaimOptions) merge(from ClaimOptions) {
 func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[string]bool) (bool, error) {
 	name := d.Val()
 	switch name {
-	case "max_concurrent", "max_lifetime", "max_scan", "queue_size", "select_timeout", "stagger_drains":
+	case "max_concurrent", "max_lifetime", "max_scan", "queue_size", "select_timeout", "stagger_drains", "version_routing":
 	default:
 		return false, nil
 	}
@@ -140,7 +151,7 @@ func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[stri
 		return true, d.Errf("%s already specified", name)
 	}
 	seen[name] = true
-	if name == "stagger_drains" {
+	if name == "stagger_drains" || name == "version_routing" {
 		on := true
 		if d.NextArg() {
 			switch d.Val() {
@@ -148,13 +159,17 @@ func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[stri
 			case "off":
 				on = false
 			default:
-				return true, d.Errf("invalid stagger_drains '%s': use on or off", d.Val())
+				return true, d.Errf("invalid %s '%s': use on or off", name, d.Val())
 			}
 			if d.NextArg() {
 				return true, d.ArgErr()
 			}
 		}
-		o.StaggerDrains = &on
+		if name == "stagger_drains" {
+			o.StaggerDrains = &on
+		} else {
+			o.VersionRouting = &on
+		}
 		return true, nil
 	}
 	if !d.NextArg() {
@@ -347,7 +362,11 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 		w.Header().Set("Retry-After", retryAfterSeconds(time.Second))
 		return nil
 	}
-	claim, o := c.claimAllowed(r.Context(), b, req, samples, opts.QueueSize, deadline)
+	route := &versionRoute{on: opts.routing(), client: clientVersion(r)}
+	claim, o := c.claimAllowed(r.Context(), b, req, route, samples, opts.QueueSize, deadline)
+	if o == outcomeUnknownVersion {
+		s.refuse(route.refusal)
+	}
 	if claim == nil {
 		retry := time.Duration(opts.SelectTimeout)
 		if o == outcomeRedis {
@@ -416,6 +435,7 @@ func (p *LifetimeFirstSelection) claimOptions() *ClaimOptions { return &p.ClaimO
 //	    select_timeout <duration>
 //	    queue_size     <n>
 //	    stagger_drains [on|off]
+//	    version_routing [on|off]
 //	}
 func (p *LifetimeFirstSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name
@@ -550,6 +570,7 @@ func (p *VnodeSelection) claimOptions() *ClaimOptions { return &p.ClaimOptions }
 //	    select_timeout <duration>
 //	    queue_size     <n>
 //	    stagger_drains [on|off]
+//	    version_routing [on|off]
 //	}
 func (p *VnodeSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name
@@ -655,6 +676,7 @@ func (p *FairShareSelection) claimOptions() *ClaimOptions { return &p.ClaimOptio
 //	    select_timeout   <duration>
 //	    queue_size       <n>
 //	    stagger_drains   [on|off]
+//	    version_routing  [on|off]
 //	}
 func (p *FairShareSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name

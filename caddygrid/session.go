@@ -54,6 +54,8 @@ type session struct {
 	finished bool
 	// retryAfter is what the Retry-After header says on 429 and 503.
 	retryAfter time.Duration
+	// refusal is the 428 answer's body (outcomeUnknownVersion).
+	refusal string
 }
 
 // sessionFrom returns the request's session, or nil.
