@@ -97,7 +97,7 @@ type watcher struct {
 	version      map[string]string // worker → the Playwright version it serves
 	order        []string          // workers in order of first sight
 	gone         map[string]bool
-	maxDraining  int
+	maxDraining  map[string]int // version → most of its workers draining at once
 	staircases   []string
 	lastSnapshot []localgrid.Worker
 }
@@ -106,7 +106,7 @@ func (w *watcher) sample(p localgrid.Pool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	present := map[string]bool{}
-	draining := 0
+	draining := map[string]int{}
 	for _, wk := range p.Workers {
 		present[wk.ID] = true
 		if _, ok := w.served[wk.ID]; !ok {
@@ -118,7 +118,7 @@ func (w *watcher) sample(p localgrid.Pool) {
 			w.served[wk.ID] = wk.Lifetime
 		}
 		if wk.Status == "draining" {
-			draining++
+			draining[wk.PlaywrightVersion]++
 		}
 	}
 	for id := range w.served {
@@ -126,14 +126,14 @@ func (w *watcher) sample(p localgrid.Pool) {
 			w.gone[id] = true
 		}
 	}
-	if draining > w.maxDraining {
-		w.maxDraining = draining
+	for v, n := range draining {
+		w.maxDraining[v] = max(w.maxDraining[v], n)
 	}
 	w.lastSnapshot = p.Workers
 }
 
 func demo(ctx context.Context, g *localgrid.Grid, sessions, clients int, versions []string) int {
-	w := &watcher{served: map[string]int{}, version: map[string]string{}, gone: map[string]bool{}}
+	w := &watcher{served: map[string]int{}, version: map[string]string{}, gone: map[string]bool{}, maxDraining: map[string]int{}}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	var wg sync.WaitGroup
@@ -264,8 +264,12 @@ func demo(ctx context.Context, g *localgrid.Grid, sessions, clients int, version
 		}
 		fmt.Printf("  Playwright %s: %d sessions of %s clients succeeded; its workers served %d sessions\n", v, perVersion[v], v, byWorkers)
 	}
-	fmt.Printf("  %d sessions counted across %d workers; %d restarts; at most %d worker(s) draining at once\n",
-		total, len(w.order), len(w.gone), w.maxDraining)
+	most := 0
+	for _, n := range w.maxDraining {
+		most = max(most, n)
+	}
+	fmt.Printf("  %d sessions counted across %d workers; %d restarts; at most %d worker(s) of one version draining at once\n",
+		total, len(w.order), len(w.gone), most)
 	fmt.Println("\nThe lifetime staircase over the run (one line every two seconds, highest first):")
 	for _, s := range w.staircases {
 		fmt.Println("  " + s)
