@@ -2,7 +2,9 @@ package caddygrid
 
 import (
 	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestClientVersion(t *testing.T) {
@@ -25,6 +27,31 @@ func TestClientVersion(t *testing.T) {
 		}
 		if got := clientVersion(r); got != tc.want {
 			t.Errorf("clientVersion(%q) = %q, want %q", tc.ua, got, tc.want)
+		}
+	}
+}
+
+func TestRenderStatusShowsVersions(t *testing.T) {
+	out := renderStatus([]PoolDetail{{
+		PoolSummary: PoolSummary{Pool: "chromium", Versions: []string{"1.64", "1.65"}},
+		WorkerStatuses: []WorkerStatus{
+			{ID: "a", Status: "available", Lifetime: 2, PlaywrightVersion: "1.64"},
+			{ID: "b", Status: "available", Lifetime: 1, PlaywrightVersion: "1.65"},
+			{ID: "cdp", Status: "available"},
+		},
+	}}, time.Now())
+	lines := strings.Split(out, "\n")
+	if !strings.HasSuffix(lines[0], ", Playwright 1.64, 1.65") {
+		t.Errorf("pool line %q does not end with its versions", lines[0])
+	}
+	for _, want := range []string{"a  ", "b  ", "cdp"} {
+		for _, l := range lines[2:] {
+			if strings.HasPrefix(strings.TrimSpace(l), want) {
+				v := map[string]string{"a  ": "Playwright 1.64", "b  ": "Playwright 1.65"}[want]
+				if v != "" && !strings.HasSuffix(l, v) || v == "" && strings.Contains(l, "Playwright") {
+					t.Errorf("worker line %q: want version %q", l, v)
+				}
+			}
 		}
 	}
 }
