@@ -2,11 +2,14 @@ package caddygrid_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/browsergrid/caddy-browser-grid/caddygrid"
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/internal/wsock"
@@ -140,6 +143,31 @@ func TestVersionRouting(t *testing.T) {
 	}
 	s1.close()
 	s2.close()
+
+	// The admin API shows the pool as one, with its versions and each
+	// worker's, and drains a worker of a version group by its pool's name.
+	code, body := c.admin(http.MethodGet, "/grid/pools/chromium")
+	var d caddygrid.PoolDetail
+	if err := json.Unmarshal(body, &d); code != http.StatusOK || err != nil {
+		t.Fatalf("GET /grid/pools/chromium: %d %s (%v)", code, body, err)
+	}
+	got := map[string]string{}
+	for _, w := range d.WorkerStatuses {
+		got[w.ID] = w.PlaywrightVersion
+	}
+	if !slices.Equal(d.Versions, []string{"1.64", "1.65"}) || got["a"] != "1.64" || got["b"] != "1.65" || len(d.WorkerStatuses) != 2 {
+		t.Fatalf("GET /grid/pools/chromium: %s", body)
+	}
+	code, body = c.admin(http.MethodGet, "/grid/pools")
+	if code != http.StatusOK || strings.Count(string(body), `"pool"`) != 1 || !strings.Contains(string(body), `"versions"`) {
+		t.Fatalf("GET /grid/pools: %d %s, want the one pool chromium with its versions", code, body)
+	}
+	if code, body := c.admin(http.MethodPost, "/grid/pools/chromium/workers/b/drain"); code != http.StatusOK {
+		t.Fatalf("draining b through the admin API: %d %s", code, body)
+	}
+	if cmd := g.info(p65, "b").Command; cmd != registry.CommandShutdown {
+		t.Fatalf("b's command after the admin drain: %q", cmd)
+	}
 
 	// version_routing off: the 1.63 client is served by some worker.
 	c.reload(site("version_routing off"))
