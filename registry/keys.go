@@ -33,6 +33,12 @@ const (
 	keyCancelled  = "cancelled"   // ZSET lease id of an ended or cancelled lease, score = forget at (ms)
 )
 
+// poolWide names the keys a pool's version groups share with the pool
+// (Key gives a group the pool's own): its config (limits, epoch) and its
+// list of versions. A per-pool key that must hold across versions (a
+// limit per client, say) belongs here.
+var poolWide = map[string]bool{keyConfig: true, keyVersions: true}
+
 // poolKeyNames is the KEYS layout every script expects (lua/common.lua).
 var poolKeyNames = []string{
 	keyWorkers, keyActive, keyLifetime, keyDurations, keyCommands, keyVnodes,
@@ -111,7 +117,7 @@ func (r *Registry) tag(pool string) string {
 // The config hash (limits, epoch) is the pool's, shared by its groups.
 func (r *Registry) Key(pool, name string) string {
 	base, version := SplitGroup(pool)
-	if version == "" || name == keyConfig {
+	if version == "" || poolWide[name] {
 		return r.tag(base) + ":" + name
 	}
 	return r.tag(base) + ":v=" + version + ":" + name
