@@ -9,7 +9,7 @@ GOTESTFLAGS ?=
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
 # `make run` knobs.
-WORKERS      ?= 3
+WORKERS      ?= 4
 HTTPS_PORT   ?= 8443
 HTTP_PORT    ?= 8080
 ADMIN_PORT   ?= 2019
@@ -18,6 +18,8 @@ MAX_LIFETIME ?= 10
 MAX_CONCURRENT ?= 2
 SESSIONS     ?= 36
 CLIENTS      ?= 3
+# Playwright versions of the workers (in turn) and the demo's clients.
+PLAYWRIGHT_VERSIONS ?= 1.64,1.65
 
 .PHONY: all deps deps-apt deps-node build run test test-go fuzz chaos chaos-short bench fmt lint examples deploy-check xcaddy clean
 
@@ -53,7 +55,8 @@ build:
 run: deps build
 	$(BIN)/griddemo -workers $(WORKERS) -https-port $(HTTPS_PORT) -http-port $(HTTP_PORT) \
 		-admin-port $(ADMIN_PORT) -redis-port $(REDIS_PORT) -max-lifetime $(MAX_LIFETIME) \
-		-max-concurrent $(MAX_CONCURRENT) -sessions $(SESSIONS) -clients $(CLIENTS)
+		-max-concurrent $(MAX_CONCURRENT) -sessions $(SESSIONS) -clients $(CLIENTS) \
+		-playwright-versions '$(PLAYWRIGHT_VERSIONS)'
 
 ## test: everything CI runs (vet, Go tests with real Redis/Chromium/Caddy, examples, fuzzing, the chaos short form).
 test: deps build lint examples deploy-check test-go fuzz chaos-short

@@ -66,6 +66,9 @@ type PoolSummary struct {
 	QueueDepth int `json:"queue_depth"`
 	// LocalSessions is the number of live sessions this instance holds.
 	LocalSessions int `json:"local_sessions"`
+	// Versions are the Playwright versions (major.minor) the pool's
+	// workers serve, oldest first; none for a pool of CDP or exec workers.
+	Versions []string `json:"versions,omitempty"`
 }
 
 // WorkerStatus is one worker in GET /grid/pools/{pool}.
@@ -85,6 +88,9 @@ type WorkerStatus struct {
 	HeartbeatAgeMS int64  `json:"heartbeat_age_ms"`
 	SuspectUntil   string `json:"suspect_until,omitempty"`
 	Command        string `json:"command,omitempty"`
+	// PlaywrightVersion is the major.minor of the Playwright browser
+	// server the worker runs ("" for CDP and exec workers).
+	PlaywrightVersion string `json:"playwright_version,omitempty"`
 }
 
 // PoolDetail is GET /grid/pools/{pool}.
@@ -179,10 +185,14 @@ func redisError(what string, err error) error {
 	return apiError(http.StatusServiceUnavailable, fmt.Errorf("%s: %w", what, err))
 }
 
-// summarize totals a pool.
-func (a *App) summarize(b *backend, info registry.PoolInfo) PoolSummary {
-	s := PoolSummary{Pool: info.Pool, Workers: len(info.Workers), Leases: info.Leases,
-		QueueDepth: b.queueDepth(info.Pool), LocalSessions: b.liveLeases()[info.Pool]}
+// summarize totals a pool (with its version groups: inspectPool).
+func (a *App) summarize(b *backend, info registry.PoolInfo, versions, groups []string) PoolSummary {
+	s := PoolSummary{Pool: info.Pool, Workers: len(info.Workers), Leases: info.Leases, Versions: versions}
+	live := b.liveLeases()
+	for _, g := range groups {
+		s.QueueDepth += b.queueDepth(g)
+		s.LocalSessions += live[g]
+	}
 	for _, w := range info.Workers {
 		s.Active += w.Active
 		switch w.Status {
@@ -206,13 +216,14 @@ func (a *App) adminPools(ctx context.Context, b *backend, w http.ResponseWriter)
 	if err != nil {
 		return redisError("listing pools", err)
 	}
+	pools = basePools(pools)
 	out := make([]PoolSummary, 0, len(pools))
 	for _, p := range pools {
-		info, err := b.reg.Inspect(ctx, p)
+		info, versions, groups, err := inspectPool(ctx, b, p)
 		if err != nil {
 			return redisError(fmt.Sprintf("reading pool %q", p), err)
 		}
-		out = append(out, a.summarize(b, info))
+		out = append(out, a.summarize(b, info, versions, groups))
 	}
 	return writeJSON(w, out)
 }
@@ -226,7 +237,7 @@ func workerStatus(wi registry.WorkerInfo, now time.Time) WorkerStatus {
 		ID: wi.ID, Addr: wi.Addr, Path: wi.Path, Endpoint: "ws://" + wi.Addr + wi.Path,
 		Status: string(wi.Status), Active: wi.Active, Lifetime: wi.Lifetime, Capacity: wi.Capacity,
 		HeartbeatAge: age.Round(time.Millisecond).String(), HeartbeatAgeMS: age.Milliseconds(),
-		Command: string(wi.Command),
+		Command: string(wi.Command), PlaywrightVersion: wi.PlaywrightVersion,
 	}
 	if wi.SuspectUntil.After(now) {
 		ws.SuspectUntil = wi.SuspectUntil.UTC().Format(time.RFC3339Nano)
@@ -235,7 +246,7 @@ func workerStatus(wi registry.WorkerInfo, now time.Time) WorkerStatus {
 }
 
 func (a *App) adminPool(ctx context.Context, b *backend, w http.ResponseWriter, pool string) error {
-	info, err := b.reg.Inspect(ctx, pool)
+	info, versions, groups, err := inspectPool(ctx, b, pool)
 	if err != nil {
 		return redisError(fmt.Sprintf("reading pool %q", pool), err)
 	}
@@ -245,7 +256,7 @@ func (a *App) adminPool(ctx context.Context, b *backend, w http.ResponseWriter, 
 			return redisError("listing pools", err)
 		}
 		known := false
-		for _, p := range pools {
+		for _, p := range basePools(pools) {
 			known = known || p == pool
 		}
 		if !known {
@@ -254,7 +265,7 @@ func (a *App) adminPool(ctx context.Context, b *backend, w http.ResponseWriter, 
 	}
 	now := time.Now()
 	d := PoolDetail{
-		PoolSummary:    a.summarize(b, info),
+		PoolSummary:    a.summarize(b, info, versions, groups),
 		MaxConcurrent:  info.Limits.MaxConcurrent,
 		MaxLifetime:    info.Limits.MaxLifetime,
 		WorkerStatuses: make([]WorkerStatus, 0, len(info.Workers)),
@@ -270,7 +281,20 @@ func (a *App) adminPool(ctx context.Context, b *backend, w http.ResponseWriter, 
 }
 
 func (a *App) adminDrain(ctx context.Context, b *backend, w http.ResponseWriter, pool, id string) error {
-	if err := b.reg.Drain(ctx, pool, id); err != nil {
+	err := b.reg.Drain(ctx, pool, id)
+	if errors.Is(err, registry.ErrNotRegistered) {
+		// the worker may be in one of the pool's version groups
+		vs, verr := b.reg.Versions(ctx, pool)
+		if verr != nil {
+			return redisError(fmt.Sprintf("reading the versions of pool %q", pool), verr)
+		}
+		for v := range vs.Workers {
+			if v != "" && errors.Is(err, registry.ErrNotRegistered) {
+				err = b.reg.Drain(ctx, registry.GroupPool(pool, v), id)
+			}
+		}
+	}
+	if err != nil {
 		if errors.Is(err, registry.ErrNotRegistered) {
 			return apiError(http.StatusNotFound, fmt.Errorf("worker %q is not registered in pool %q", id, pool))
 		}

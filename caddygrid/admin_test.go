@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +59,7 @@ func TestAdminAndMetrics(t *testing.T) {
 		t.Fatalf("decoding %s: %v", body, err)
 	}
 	want := caddygrid.PoolSummary{Pool: "chromium", Workers: 3, Available: 3, Active: 1, Capacity: 6, Leases: 1, LocalSessions: 1}
-	if len(pools) != 1 || pools[0] != want {
+	if len(pools) != 1 || !reflect.DeepEqual(pools[0], want) {
 		t.Errorf("GET /grid/pools = %+v, want [%+v]", pools, want)
 	}
 

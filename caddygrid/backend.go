@@ -106,6 +106,8 @@ type backend struct {
 	queues   map[string]*waitQueue
 	watching map[string]bool // pools with a wake-up subscription
 	recent   map[string]time.Time
+	// versions caches each pool's Playwright versions (versions.go).
+	versions map[string]cachedVersions
 	lastPick map[string]registry.ClaimRequest // pool → the last claim's request, for admin picks
 
 	// ctx ends when the last reference goes (Destruct); the background
@@ -610,23 +612,30 @@ func (b *backend) watch(pool string) {
 type outcome int
 
 const (
-	outcomeNone      outcome = iota
-	outcomeQueueFull         // 429: the queue of the pool was full
-	outcomeTimeout           // 503: no worker within select_timeout
-	outcomeRedis             // 503: Redis unreachable or failing
-	outcomeCanceled          // the client went away while waiting
-	outcomeBadPool           // 400: the pool is not allowed
-	outcomeNoSource          // 503: the policy runs without the browser_grid upstream source
-	outcomeStopped           // 503: the request's config was replaced and cleaned up before it claimed
-
-	// 429: the client holds its client_limit of live sessions
-	outcomeClientLimited
+	outcomeNone           outcome = iota
+	outcomeQueueFull              // 429: the queue of the pool was full
+	outcomeTimeout                // 503: no worker within select_timeout
+	outcomeRedis                  // 503: Redis unreachable or failing
+	outcomeCanceled               // the client went away while waiting
+	outcomeBadPool                // 400: the pool is not allowed
+	outcomeNoSource               // 503: the policy runs without the browser_grid upstream source
+	outcomeStopped                // 503: the request's config was replaced and cleaned up before it claimed
+	outcomeUnknownVersion         // 428: no worker of the pool serves the client's Playwright version
+	outcomeClientLimited          // 429: the client holds its client_limit of live sessions
 )
 
 // acquire claims a worker for the session, waiting in the pool's queue
 // (at most queueSize waiters here) until deadline when none is free.
 func (b *backend) acquire(ctx context.Context, req registry.ClaimRequest, samples, queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
-	c, err := b.claim(ctx, req, samples)
+	return b.acquireWith(ctx, req.Pool, func(ctx context.Context) (*registry.Claim, error) {
+		return b.claim(ctx, req, samples)
+	}, queueSize, deadline)
+}
+
+// acquireWith is acquire with the claim to make (one group, or any group
+// of a pool: see acquireRouted), waiting in the queue of pool.
+func (b *backend) acquireWith(ctx context.Context, pool string, claim func(context.Context) (*registry.Claim, error), queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
+	c, err := claim(ctx)
 	if err == nil {
 		return c, outcomeNone, nil
 	}
@@ -634,23 +643,23 @@ func (b *backend) acquire(ctx context.Context, req registry.ClaimRequest, sample
 		return nil, outcomeClientLimited, err
 	}
 	if !errors.Is(err, registry.ErrNoWorker) {
-		return nil, b.redisFailure(ctx, req.Pool, err), err
+		return nil, b.redisFailure(ctx, pool, err), err
 	}
 	if !time.Now().Before(deadline) {
 		return nil, outcomeTimeout, err
 	}
-	q := b.queue(req.Pool)
+	q := b.queue(pool)
 	w, ok := q.join(queueSize)
 	if !ok {
 		return nil, outcomeQueueFull, err
 	}
-	metrics.queueDepth.WithLabelValues(req.Pool).Inc()
+	metrics.queueDepth.WithLabelValues(pool).Inc()
 	waitStart := time.Now()
 	defer func() {
-		metrics.queueDepth.WithLabelValues(req.Pool).Dec()
-		metrics.queueWait.WithLabelValues(req.Pool).Observe(time.Since(waitStart).Seconds())
+		metrics.queueDepth.WithLabelValues(pool).Dec()
+		metrics.queueWait.WithLabelValues(pool).Observe(time.Since(waitStart).Seconds())
 	}()
-	b.watch(req.Pool)
+	b.watch(pool)
 
 	timeout := time.NewTimer(time.Until(deadline))
 	defer timeout.Stop()
@@ -670,7 +679,7 @@ func (b *backend) acquire(ctx context.Context, req registry.ClaimRequest, sample
 			q.leave(w)
 			return nil, outcomeCanceled, ctx.Err()
 		}
-		c, err := b.claim(ctx, req, samples)
+		c, err := claim(ctx)
 		if err == nil {
 			q.leave(w)
 			q.wakeHead() // pass the wake-up on: another slot may be free too
@@ -685,7 +694,7 @@ func (b *backend) acquire(ctx context.Context, req registry.ClaimRequest, sample
 		if !errors.Is(err, registry.ErrNoWorker) {
 			q.leave(w)
 			q.wakeHead()
-			return nil, b.redisFailure(ctx, req.Pool, err), err
+			return nil, b.redisFailure(ctx, pool, err), err
 		}
 	}
 }

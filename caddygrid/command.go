@@ -205,8 +205,12 @@ func renderStatus(pools []PoolDetail, now time.Time) string {
 		if p.MaxLifetime > 0 {
 			limit = fmt.Sprint(p.MaxLifetime)
 		}
-		fmt.Fprintf(&b, "pool %s: %d workers (%d available, %d draining), %d active, %d leases, %d queued here, max_lifetime %s\n",
+		fmt.Fprintf(&b, "pool %s: %d workers (%d available, %d draining), %d active, %d leases, %d queued here, max_lifetime %s",
 			p.Pool, len(p.WorkerStatuses), p.Available, p.Draining, p.Active, p.Leases, p.QueueDepth, limit)
+		if len(p.Versions) > 0 {
+			fmt.Fprintf(&b, ", Playwright %s", strings.Join(p.Versions, ", "))
+		}
+		b.WriteByte('\n')
 		ws := append([]WorkerStatus(nil), p.WorkerStatuses...)
 		sort.SliceStable(ws, func(i, j int) bool {
 			if ws[i].Lifetime != ws[j].Lifetime {
@@ -221,8 +225,12 @@ func renderStatus(pools []PoolDetail, now time.Time) string {
 		fmt.Fprintf(&b, "  %-*s  %-9s  %-*s  %-14s  %s\n", idWidth, "WORKER", "STATUS", barWidth+8, "LIFETIME", "ACTIVE", "HEARTBEAT")
 		for _, w := range ws {
 			cap := effectiveCap(p.MaxConcurrent, w.Capacity)
-			fmt.Fprintf(&b, "  %-*s  %-9s  %s  %s  %s\n", idWidth, w.ID, w.Status,
+			fmt.Fprintf(&b, "  %-*s  %-9s  %s  %s  %s", idWidth, w.ID, w.Status,
 				lifetimeBar(w.Lifetime, p.MaxLifetime), activeBar(w.Active, cap), w.HeartbeatAge)
+			if w.PlaywrightVersion != "" {
+				fmt.Fprintf(&b, "  Playwright %s", w.PlaywrightVersion)
+			}
+			b.WriteByte('\n')
 		}
 		for _, bad := range p.BadRecords {
 			fmt.Fprintf(&b, "  %-*s  bad record skipped: %s\n", idWidth, bad.ID, bad.Error)

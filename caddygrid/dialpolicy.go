@@ -253,10 +253,10 @@ func checkWorkerPath(p string) *refusal {
 // (undo, suspect for refusedSuspectFor) every claim whose record the dial
 // policy refuses, claiming again, at most maxRefusals times. The claim it
 // returns points at the address to dial.
-func (c *policyCore) claimAllowed(ctx context.Context, b *backend, req registry.ClaimRequest, samples, queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
+func (c *policyCore) claimAllowed(ctx context.Context, b *backend, req registry.ClaimRequest, route *versionRoute, samples, queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
 	p := c.app.dial
 	for range maxRefusals {
-		claim, o, err := b.acquire(ctx, req, samples, queueSize, deadline)
+		claim, o, err := b.acquireRouted(ctx, req, route, samples, queueSize, deadline)
 		if claim == nil || p == nil {
 			return claim, o, err
 		}

@@ -287,6 +287,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, r, http.StatusTooManyRequests, pool, s.limitedMessage())
 	case outcomeNoSource:
 		return h.reject(w, r, http.StatusServiceUnavailable, pool, "the grid is misconfigured")
+	case outcomeUnknownVersion:
+		return h.reject(w, r, http.StatusPreconditionRequired, pool, s.refusalMessage())
 	case outcomeCanceled:
 		// The client left while waiting; 499 for the access log, as
 		// reverse_proxy records a client that went away.
@@ -365,6 +367,7 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //	    stagger_drains     [on|off]
 //	    client_limit       <n>
 //	    client_key         <placeholder>
+//	    version_routing    [on|off]
 //	    max_session        <duration>
 //	    dial_retries       <0-10>
 //	    upgrade_timeout    <duration>

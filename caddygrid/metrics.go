@@ -150,7 +150,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		metrics.releases, metrics.drains, metrics.redisErrors, metrics.leasesLost,
 		metrics.leasesReasserted, metrics.claimsCancelled, metrics.clientLimited, metrics.upgradeRefused,
 		metrics.staleSeen, metrics.scanDepth, metrics.wraps, metrics.samples,
-		metrics.dedupes, metrics.tiedMin, reaperEvents, badRecords,
+		metrics.dedupes, metrics.tiedMin, reaperEvents, badRecords, versionSessions,
 	} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -84,6 +84,11 @@ type ClaimOptions struct {
 	// Default: "{http.vars.client_ip}" (the client's IP address, see
 	// DefaultClientKey).
 	ClientKey string `json:"client_key,omitempty"`
+	// VersionRouting sends a Playwright client (its User-Agent names its
+	// version) only to workers of its major.minor, and refuses with 428 a
+	// version no worker of the pool serves; clients without a version go
+	// to any worker. Off: every client goes to any worker. Default: on.
+	VersionRouting *bool `json:"version_routing,omitempty"`
 }
 
 // DefaultClientKey is the client key of client_limit: the client's IP
@@ -91,6 +96,9 @@ type ClaimOptions struct {
 // connection's, or, from a proxy listed in the server's trusted_proxies,
 // the one its forwarding header names.
 const DefaultClientKey = "{http.vars.client_ip}"
+
+// routing resolves VersionRouting with its default (on).
+func (o ClaimOptions) routing() bool { return o.VersionRouting == nil || *o.VersionRouting }
 
 // stagger resolves StaggerDrains with the policy's default.
 func (o ClaimOptions) stagger(def bool) bool {
@@ -159,6 +167,9 @@ func (o *ClaimOptions) merge(from ClaimOptions) {
 	if o.ClientKey == "" {
 		o.ClientKey = from.ClientKey
 	}
+	if o.VersionRouting == nil {
+		o.VersionRouting = from.VersionRouting
+	}
 }
 
 // unmarshalClaimOption parses one shared option at the dispenser's cursor.
@@ -167,7 +178,7 @@ func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[stri
 	name := d.Val()
 	switch name {
 	case "max_concurrent", "max_lifetime", "max_scan", "queue_size", "select_timeout", "stagger_drains",
-		"client_limit", "client_key":
+		"client_limit", "client_key", "version_routing":
 	default:
 		return false, nil
 	}
@@ -175,7 +186,7 @@ func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[stri
 		return true, d.Errf("%s already specified", name)
 	}
 	seen[name] = true
-	if name == "stagger_drains" {
+	if name == "stagger_drains" || name == "version_routing" {
 		on := true
 		if d.NextArg() {
 			switch d.Val() {
@@ -183,13 +194,17 @@ func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[stri
 			case "off":
 				on = false
 			default:
-				return true, d.Errf("invalid stagger_drains '%s': use on or off", d.Val())
+				return true, d.Errf("invalid %s '%s': use on or off", name, d.Val())
 			}
 			if d.NextArg() {
 				return true, d.ArgErr()
 			}
 		}
-		o.StaggerDrains = &on
+		if name == "stagger_drains" {
+			o.StaggerDrains = &on
+		} else {
+			o.VersionRouting = &on
+		}
 		return true, nil
 	}
 	if !d.NextArg() {
@@ -398,7 +413,11 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 		w.Header().Set("Retry-After", retryAfterSeconds(time.Second))
 		return nil
 	}
-	claim, o, err := c.claimAllowed(r.Context(), b, req, samples, opts.QueueSize, deadline)
+	route := &versionRoute{on: opts.routing(), client: clientVersion(r)}
+	claim, o, err := c.claimAllowed(r.Context(), b, req, route, samples, opts.QueueSize, deadline)
+	if o == outcomeUnknownVersion {
+		s.refuse(route.refusal)
+	}
 	if claim == nil {
 		retry := time.Duration(opts.SelectTimeout)
 		if o == outcomeRedis {
@@ -472,6 +491,7 @@ func (p *LifetimeFirstSelection) claimOptions() *ClaimOptions { return &p.ClaimO
 //	    stagger_drains [on|off]
 //	    client_limit   <n>
 //	    client_key     <placeholder>
+//	    version_routing [on|off]
 //	}
 func (p *LifetimeFirstSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name
@@ -612,6 +632,7 @@ func (p *VnodeSelection) claimOptions() *ClaimOptions { return &p.ClaimOptions }
 //	    stagger_drains [on|off]
 //	    client_limit   <n>
 //	    client_key     <placeholder>
+//	    version_routing [on|off]
 //	}
 func (p *VnodeSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name
@@ -719,6 +740,7 @@ func (p *FairShareSelection) claimOptions() *ClaimOptions { return &p.ClaimOptio
 //	    stagger_drains   [on|off]
 //	    client_limit     <n>
 //	    client_key       <placeholder>
+//	    version_routing  [on|off]
 //	}
 func (p *FairShareSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name

@@ -56,6 +56,8 @@ type session struct {
 	retryAfter time.Duration
 	// limited says why a client over its client_limit was refused.
 	limited *registry.ClientLimitError
+	// refusal is the 428 answer's body (outcomeUnknownVersion).
+	refusal string
 }
 
 // sessionFrom returns the request's session, or nil.

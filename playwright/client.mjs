@@ -8,17 +8,26 @@
 //   node client.mjs hold --url ...        # one session, open until stdin closes or SIGTERM
 //   node client.mjs cdp  --url ...        # one session through connectOverCDP
 //   node client.mjs run  --url ... --header 'Authorization: Bearer <token>'   # sent on the upgrade (repeatable)
+//   node client.mjs run  --url ... --playwright-version 1.64   # a client of another installed playwright-core
+//
+// --playwright-version loads the npm alias playwright-core-<major.minor>
+// (package.json installs 1.63, 1.64 and 1.65); default: playwright-core.
+// Every line carries "version", the version of the playwright-core loaded.
 //
 // Every session prints one JSON line on stdout:
 //   {"event":"session","n":1,"ok":true,"title":"grid session 1","answer":42,"ms":312}
 // and `run` ends with {"event":"summary","sessions":36,"ok":36,"failed":0,"ms":...}.
 // The exit code is 0 only when every session succeeded.
 
-import { chromium } from 'playwright-core';
+import { createRequire } from 'node:module';
+
+const require = createRequire(import.meta.url);
+let chromium;
+let version;
 
 function parseArgs(argv) {
 	const [mode = 'run', ...rest] = argv;
-	const opts = { mode, url: '', sessions: 1, concurrency: 1, timeout: 30000, holdMs: 0, headers: {} };
+	const opts = { mode, url: '', sessions: 1, concurrency: 1, timeout: 30000, holdMs: 0, headers: {}, playwrightVersion: '' };
 	for (let i = 0; i < rest.length; i++) {
 		const key = rest[i];
 		const val = rest[i + 1];
@@ -28,6 +37,7 @@ function parseArgs(argv) {
 			case '--concurrency': opts.concurrency = Number(val); i++; break;
 			case '--timeout': opts.timeout = Number(val); i++; break;
 			case '--hold-ms': opts.holdMs = Number(val); i++; break;
+			case '--playwright-version': opts.playwrightVersion = val; i++; break;
 			case '--header': {
 				const at = (val ?? '').indexOf(':');
 				if (at < 1) throw new Error(`--header wants 'Name: value', got '${val}'`);
@@ -51,7 +61,20 @@ function parseArgs(argv) {
 }
 
 function emit(obj) {
-	process.stdout.write(JSON.stringify(obj) + '\n');
+	process.stdout.write(JSON.stringify({ ...obj, version }) + '\n');
+}
+
+// loadPlaywright imports the playwright-core the options name.
+async function loadPlaywright(want) {
+	if (want && !/^\d+\.\d+$/.test(want)) throw new Error(`--playwright-version wants major.minor, e.g. 1.64, not '${want}'`);
+	const pkg = want ? `playwright-core-${want}` : 'playwright-core';
+	try {
+		version = require(`${pkg}/package.json`).version;
+	} catch {
+		throw new Error(`${pkg} is not installed (see package.json; run make deps)`);
+	}
+	const mod = await import(pkg);
+	chromium = (mod.default ?? mod).chromium;
 }
 
 // One short session: open a page, set its content, read the title back,
@@ -85,7 +108,8 @@ async function session(opts, n) {
 		return ok;
 	} catch (err) {
 		if (browser) await browser.close().catch(() => {});
-		emit({ event: 'session', n, ok: false, error: String(err?.message ?? err).split('\n')[0], ms: Date.now() - start });
+		const msg = String(err?.message ?? err);
+		emit({ event: 'session', n, ok: false, error: msg.split('\n')[0], detail: msg.slice(0, 2000), ms: Date.now() - start });
 		return false;
 	}
 }
@@ -94,6 +118,7 @@ async function main() {
 	let opts;
 	try {
 		opts = parseArgs(process.argv.slice(2));
+		await loadPlaywright(opts.playwrightVersion);
 	} catch (err) {
 		process.stderr.write(`client.mjs: ${err.message}\n`);
 		process.exit(2);

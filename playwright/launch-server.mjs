@@ -2,21 +2,64 @@
 // It starts Playwright's browser server (browserType.launchServer) with a
 // fixed WebSocket path and prints one JSON line on stdout once it listens:
 //
-//   {"event":"listening","wsEndpoint":"ws://127.0.0.1:PORT/playwright","browserPid":1234}
+//   {"event":"listening","wsEndpoint":"ws://127.0.0.1:PORT/playwright","browserPid":1234,"playwrightVersion":"1.65.1"}
 //
-// grid-worker reads wsEndpoint (any ws:// URL on a stdout line will do) and
+// grid-worker reads wsEndpoint (any ws:// URL on a stdout line will do),
 // browserPid (Playwright starts the browser in its own process group, so
-// the agent kills that group too and no browser is left behind).
+// the agent kills that group too and no browser is left behind) and
+// playwrightVersion, the version field of the package.json of the
+// playwright-core this script loaded: the worker registers in that
+// version's group, so that only clients of its major.minor reach it (the
+// server answers 428 to any other).
 //
 //   node launch-server.mjs --browser chromium --executable /usr/bin/chromium \
-//        --host 127.0.0.1 --port 0 --ws-path /playwright
+//        --host 127.0.0.1 --port 0 --ws-path /playwright [--playwright-version 1.64]
+//
+// --playwright-version picks which installed playwright-core to load: the
+// npm alias playwright-core-<major.minor> (package.json installs two).
+// Default: the newest alias installed, else playwright-core itself.
 //
 // It exits when the browser exits (status 1) and closes the server on
-// SIGTERM or SIGINT (status 0). Clients must use the same playwright-core
-// major.minor as this package pins (package.json); the server answers 428
-// otherwise.
+// SIGTERM or SIGINT (status 0).
 
-import { chromium, firefox, webkit } from 'playwright-core';
+import { createRequire } from 'node:module';
+import fs from 'node:fs';
+import path from 'node:path';
+
+const require = createRequire(import.meta.url);
+
+// installedVersions lists the playwright-core-<major.minor> aliases under
+// node_modules, oldest first.
+function installedVersions() {
+	const dir = path.join(path.dirname(require.resolve('playwright-core/package.json')), '..');
+	const out = [];
+	for (const name of fs.readdirSync(dir)) {
+		const m = /^playwright-core-(\d+)\.(\d+)$/.exec(name);
+		if (m) out.push({ name, major: Number(m[1]), minor: Number(m[2]) });
+	}
+	return out.sort((a, b) => a.major - b.major || a.minor - b.minor);
+}
+
+// loadPlaywright imports the playwright-core the flag names and reads the
+// version its own package.json declares.
+async function loadPlaywright(want) {
+	const all = installedVersions();
+	let pkg = 'playwright-core';
+	if (want) {
+		if (!/^\d+\.\d+$/.test(want)) throw new Error(`--playwright-version wants major.minor, e.g. 1.64, not '${want}'`);
+		const hit = all.find((v) => `${v.major}.${v.minor}` === want);
+		if (!hit) {
+			const have = all.map((v) => `${v.major}.${v.minor}`).join(', ') || 'none';
+			throw new Error(`playwright-core ${want} is not installed (installed: ${have}); add an alias playwright-core-${want} to package.json`);
+		}
+		pkg = hit.name;
+	} else if (all.length > 0) {
+		pkg = all[all.length - 1].name;
+	}
+	const version = require(`${pkg}/package.json`).version;
+	const mod = await import(pkg);
+	return { mod: mod.default ?? mod, version };
+}
 
 // The Chromium flags that work on a machine without internet access
 // (DESIGN.md, "Real parts"): without them Chromium keeps dialing Google.
@@ -31,7 +74,7 @@ const CHROMIUM_ARGS = [
 ];
 
 function parseArgs(argv) {
-	const opts = { browser: 'chromium', executable: '', host: '127.0.0.1', port: 0, wsPath: '/playwright', args: [] };
+	const opts = { browser: 'chromium', executable: '', host: '127.0.0.1', port: 0, wsPath: '/playwright', args: [], playwrightVersion: '' };
 	for (let i = 0; i < argv.length; i++) {
 		const key = argv[i];
 		const val = argv[i + 1];
@@ -43,22 +86,24 @@ function parseArgs(argv) {
 			case '--port': opts.port = Number(val); break;
 			case '--ws-path': opts.wsPath = val; break;
 			case '--arg': opts.args.push(val); break;
+			case '--playwright-version': opts.playwrightVersion = val; break;
 			default: throw new Error(`unknown argument '${key}'`);
 		}
 		i++;
 	}
-	const types = { chromium, firefox, webkit };
-	if (!types[opts.browser]) throw new Error(`--browser must be chromium, firefox or webkit, not '${opts.browser}'`);
+	if (!['chromium', 'firefox', 'webkit'].includes(opts.browser)) throw new Error(`--browser must be chromium, firefox or webkit, not '${opts.browser}'`);
 	if (!Number.isInteger(opts.port) || opts.port < 0 || opts.port > 65535) throw new Error('--port must be 0..65535');
 	if (!opts.wsPath.startsWith('/')) throw new Error('--ws-path must start with /');
-	opts.type = types[opts.browser];
 	return opts;
 }
 
 async function main() {
 	let opts;
+	let pw;
 	try {
 		opts = parseArgs(process.argv.slice(2));
+		pw = await loadPlaywright(opts.playwrightVersion);
+		opts.type = pw.mod[opts.browser];
 	} catch (e) {
 		process.stderr.write(`launch-server: ${e.message}\n`);
 		process.exit(2);
@@ -96,7 +141,7 @@ async function main() {
 	};
 	process.on('SIGTERM', close);
 	process.on('SIGINT', close);
-	process.stdout.write(JSON.stringify({ event: 'listening', wsEndpoint: server.wsEndpoint(), browserPid: proc.pid }) + '\n');
+	process.stdout.write(JSON.stringify({ event: 'listening', wsEndpoint: server.wsEndpoint(), browserPid: proc.pid, playwrightVersion: pw.version }) + '\n');
 }
 
 main().catch((e) => {

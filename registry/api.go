@@ -105,6 +105,9 @@ func RedactURL(url string) string { return redactURL(url) }
 
 // Registration is what a worker's agent writes when it starts.
 type Registration struct {
+	// Pool is the pool the worker serves; a Playwright worker registers in
+	// its version's group of it, GroupPool(pool, "1.65"), and keeps that
+	// name for its heartbeats and deregistration.
 	Pool        string
 	ID          string
 	BrowserType string
@@ -152,17 +155,22 @@ type HeartbeatReply struct {
 
 // WorkerInfo is a worker's record as stored, with its counters.
 type WorkerInfo struct {
+	// Pool is the name the worker registered under: a pool, or a version
+	// group of it ("chromium@1.65", see GroupPool).
 	Pool, ID, BrowserType string
-	Addr, Path            string
-	Status                selection.Status
-	Active, Lifetime      int
-	Capacity              int
-	VirtualNodes          int
-	LastHeartbeat         time.Time
-	RegisteredAt          time.Time
-	SuspectUntil          time.Time
-	PredictedEnd          time.Time
-	Durations             []time.Duration
+	// PlaywrightVersion is the major.minor of the Playwright browser
+	// server the worker runs, from its group ("" for none: CDP, exec).
+	PlaywrightVersion string
+	Addr, Path        string
+	Status            selection.Status
+	Active, Lifetime  int
+	Capacity          int
+	VirtualNodes      int
+	LastHeartbeat     time.Time
+	RegisteredAt      time.Time
+	SuspectUntil      time.Time
+	PredictedEnd      time.Time
+	Durations         []time.Duration
 	// Command is the pending command, if any.
 	Command Command
 	// ExpiresAt is when the record lapses unless a heartbeat renews it

@@ -195,3 +195,38 @@ func TestClientCountSurvivesRenewalAndReconcile(t *testing.T) {
 		t.Fatalf("renewal with a bad client hash: %+v %v", res, err)
 	}
 }
+
+// A client's limit holds across the pool's Playwright version groups (their
+// keys share the pool's slot), and reconciling one group keeps the entries
+// of another group's leases.
+func TestClientLimitAcrossVersionGroups(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	p64, p65 := GroupPool("p", "1.64"), GroupPool("p", "1.65")
+	register(t, r, p64, "a1", 4)
+	register(t, r, p65, "b1", 4)
+	claim := func(pool string) error {
+		_, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, ClientKey: "10.0.0.9", ClientLimit: 2})
+		return err
+	}
+	if err := claim(p64); err != nil {
+		t.Fatalf("first session (1.64): %v", err)
+	}
+	if err := claim(p65); err != nil {
+		t.Fatalf("second session (1.65): %v", err)
+	}
+	if err := claim(p64); !errors.Is(err, ErrClientLimit) {
+		t.Fatalf("third session (1.64): %v; want ErrClientLimit (2 live in the pool's groups)", err)
+	}
+	for _, g := range []string{p64, p65, "p"} {
+		if _, err := r.Reconcile(ctx, g); err != nil {
+			t.Fatalf("reconciling %s: %v", g, err)
+		}
+	}
+	if n := clientSessions(t, r, "10.0.0.9"); n != 2 {
+		t.Fatalf("after reconciling every group the client holds %d sessions; want 2", n)
+	}
+	if err := claim(p65); !errors.Is(err, ErrClientLimit) {
+		t.Fatalf("third session after reconcile: %v; want ErrClientLimit", err)
+	}
+}

@@ -29,12 +29,19 @@ func TestRedisCluster(t *testing.T) {
 		t.Fatalf("NewClient(%s) gave %T, want a cluster client", cl.URL(), rdb)
 	}
 	r := New(rdb, Options{})
-	pools := []string{"chromium", "firefox", "webkit", "p1", "p2"}
+	// A version group is a pool for every operation, in its pool's slot.
+	pools := []string{"chromium", "firefox", "webkit", "p1", "p2", "chromium@1.65"}
 	nodes := map[string]bool{}
 	for _, pool := range pools {
-		// Every key of the pool hashes to one slot.
+		// Every key of the pool (and of its version groups) hashes to one slot.
 		slot := int64(-1)
-		for _, k := range append(r.poolKeys(pool), r.Key(pool, keyReaperLock)) {
+		keys := append(r.poolKeys(pool), r.Key(pool, keyReaperLock), r.Key(pool, keyVersions))
+		if base, _ := SplitGroup(pool); base != pool {
+			keys = append(keys, r.poolKeys(base)...)
+		} else {
+			keys = append(keys, r.poolKeys(GroupPool(pool, "1.64"))...)
+		}
+		for _, k := range keys {
 			s, err := cc.ClusterKeySlot(ctx, k).Result()
 			if err != nil {
 				t.Fatal(err)

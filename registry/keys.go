@@ -35,6 +35,13 @@ const (
 	keyLeaseClient = "lease_client" // ZSET (lex, scores 0) "<client hash> <lease id>" per lease with a client
 )
 
+// poolWide names the keys a pool's version groups share with the pool
+// (Key gives a group the pool's own): its config (limits, epoch) and its
+// list of versions, and lease_client, so that client_limit counts a
+// client's sessions in every group of the pool. A per-pool key that must
+// hold across versions belongs here.
+var poolWide = map[string]bool{keyConfig: true, keyVersions: true, keyLeaseClient: true}
+
 // poolKeyNames is the KEYS layout every script expects (lua/common.lua).
 var poolKeyNames = []string{
 	keyWorkers, keyActive, keyLifetime, keyDurations, keyCommands, keyVnodes,
@@ -48,8 +55,16 @@ var poolKeyNames = []string{
 // maxNameLen bounds pool names and worker IDs.
 const maxNameLen = 200
 
-// checkPool validates a pool name: letters, digits, '.', '_' and '-'.
+// checkPool validates a pool name: letters, digits, '.', '_' and '-',
+// optionally followed by a version group, "@<major>.<minor>" (GroupPool).
 func checkPool(pool string) error {
+	base, version, grouped := strings.Cut(pool, groupSep)
+	if grouped {
+		if err := CheckVersion(version); err != nil {
+			return fmt.Errorf("%w: %q: %w", ErrBadPool, pool, err)
+		}
+		pool = base
+	}
 	if pool == "" {
 		return fmt.Errorf("%w: empty", ErrBadPool)
 	}
@@ -93,11 +108,24 @@ func checkToken(s string) error {
 	return nil
 }
 
-func (r *Registry) tag(pool string) string { return "{" + r.opts.Prefix + ":" + pool + "}" }
+// tag is the hash tag of a pool and of every version group of it.
+func (r *Registry) tag(pool string) string {
+	base, _ := SplitGroup(pool)
+	return "{" + r.opts.Prefix + ":" + base + "}"
+}
 
 // Key returns the full name of one of a pool's keys, e.g. Key("chromium",
 // "lifetime") == "{grid:chromium}:lifetime" (for redis-cli users and tests).
-func (r *Registry) Key(pool, name string) string { return r.tag(pool) + ":" + name }
+// A version group's keys carry the group after the tag, in the pool's
+// slot: Key("chromium@1.65", "lifetime") == "{grid:chromium}:v=1.65:lifetime".
+// The config hash (limits, epoch) is the pool's, shared by its groups.
+func (r *Registry) Key(pool, name string) string {
+	base, version := SplitGroup(pool)
+	if version == "" || poolWide[name] {
+		return r.tag(base) + ":" + name
+	}
+	return r.tag(base) + ":v=" + version + ":" + name
+}
 
 func (r *Registry) poolKeys(pool string) []string {
 	keys := make([]string, len(poolKeyNames))
@@ -107,6 +135,12 @@ func (r *Registry) poolKeys(pool string) []string {
 	return keys
 }
 
-func (r *Registry) channel(pool string) string { return r.Key(pool, keyWakeup) }
+// channel is the pool's wake-up channel, one for the pool and all its
+// version groups: a slot freed in any group wakes the pool's waiters (a
+// wake-up is a hint; a waiter of another group claims nothing and waits on).
+func (r *Registry) channel(pool string) string {
+	base, _ := SplitGroup(pool)
+	return r.Key(base, keyWakeup)
+}
 
 func (r *Registry) poolsKey() string { return "{" + r.opts.Prefix + "}:pools" }

@@ -72,24 +72,25 @@ func decodeWorker(pool string, raw rawWorker, now int64) (WorkerInfo, error) {
 		return WorkerInfo{}, err
 	}
 	w := WorkerInfo{
-		Pool:          pool,
-		ID:            raw.id,
-		BrowserType:   strs["browser"],
-		Addr:          strs["addr"],
-		Path:          strs["path"],
-		Status:        st,
-		Active:        int(active),
-		Lifetime:      int(lifetime),
-		Capacity:      int(nums["capacity"]),
-		VirtualNodes:  int(nums["vnodes"]),
-		LastHeartbeat: msTime(nums["heartbeat"]),
-		RegisteredAt:  msTime(nums["registered"]),
-		SuspectUntil:  msTime(nums["suspect_until"]),
-		PredictedEnd:  msTime(nums["predicted_end"]),
-		Durations:     durs,
-		Command:       liveCommand(raw.command, now),
-		ExpiresAt:     msTime(nums["expires"]),
-		gen:           strs["gen"],
+		Pool:              pool,
+		PlaywrightVersion: groupVersion(pool),
+		ID:                raw.id,
+		BrowserType:       strs["browser"],
+		Addr:              strs["addr"],
+		Path:              strs["path"],
+		Status:            st,
+		Active:            int(active),
+		Lifetime:          int(lifetime),
+		Capacity:          int(nums["capacity"]),
+		VirtualNodes:      int(nums["vnodes"]),
+		LastHeartbeat:     msTime(nums["heartbeat"]),
+		RegisteredAt:      msTime(nums["registered"]),
+		SuspectUntil:      msTime(nums["suspect_until"]),
+		PredictedEnd:      msTime(nums["predicted_end"]),
+		Durations:         durs,
+		Command:           liveCommand(raw.command, now),
+		ExpiresAt:         msTime(nums["expires"]),
+		gen:               strs["gen"],
 	}
 	// The signature is optional: a record without one (or with one that
 	// is not a string) is unsigned, which only a proxy with a secret
@@ -167,4 +168,10 @@ func (w WorkerInfo) snapshot() selection.Worker {
 		Durations:     append([]time.Duration(nil), w.Durations...),
 		PredictedEnd:  w.PredictedEnd,
 	}
+}
+
+// groupVersion is the Playwright version of a group name ("" for a pool).
+func groupVersion(name string) string {
+	_, v := SplitGroup(name)
+	return v
 }

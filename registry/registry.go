@@ -110,6 +110,9 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 	if err := r.rdb.SAdd(ctx, r.poolsKey(), reg.Pool).Err(); err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: adding the pool to %s: %w", reg.ID, reg.Pool, r.poolsKey(), err)
 	}
+	if err := r.noteVersion(ctx, reg.Pool); err != nil {
+		return fmt.Errorf("registering worker %q in pool %q: noting its version: %w", reg.ID, reg.Pool, err)
+	}
 	err := r.run(ctx, scriptRegister, reg.Pool, 0,
 		reg.ID, reg.BrowserType, reg.Addr, reg.Path, reg.Capacity, v, ms(ttl), gen, strings.Join(pos, " "),
 		reg.Lifetime, ms(r.opts.CommandTTL), draining, sig).Err()

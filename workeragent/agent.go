@@ -266,7 +266,9 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 	}()
 
 	reg := registry.Registration{
-		Pool:         a.cfg.Pool,
+		// A Playwright browser server serves only clients of its own
+		// major.minor: it registers in that version's group of the pool.
+		Pool:         registry.GroupPool(a.cfg.Pool, b.PlaywrightVersion),
 		ID:           NewID(a.cfg.IDPrefix),
 		BrowserType:  a.cfg.BrowserType,
 		Addr:         a.advertised(b),
@@ -286,7 +288,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 	}
 	log := a.log.With(zap.String("worker_id", reg.ID), zap.String("pool", reg.Pool))
 	warnOutsideDialPolicy(log, reg.Addr)
-	log.Info("browser listening", zap.String("endpoint", b.Endpoint.String()), zap.Int("pid", b.Pid), zap.Ints("process_groups", b.Groups()))
+	log.Info("browser listening", zap.String("endpoint", b.Endpoint.String()), zap.String("playwright_version", b.PlaywrightVersion), zap.Int("pid", b.Pid), zap.Ints("process_groups", b.Groups()))
 
 	// Register; keep trying while Redis is away (it answered at start).
 	for attempt := 1; ; attempt++ {

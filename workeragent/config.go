@@ -102,6 +102,13 @@ type Config struct {
 	// the grid-worker binary (../playwright/ or ./playwright/) or in the
 	// working directory.
 	LaunchScript string
+	// PlaywrightVersion picks which installed playwright-core the
+	// playwright launcher loads, as major.minor ("1.64": the npm alias
+	// playwright-core-1.64 under playwright/node_modules). The worker
+	// registers in the group of the version the launcher reports it
+	// loaded (read from that package's package.json), so only clients of
+	// that major.minor reach it. Default: "" (the newest installed).
+	PlaywrightVersion string
 	// Exec is the command (run by /bin/sh -c) of the exec launcher; it
 	// must print its ws:// endpoint on stdout.
 	Exec string
@@ -223,6 +230,7 @@ func bindings() []binding {
 		{Option{"executable", "BROWSER_EXECUTABLE", "/usr/bin/chromium for chromium", "browser binary (firefox, webkit: Playwright's own build)"}, str(func(c *Config) *string { return &c.Executable })},
 		{Option{"node", "NODE", d.Node, "node binary for the playwright launcher"}, str(func(c *Config) *string { return &c.Node })},
 		{Option{"launch-script", "PLAYWRIGHT_LAUNCH_SCRIPT", "playwright/launch-server.mjs beside the binary", "the playwright launcher's script"}, str(func(c *Config) *string { return &c.LaunchScript })},
+		{Option{"playwright-version", "PLAYWRIGHT_VERSION", "the newest installed", "playwright-core major.minor the playwright launcher loads (e.g. 1.64)"}, str(func(c *Config) *string { return &c.PlaywrightVersion })},
 		{Option{"exec", "EXEC_COMMAND", "", "command for the exec launcher (sh -c); prints its ws:// endpoint"}, str(func(c *Config) *string { return &c.Exec })},
 		{Option{"fakebrowser", "FAKEBROWSER", "beside the binary, else PATH", "fakebrowser binary for the fake launcher"}, str(func(c *Config) *string { return &c.Fakebrowser })},
 		{Option{"fake-args", "FAKEBROWSER_ARGS", "", "extra fakebrowser flags, space-separated"}, str(func(c *Config) *string { return &c.FakeArgs })},
@@ -352,6 +360,13 @@ func (c *Config) Validate() error {
 	case "chromium", "firefox", "webkit":
 	default:
 		add("-browser-type must be chromium, firefox or webkit, got %q", c.BrowserType)
+	}
+	if c.PlaywrightVersion != "" {
+		if err := registry.CheckVersion(c.PlaywrightVersion); err != nil {
+			add("-playwright-version: %v", err)
+		} else if c.Launcher != LauncherPlaywright {
+			add("-playwright-version picks the playwright launcher's playwright-core, but -launcher is %q", c.Launcher)
+		}
 	}
 	switch c.Launcher {
 	case LauncherPlaywright, LauncherFake:

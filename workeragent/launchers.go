@@ -117,6 +117,9 @@ func playwrightLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 	if exe != "" {
 		args = append(args, "--executable", exe)
 	}
+	if cfg.PlaywrightVersion != "" {
+		args = append(args, "--playwright-version", cfg.PlaywrightVersion)
+	}
 	return func(ctx context.Context) (*Browser, error) {
 		return startProcess(ctx, log, startOptions{
 			name:    node,

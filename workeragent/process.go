@@ -27,6 +27,9 @@ type Browser struct {
 	// Pid is the launched process (node, chromium, the exec command or
 	// fakebrowser).
 	Pid int
+	// PlaywrightVersion is the major.minor of the playwright-core the
+	// launcher loaded, as it reported it ("" for other launchers).
+	PlaywrightVersion string
 
 	probe   probe
 	cmd     *exec.Cmd
@@ -223,6 +226,10 @@ var wsURLRe = regexp.MustCompile(`wss?://[^\s"'<>]+`)
 // pidRe finds the browser pid that launch-server.mjs prints.
 var pidRe = regexp.MustCompile(`"browserPid"\s*:\s*(\d+)`)
 
+// playwrightVersionRe finds the version of the playwright-core that
+// launch-server.mjs loaded (its package.json's), as major.minor.
+var playwrightVersionRe = regexp.MustCompile(`"playwrightVersion"\s*:\s*"(\d{1,4})\.(\d{1,4})\.`)
+
 // startOptions describe one process launch.
 type startOptions struct {
 	name    string
@@ -284,6 +291,10 @@ func startProcess(ctx context.Context, log *zap.Logger, o startOptions) (*Browse
 				if pid, err := strconv.Atoi(m[1]); err == nil && pid > 0 {
 					b.addGroup(pid) // Playwright makes the browser a group leader
 				}
+			}
+			if m := playwrightVersionRe.FindStringSubmatch(line); m != nil {
+				// before the endpoint is passed on: startProcess returns on it
+				b.PlaywrightVersion = m[1] + "." + m[2]
 			}
 			if m := wsURLRe.FindString(line); m != "" {
 				if u, err := url.Parse(m); err == nil && u.Host != "" {

@@ -1,6 +1,7 @@
 // Command griddemo is `make run`: it starts a whole local grid (Redis, real
 // Chromium workers through Playwright's browser server, Caddy serving wss://
-// with its internal CA), runs a demo Playwright client through it, prints
+// with its internal CA), runs demo Playwright clients of each version
+// (1.64 and 1.65 on workers of their own version) through it, prints
 // what happened, and keeps the grid running until Ctrl-C, when it stops
 // every process it started.
 package main
@@ -44,9 +45,15 @@ func main() {
 	flag.IntVar(&cfg.MaxConcurrent, "max-concurrent", envInt("MAX_CONCURRENT", 2), "sessions at once per worker (env MAX_CONCURRENT)")
 	sessions := flag.Int("sessions", envInt("SESSIONS", 36), "demo sessions to run (env SESSIONS)")
 	clients := flag.Int("clients", envInt("CLIENTS", 3), "demo sessions at once (env CLIENTS)")
+	pwVersions := flag.String("playwright-versions", envStr("PLAYWRIGHT_VERSIONS", "1.64,1.65"), "playwright-core versions the workers load, in turn, and the demo's clients run, comma-separated (env PLAYWRIGHT_VERSIONS; '' for one version)")
 	exitAfter := flag.Bool("exit", os.Getenv("EXIT_AFTER_DEMO") == "1", "stop the grid after the demo instead of waiting for Ctrl-C (env EXIT_AFTER_DEMO=1)")
 	flag.Parse()
 	cfg.Log = os.Stdout
+	for _, v := range strings.Split(*pwVersions, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			cfg.PlaywrightVersions = append(cfg.PlaywrightVersions, v)
+		}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -68,7 +75,7 @@ func main() {
 		fmt.Println("Stopped. Nothing is left running.")
 	}()
 
-	code := demo(ctx, g, *sessions, *clients)
+	code := demo(ctx, g, *sessions, *clients, cfg.PlaywrightVersions)
 	if *exitAfter || ctx.Err() != nil {
 		if code != 0 {
 			g.Stop()
@@ -86,10 +93,11 @@ func main() {
 // watcher samples the pool through the admin API while the demo runs.
 type watcher struct {
 	mu           sync.Mutex
-	served       map[string]int // worker → highest lifetime seen
-	order        []string       // workers in order of first sight
+	served       map[string]int    // worker → highest lifetime seen
+	version      map[string]string // worker → the Playwright version it serves
+	order        []string          // workers in order of first sight
 	gone         map[string]bool
-	maxDraining  int
+	maxDraining  map[string]int // version → most of its workers draining at once
 	staircases   []string
 	lastSnapshot []localgrid.Worker
 }
@@ -98,18 +106,19 @@ func (w *watcher) sample(p localgrid.Pool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	present := map[string]bool{}
-	draining := 0
+	draining := map[string]int{}
 	for _, wk := range p.Workers {
 		present[wk.ID] = true
 		if _, ok := w.served[wk.ID]; !ok {
 			w.order = append(w.order, wk.ID)
 			w.served[wk.ID] = 0
 		}
+		w.version[wk.ID] = wk.PlaywrightVersion
 		if wk.Lifetime > w.served[wk.ID] {
 			w.served[wk.ID] = wk.Lifetime
 		}
 		if wk.Status == "draining" {
-			draining++
+			draining[wk.PlaywrightVersion]++
 		}
 	}
 	for id := range w.served {
@@ -117,14 +126,14 @@ func (w *watcher) sample(p localgrid.Pool) {
 			w.gone[id] = true
 		}
 	}
-	if draining > w.maxDraining {
-		w.maxDraining = draining
+	for v, n := range draining {
+		w.maxDraining[v] = max(w.maxDraining[v], n)
 	}
 	w.lastSnapshot = p.Workers
 }
 
-func demo(ctx context.Context, g *localgrid.Grid, sessions, clients int) int {
-	w := &watcher{served: map[string]int{}, gone: map[string]bool{}}
+func demo(ctx context.Context, g *localgrid.Grid, sessions, clients int, versions []string) int {
+	w := &watcher{served: map[string]int{}, version: map[string]string{}, gone: map[string]bool{}, maxDraining: map[string]int{}}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	var wg sync.WaitGroup
@@ -149,45 +158,75 @@ func demo(ctx context.Context, g *localgrid.Grid, sessions, clients int) int {
 		}
 	}()
 
-	fmt.Printf("\nDemo: %d Playwright sessions, %d at a time, through %s\n", sessions, clients, g.URL())
-	client := filepath.Join("playwright", "client.mjs")
-	cmd := exec.CommandContext(ctx, "node", client, "run", "--url", g.URL(),
-		"--sessions", strconv.Itoa(sessions), "--concurrency", strconv.Itoa(clients))
-	cmd.Env = append(os.Environ(), "NODE_EXTRA_CA_CERTS="+g.RootCA())
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "griddemo: %v\n", err)
-		return 1
+	// One client process per version, at once: each session of a version's
+	// client can only have been served by a worker of that version, since
+	// Playwright's server refuses (428) any client of another major.minor.
+	if len(versions) == 0 {
+		versions = []string{""}
 	}
+	fmt.Printf("\nDemo: %d Playwright sessions, %d at a time per client version, through %s\n", sessions, clients, g.URL())
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(os.Stderr, "griddemo: starting the demo client: %v\n", err)
-		return 1
+	var (
+		outMu      sync.Mutex
+		ok, failed int
+		runs       sync.WaitGroup
+	)
+	perVersion := map[string]int{}
+	for i, v := range versions {
+		n := sessions / len(versions)
+		if i < sessions%len(versions) {
+			n++
+		}
+		args := []string{filepath.Join("playwright", "client.mjs"), "run", "--url", g.URL(),
+			"--sessions", strconv.Itoa(n), "--concurrency", strconv.Itoa(clients)}
+		if v != "" {
+			args = append(args, "--playwright-version", v)
+		}
+		cmd := exec.CommandContext(ctx, "node", args...)
+		cmd.Env = append(os.Environ(), "NODE_EXTRA_CA_CERTS="+g.RootCA())
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "griddemo: %v\n", err)
+			return 1
+		}
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintf(os.Stderr, "griddemo: starting the demo client: %v\n", err)
+			return 1
+		}
+		runs.Add(1)
+		go func() {
+			defer runs.Done()
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				var ev struct {
+					Event   string `json:"event"`
+					N       int    `json:"n"`
+					OK      bool   `json:"ok"`
+					Title   string `json:"title"`
+					Error   string `json:"error"`
+					MS      int    `json:"ms"`
+					Version string `json:"version"`
+				}
+				if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.Event != "session" {
+					continue
+				}
+				served := majorMinor(ev.Version)
+				outMu.Lock()
+				if ev.OK {
+					ok++
+					perVersion[served]++
+					fmt.Printf("  client %-7s session %3d  ok    %-18q %5d ms  served by a Playwright %s worker\n", ev.Version, ev.N, ev.Title, ev.MS, served)
+				} else {
+					failed++
+					fmt.Printf("  client %-7s session %3d  FAIL  %s\n", ev.Version, ev.N, ev.Error)
+				}
+				outMu.Unlock()
+			}
+			_ = cmd.Wait()
+		}()
 	}
-	ok, failed := 0, 0
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		var ev struct {
-			Event string `json:"event"`
-			N     int    `json:"n"`
-			OK    bool   `json:"ok"`
-			Title string `json:"title"`
-			Error string `json:"error"`
-			MS    int    `json:"ms"`
-		}
-		if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.Event != "session" {
-			continue
-		}
-		if ev.OK {
-			ok++
-			fmt.Printf("  session %3d  ok    %-18q %5d ms\n", ev.N, ev.Title, ev.MS)
-		} else {
-			failed++
-			fmt.Printf("  session %3d  FAIL  %s\n", ev.N, ev.Error)
-		}
-	}
-	_ = cmd.Wait()
+	runs.Wait()
 	elapsed := time.Since(start)
 	time.Sleep(300 * time.Millisecond) // one more admin sample after the last release
 	stopWatch()
@@ -206,11 +245,31 @@ func demo(ctx context.Context, g *localgrid.Grid, sessions, clients int) int {
 		if w.gone[id] {
 			state = "restarted"
 		}
-		fmt.Printf("  %-40s %3d sessions  %s\n", id, w.served[id], state)
+		pv := w.version[id]
+		if pv == "" {
+			pv = "-"
+		}
+		fmt.Printf("  %-40s Playwright %-5s %3d sessions  %s\n", id, pv, w.served[id], state)
 		total += w.served[id]
 	}
-	fmt.Printf("  %d sessions counted across %d workers; %d restarts; at most %d worker(s) draining at once\n",
-		total, len(w.order), len(w.gone), w.maxDraining)
+	for _, v := range versions {
+		if v == "" {
+			continue
+		}
+		byWorkers := 0
+		for id, n := range w.served {
+			if w.version[id] == v {
+				byWorkers += n
+			}
+		}
+		fmt.Printf("  Playwright %s: %d sessions of %s clients succeeded; its workers served %d sessions\n", v, perVersion[v], v, byWorkers)
+	}
+	most := 0
+	for _, n := range w.maxDraining {
+		most = max(most, n)
+	}
+	fmt.Printf("  %d sessions counted across %d workers; %d restarts; at most %d worker(s) of one version draining at once\n",
+		total, len(w.order), len(w.gone), most)
 	fmt.Println("\nThe lifetime staircase over the run (one line every two seconds, highest first):")
 	for _, s := range w.staircases {
 		fmt.Println("  " + s)
@@ -220,6 +279,15 @@ func demo(ctx context.Context, g *localgrid.Grid, sessions, clients int) int {
 		return 1
 	}
 	return 0
+}
+
+// majorMinor is "1.64" of "1.64.1".
+func majorMinor(v string) string {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return v
+	}
+	return parts[0] + "." + parts[1]
 }
 
 // staircase renders workers' lifetimes, highest first.
@@ -234,4 +302,11 @@ func staircase(ws []localgrid.Worker) string {
 		parts[i] = fmt.Sprintf("%2d %s", v, strings.Repeat("█", v))
 	}
 	return strings.Join(parts, " | ")
+}
+
+func envStr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
 }

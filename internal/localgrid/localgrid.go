@@ -55,6 +55,11 @@ type Config struct {
 	HeartbeatInterval, DrainTimeout time.Duration
 	// WorkerArgs are appended to every grid-worker command line.
 	WorkerArgs []string
+	// PlaywrightVersions, when set, are the playwright-core versions
+	// (major.minor) the playwright launchers load, taken in turn: worker i
+	// gets PlaywrightVersions[(i-1) % len]. Default: none (the newest
+	// installed for every worker).
+	PlaywrightVersions []string
 	// Log receives a line for each step. Default: discarded.
 	Log io.Writer
 }
@@ -245,6 +250,9 @@ func (g *Grid) StartWorker(i int) error {
 		"--respawn",
 	}
 	args = append(args, g.cfg.WorkerArgs...)
+	if n := len(g.cfg.PlaywrightVersions); n > 0 {
+		args = append(args, "--playwright-version", g.cfg.PlaywrightVersions[(i-1)%n])
+	}
 	pw, _ := filepath.Abs(g.cfg.PlaywrightDir)
 	_, err := g.start(fmt.Sprintf("worker-%d", i), []string{"GRID_PLAYWRIGHT_DIR=" + pw}, bin, args...)
 	return err
@@ -340,12 +348,16 @@ type Worker struct {
 	Active   int    `json:"active"`
 	Lifetime int    `json:"lifetime"`
 	Capacity int    `json:"capacity"`
+	// PlaywrightVersion is the major.minor the worker serves ("": none).
+	PlaywrightVersion string `json:"playwright_version"`
 }
 
 // Pool is a pool as the admin API reports it.
 type Pool struct {
 	Pool    string   `json:"pool"`
 	Workers []Worker `json:"workers"`
+	// Versions are the Playwright versions the pool serves.
+	Versions []string `json:"versions"`
 }
 
 // PoolStatus reads GET /grid/pools/{pool} from Caddy's admin API.

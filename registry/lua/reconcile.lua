@@ -38,6 +38,27 @@
 --   fixed, orphans}.
 -- Complexity: leases O(M V log N) for M <= max; workers O(C V log N) for a
 --   chunk of C; count O(sum of k log L); scan O(C (V + log N)).
+
+-- lease_client is shared by a pool's version groups (keys.go poolWide), so
+-- a lease missing from this group's leases may be another group's: look in
+-- the pool's own leases and every registered version's (same slot).
+local function lease_in_pool(lid)
+  local v = redis.call('HGET', K_LEASES, lid)
+  if v then return v end
+  local prefix = string.sub(K_CFG, 1, #K_CFG - #'config')
+  local keys = { prefix .. 'leases' }
+  for _, ver in ipairs(redis.call('ZRANGE', prefix .. 'versions', 0, -1)) do
+    keys[#keys + 1] = prefix .. 'v=' .. ver .. ':leases'
+  end
+  for _, k in ipairs(keys) do
+    if k ~= K_LEASES then
+      v = redis.call('HGET', k, lid)
+      if v then return v end
+    end
+  end
+  return nil
+end
+
 local now = now_ms(ARGV[1])
 local stage = ARGV[4]
 
@@ -209,7 +230,7 @@ if stage == 'scan' then
       local c, lid = string.match(m, '^(%S+) (%S+)$')
       local keep = false
       if lid then
-        local ok, l = pcall(cjson.decode, redis.call('HGET', K_LEASES, lid) or '')
+        local ok, l = pcall(cjson.decode, lease_in_pool(lid) or '')
         keep = ok and type(l) == 'table' and l.client == c
       end
       if not keep then

@@ -1,0 +1,241 @@
+package caddygrid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// Playwright version routing. Playwright's browser server accepts only
+// clients of its own major.minor (it answers 428 to any other), so workers
+// register in their version's group of the pool (registry.GroupPool) and a
+// Playwright client is claimed a worker of its group only: one atomic
+// claim among that group's workers. A version no worker of the pool
+// serves is refused at once with 428 naming the versions the pool has
+// (nothing is claimed, no worker is charged, nobody queues); a version
+// whose workers are all busy queues as usual. A client that sends no
+// Playwright version (CDP, a plain WebSocket), and every client when
+// version_routing is off, is served by any worker of the pool: its groups
+// are tried in turn (registry.PoolVersions.Groups: the pool's workers
+// without a version first, then the newest version), each one atomic
+// claim, so such a claim costs at most one script per group (a pool has a
+// handful) and usually one.
+
+// playwrightUA finds the version a playwright-core client sends in its
+// User-Agent, e.g. "Playwright/1.65.1 (x64; debian 12) node/20.20" (seen on
+// the wire from playwright-core 1.63.0, 1.64.1 and 1.65.1's connect()).
+var playwrightUA = regexp.MustCompile(`^Playwright/(\d{1,4})\.(\d{1,4})(?:[.\s-]|$)`)
+
+// clientVersion is the major.minor of the Playwright client that sent r,
+// "" when it is not one.
+func clientVersion(r *http.Request) string {
+	m := playwrightUA.FindStringSubmatch(r.Header.Get("User-Agent"))
+	if m == nil {
+		return ""
+	}
+	return trimZeros(m[1]) + "." + trimZeros(m[2])
+}
+
+// trimZeros drops leading zeros but keeps one digit ("05" → "5", "0" → "0").
+func trimZeros(s string) string {
+	t := strings.TrimLeft(s, "0")
+	if t == "" {
+		return "0"
+	}
+	return t
+}
+
+// versionsMaxAge is how long a pool's list of versions read from Redis
+// serves the routing of this instance. A version whose first worker
+// registered since is read afresh before its client is refused.
+const versionsMaxAge = time.Second
+
+// versionRoute is one request's routing: in, whether version_routing is on
+// and the client's version; out, the refusal's message.
+type versionRoute struct {
+	on      bool
+	client  string
+	refusal string
+}
+
+// unversioned labels sessions of workers without a version, unregistered
+// the requests refused for a version no worker serves.
+const (
+	versionNone         = "none"
+	versionUnregistered = "unregistered"
+)
+
+// versionSessions counts sessions by the version of the worker that served
+// them, and the requests refused for their version. Labels are bounded by
+// the versions registered: a client's version that no worker serves is
+// counted as "unregistered", never by its own value.
+var versionSessions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: "caddy", Subsystem: "grid", Name: "version_sessions_total",
+	Help: "Sessions claimed by the Playwright version of the serving worker (none: a worker without one), and requests refused with 428 for a version no worker of the pool serves (unregistered).",
+}, []string{"pool", "version"})
+
+type cachedVersions struct {
+	at time.Time
+	v  registry.PoolVersions
+}
+
+// poolVersions returns pool's versions, read from Redis when the copy this
+// backend holds is older than maxAge (0: always).
+func (b *backend) poolVersions(ctx context.Context, pool string, maxAge time.Duration) (registry.PoolVersions, error) {
+	b.mu.Lock()
+	c, ok := b.versions[pool]
+	b.mu.Unlock()
+	if ok && maxAge > 0 && time.Since(c.at) < maxAge {
+		return c.v, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
+	defer cancel()
+	v, err := b.reg.Versions(cctx, pool)
+	if err != nil {
+		metrics.redisErrors.WithLabelValues("versions").Inc()
+		return registry.PoolVersions{}, err
+	}
+	b.mu.Lock()
+	if b.versions == nil {
+		b.versions = map[string]cachedVersions{}
+	}
+	b.versions[pool] = cachedVersions{at: time.Now(), v: v}
+	b.mu.Unlock()
+	return v, nil
+}
+
+// acquireRouted is acquire with version routing: a Playwright client's
+// claim goes to its version's group, any other to any group of the pool.
+func (b *backend) acquireRouted(ctx context.Context, req registry.ClaimRequest, route *versionRoute, samples, queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
+	pool := req.Pool
+	if route != nil && route.on && route.client != "" {
+		vs, err := b.poolVersions(ctx, pool, versionsMaxAge)
+		if err == nil && !vs.Has(route.client) {
+			vs, err = b.poolVersions(ctx, pool, 0)
+		}
+		if err != nil {
+			return nil, b.redisFailure(ctx, pool, err), err
+		}
+		switch {
+		case vs.Has(route.client):
+			req.Pool = registry.GroupPool(pool, route.client)
+			c, o, err := b.acquire(ctx, req, samples, queueSize, deadline)
+			if c != nil {
+				versionSessions.WithLabelValues(pool, route.client).Inc()
+			}
+			return c, o, err
+		case len(vs.Versions) > 0:
+			versionSessions.WithLabelValues(pool, versionUnregistered).Inc()
+			route.refusal = fmt.Sprintf("this grid has no %s browser for Playwright %s: its %s workers serve Playwright %s; connect with a playwright-core client of one of these versions",
+				pool, route.client, pool, strings.Join(vs.Versions, ", "))
+			return nil, outcomeUnknownVersion, fmt.Errorf("%w: %s (pool %s serves %v)", errUnknownVersion, route.client, pool, vs.Versions)
+		}
+		// The pool's workers register no version (exec, CDP): nothing
+		// to route by, any worker serves.
+	}
+	c, o, err := b.acquireWith(ctx, pool, func(ctx context.Context) (*registry.Claim, error) {
+		return b.claimAny(ctx, req, samples)
+	}, queueSize, deadline)
+	if c != nil {
+		_, v := registry.SplitGroup(c.Pool)
+		if v == "" {
+			v = versionNone
+		}
+		versionSessions.WithLabelValues(pool, v).Inc()
+	}
+	return c, o, err
+}
+
+// errUnknownVersion: the client's Playwright version is served by no
+// worker of the pool.
+var errUnknownVersion = errors.New("no worker serves this Playwright version")
+
+// claimAny claims any worker of the pool: each group with workers in
+// turn, the first that grants.
+func (b *backend) claimAny(ctx context.Context, req registry.ClaimRequest, samples int) (*registry.Claim, error) {
+	vs, err := b.poolVersions(ctx, req.Pool, versionsMaxAge)
+	if err != nil {
+		return nil, err
+	}
+	groups := vs.Groups(req.Pool)
+	if len(groups) == 0 {
+		return b.claim(ctx, req, samples)
+	}
+	err = registry.ErrNoWorker
+	for _, g := range groups {
+		gr := req
+		gr.Pool = g
+		var c *registry.Claim
+		c, err = b.claim(ctx, gr, samples)
+		if err == nil || !errors.Is(err, registry.ErrNoWorker) {
+			return c, err
+		}
+	}
+	return nil, err
+}
+
+// refuse records the 428 answer's body.
+func (s *session) refuse(msg string) {
+	s.mu.Lock()
+	s.refusal = msg
+	s.mu.Unlock()
+}
+
+func (s *session) refusalMessage() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refusal
+}
+
+// inspectPool reads a pool and every version group of it as one pool
+// (the admin API's view): the workers of all groups, each with its
+// version, and the pool's versions. Also returns the group names read.
+func inspectPool(ctx context.Context, b *backend, pool string) (registry.PoolInfo, []string, []string, error) {
+	vs, err := b.reg.Versions(ctx, pool)
+	if err != nil {
+		return registry.PoolInfo{}, nil, nil, err
+	}
+	groups := []string{pool}
+	for v := range vs.Workers {
+		if v != "" {
+			groups = append(groups, registry.GroupPool(pool, v))
+		}
+	}
+	slices.Sort(groups)
+	info := registry.PoolInfo{Pool: pool}
+	for i, g := range groups {
+		gi, err := b.reg.Inspect(ctx, g)
+		if err != nil {
+			return registry.PoolInfo{}, nil, nil, err
+		}
+		if i == 0 {
+			info.Limits = gi.Limits // one config for the pool and its groups
+		}
+		info.Workers = append(info.Workers, gi.Workers...)
+		info.BadRecords = append(info.BadRecords, gi.BadRecords...)
+		info.Retiring = append(info.Retiring, gi.Retiring...)
+		info.Leases += gi.Leases
+	}
+	return info, vs.Versions, groups, nil
+}
+
+// basePools lists the pools of a pool list that holds version groups too.
+func basePools(names []string) []string {
+	var out []string
+	for _, n := range names {
+		p, _ := registry.SplitGroup(n)
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
