@@ -39,8 +39,8 @@ function fmtRate(x) {
 
 // chart draws time series over [start, now]: lines [{t, v, color,
 // restarts}] and bars {t, v, color}.
-function chart({ now, start, lines = [], bars = null, yMax = 0, unit = '' }) {
-  const W = 600, H = 170, L = 34, R = 8, T = 8, B = 18;
+function chart({ now, start, lines = [], bars = null, yMax = 0, unit = '', width = 600, height = 170 }) {
+  const W = width, H = height, L = 34, R = 8, T = 8, B = 18;
   const span = Math.max(1000, now - start);
   let top = yMax;
   for (const s of lines) for (const v of s.v) top = Math.max(top, v);
@@ -65,7 +65,7 @@ function chart({ now, start, lines = [], bars = null, yMax = 0, unit = '' }) {
     svg.append(label);
   }
   if (bars) {
-    const w = Math.max(2, (W - L - R) / Math.max(30, bars.t.length));
+    const w = Math.max(2, (W - L - R) / Math.max(30, bars.t.length) * 0.8);
     bars.v.forEach((v, i) => {
       if (v > 0) {
         svg.append(svgEl('rect', { class: 'bar', x: x(bars.t[i]) - w / 2, y: y(v), width: w, height: y(0) - y(v), fill: bars.color }));
@@ -74,7 +74,15 @@ function chart({ now, start, lines = [], bars = null, yMax = 0, unit = '' }) {
   }
   for (const s of lines) {
     if (s.t.length === 0) continue;
-    const pts = s.t.map((t, i) => `${x(t).toFixed(1)},${y(s.v[i]).toFixed(1)}`).join(' ');
+    // A step line holds each value until the next sample (a counter such
+    // as the lifetime): a restart is a vertical drop.
+    const xy = [];
+    s.t.forEach((t, i) => {
+      if (s.step && i > 0) xy.push([x(t), y(s.v[i - 1])]);
+      xy.push([x(t), y(s.v[i])]);
+    });
+    if (s.step) xy.push([x(now), y(s.v[s.v.length - 1])]);
+    const pts = xy.map(([a, b]) => `${a.toFixed(1)},${b.toFixed(1)}`).join(' ');
     const attrs = { class: 'series', points: pts, stroke: s.color };
     if (s.dash) attrs['stroke-dasharray'] = '4 3';
     const line = svgEl('polyline', attrs);
@@ -151,8 +159,8 @@ function renderPool(p, d) {
   const colors = {};
   (p.lifetimes || []).forEach((ws, i) => { colors[ws.id] = PALETTE[i % PALETTE.length]; });
   const saw = chart({
-    now, start, yMax: p.max_lifetime,
-    lines: (p.lifetimes || []).map((ws) => ({ t: ws.t, v: ws.lifetime, color: colors[ws.id], restarts: ws.restarts, title: ws.id })),
+    now, start, yMax: p.max_lifetime, width: 1200, height: 220,
+    lines: (p.lifetimes || []).map((ws) => ({ t: ws.t, v: ws.lifetime, color: colors[ws.id], restarts: ws.restarts, title: ws.id, step: true })),
   });
   const sawLegend = legend((p.lifetimes || []).slice(0, 16).map((ws) => [ws.id, colors[ws.id]]));
   if (p.untracked_workers) sawLegend.append(el('span', {}, `${p.untracked_workers} more workers not charted`));
