@@ -31,6 +31,7 @@ func TestHistoryDerivesSessionsAndDrains(t *testing.T) {
 		{"b's lifetime goes down under the same registration", 6 * time.Second, []workerObservation{{"a", 1, reg2}, {"b", 0, reg1}}, 0, 1},
 		{"b leaves, c registers with 2 sessions", 8 * time.Second, []workerObservation{{"a", 2, reg2}, {"c", 2, t0.Add(7 * time.Second)}}, 3, 1},
 		{"d was registered before the sampler saw it", 10 * time.Second, []workerObservation{{"a", 2, reg2}, {"c", 2, t0.Add(7 * time.Second)}, {"d", 9, reg1}}, 0, 0},
+		{"a registers anew and serves more than before", 12 * time.Second, []workerObservation{{"a", 3, t0.Add(11 * time.Second)}, {"c", 2, t0.Add(7 * time.Second)}, {"d", 9, reg1}}, 3, 1},
 	}
 	for _, s := range steps {
 		h.add(t0.Add(s.at), obs(s.workers...))
@@ -55,8 +56,8 @@ func TestHistoryDerivesSessionsAndDrains(t *testing.T) {
 			a = w
 		}
 	}
-	if len(a.Restarts) != 1 || a.Lifetime[a.Restarts[0]] != 1 {
-		t.Errorf("worker a's restarts %v over lifetimes %v, want one at the drop to 1", a.Restarts, a.Lifetime)
+	if len(a.Restarts) != 2 || a.Lifetime[a.Restarts[0]] != 1 || a.Lifetime[a.Restarts[1]] != 3 {
+		t.Errorf("worker a's restarts %v over lifetimes %v, want them at the drop to 1 and the new generation at 3", a.Restarts, a.Lifetime)
 	}
 }
 
