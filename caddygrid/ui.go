@@ -80,7 +80,8 @@ type UIHandler struct {
 	Interval caddy.Duration `json:"interval,omitempty"`
 	// MaxWorkers is how many workers per pool get a lifetime history
 	// (the sawtooth), which bounds the memory: each tracked worker keeps
-	// at most 15 minutes of samples (450 at the default interval). Workers
+	// at most 15 minutes of samples (451 at the default interval, 16
+	// bytes each: about 1.5 MB per pool at the default). Workers
 	// past it still appear in the staircase and count in the pool's
 	// figures. Default: 200.
 	MaxWorkers int `json:"max_workers,omitempty"`

@@ -1,6 +1,7 @@
 package caddygrid
 
 import (
+	"math"
 	"sort"
 	"time"
 )
@@ -57,11 +58,12 @@ type poolPoint struct {
 	Drains int
 }
 
-// lifePoint is one sample of a worker's lifetime; Restart marks the first
-// point of a new generation.
+// lifePoint is one sample of a worker's lifetime (16 bytes: there may be
+// many): At in Unix milliseconds; Restart marks the first point of a new
+// generation.
 type lifePoint struct {
-	At       time.Time
-	Lifetime int
+	At       int64
+	Lifetime int32
 	Restart  bool
 }
 
@@ -132,7 +134,7 @@ func (h *gridHistory) add(now time.Time, pools []poolObservation) {
 	for name, p := range h.pools {
 		p.points = trim(p.points, h.limits.MaxPoints, func(x poolPoint) time.Time { return x.At }, cutoff)
 		for id, w := range p.workers {
-			w.points = trim(w.points, h.limits.MaxPoints, func(x lifePoint) time.Time { return x.At }, cutoff)
+			w.points = trim(w.points, h.limits.MaxPoints, func(x lifePoint) time.Time { return time.UnixMilli(x.At) }, cutoff)
 			if w.lastSeen.Before(cutoff) {
 				delete(p.workers, id)
 			}
@@ -210,7 +212,7 @@ func (p *poolHistory) trackWorker(now time.Time, w workerObservation, restart bo
 		wh = &workerHistory{}
 		p.workers[w.ID] = wh
 	}
-	wh.points = append(wh.points, lifePoint{At: now, Lifetime: w.Lifetime, Restart: restart})
+	wh.points = append(wh.points, lifePoint{At: now.UnixMilli(), Lifetime: int32(min(w.Lifetime, math.MaxInt32)), Restart: restart})
 	wh.lastSeen = now
 }
 
@@ -269,8 +271,8 @@ func (h *gridHistory) series(pool string) poolHistoryOut {
 	for _, id := range ids {
 		ws := workerSeries{ID: id}
 		for i, x := range p.workers[id].points {
-			ws.T = append(ws.T, x.At.UnixMilli())
-			ws.Lifetime = append(ws.Lifetime, x.Lifetime)
+			ws.T = append(ws.T, x.At)
+			ws.Lifetime = append(ws.Lifetime, int(x.Lifetime))
 			if x.Restart {
 				ws.Restarts = append(ws.Restarts, i)
 			}
