@@ -111,6 +111,8 @@ func (h *UIHandler) Provision(ctx caddy.Context) error {
 	if h.MaxWorkers == 0 {
 		h.MaxWorkers = DefaultUIMaxWorkers
 	}
+	// Checked before the sampler starts (Caddy validates after
+	// provisioning): a ticker needs a positive interval.
 	if err := h.Validate(); err != nil {
 		return err
 	}
