@@ -86,7 +86,8 @@ type UIHandler struct {
 	// figures. Default: 200.
 	MaxWorkers int `json:"max_workers,omitempty"`
 
-	sampler *uiSampler
+	sampler    *uiSampler
+	samplerKey string
 }
 
 // CaddyModule returns the Caddy module information.
@@ -124,7 +125,7 @@ func (h *UIHandler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("starting the grid page's sampler: %w", err)
 	}
-	h.sampler = v.(*uiSampler)
+	h.sampler, h.samplerKey = v.(*uiSampler), key
 	return nil
 }
 
@@ -144,7 +145,7 @@ func (h *UIHandler) Cleanup() error {
 	if h.sampler == nil {
 		return nil
 	}
-	_, err := uiSamplers.Delete(h.sampler.key())
+	_, err := uiSamplers.Delete(h.samplerKey)
 	return err
 }
 
@@ -255,10 +256,6 @@ func startUISampler(interval time.Duration, maxWorkers int, logger *zap.Logger) 
 	s.cancel = cancel
 	go s.run(ctx)
 	return s
-}
-
-func (s *uiSampler) key() string {
-	return fmt.Sprintf("browser_grid_ui/%s/%d", s.interval, s.maxWorkers)
 }
 
 // Destruct stops the sampler.

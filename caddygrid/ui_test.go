@@ -69,7 +69,7 @@ func TestGridUIWithPlaywright(t *testing.T) {
 		g.worker("chromium", id, fake.Behavior{})
 	}
 	const maxLifetime = 4
-	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
+	opts := caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
 	handle_path /grid-ui/* {
 		basic_auth {
 			operator %s
@@ -83,7 +83,8 @@ func TestGridUIWithPlaywright(t *testing.T) {
 			max_concurrent 2
 			max_lifetime %d
 		}
-	}`, hash, maxLifetime)})
+	}`, hash, maxLifetime)}
+	c := startCaddy(t, opts)
 	page := "http://" + c.addr() + "/grid-ui/"
 
 	get := func(method, path string, auth bool) (int, string) {
@@ -234,6 +235,33 @@ func TestGridUIWithPlaywright(t *testing.T) {
 	}
 	t.Logf("page agrees with the admin API: %d workers, active %d, capacity %d, %d restarts marked, drains %s, sessions/s %s; screenshot %s",
 		len(p.Workers), detail.Active, detail.Capacity, p.RestartMarks, p.Figures["drains"], p.Figures["sessions_per_sec"], screenshot)
+
+	// A reload keeps the sampler and its history.
+	history := func() (sampled, first int64) {
+		_, body := get(http.MethodGet, "/grid-ui/data.json", true)
+		var d struct {
+			SampledAt int64 `json:"sampled_at"`
+			Pools     []struct {
+				Series struct {
+					T []int64 `json:"t"`
+				} `json:"series"`
+			} `json:"pools"`
+		}
+		if err := json.Unmarshal([]byte(body), &d); err != nil || len(d.Pools) != 1 || len(d.Pools[0].Series.T) == 0 {
+			t.Fatalf("data.json without the pool's history (%v):\n%s", err, body)
+		}
+		return d.SampledAt, d.Pools[0].Series.T[0]
+	}
+	_, first := history()
+	c.reload(opts)
+	reloaded := time.Now().UnixMilli()
+	testenv.Eventually(t, 20*time.Second, "a sample after the reload", func() bool {
+		sampled, _ := history()
+		return sampled > reloaded
+	})
+	if _, got := history(); got != first {
+		t.Errorf("after a reload the history begins at %d, want %d (the sampler's history is kept)", got, first)
+	}
 
 	// No secrets on the page or in its data.
 	for _, path := range []string{"/grid-ui/", "/grid-ui/data.json", "/grid-ui/app.js"} {
