@@ -211,7 +211,22 @@ func TestGridUIWithPlaywright(t *testing.T) {
 		if err := json.Unmarshal(out, &shown); err != nil || !shown.OK {
 			t.Fatalf("the page check printed %q (%v)", out, err)
 		}
-		mismatch = compareUI(shown, detail, maxLifetime)
+		// The Playwright version, read by name: the worker status carries
+		// it when the worker reports one (none of these fakebrowsers do).
+		var versions struct {
+			Workers []struct {
+				ID                string `json:"id"`
+				PlaywrightVersion string `json:"playwright_version"`
+			} `json:"workers"`
+		}
+		if err := json.Unmarshal(body, &versions); err != nil {
+			t.Fatalf("admin API: %v\n%s", err, body)
+		}
+		pw := map[string]string{}
+		for _, w := range versions.Workers {
+			pw[w.ID] = w.PlaywrightVersion
+		}
+		mismatch = compareUI(shown, detail, pw, maxLifetime)
 		if mismatch == "" {
 			break
 		}
@@ -275,7 +290,7 @@ func TestGridUIWithPlaywright(t *testing.T) {
 }
 
 // compareUI says how the page differs from the admin API's pool, or "".
-func compareUI(shown uiShown, d caddygrid.PoolDetail, maxLifetime int) string {
+func compareUI(shown uiShown, d caddygrid.PoolDetail, playwright map[string]string, maxLifetime int) string {
 	if len(shown.Pools) != 1 || shown.Pools[0].Pool != d.Pool {
 		return fmt.Sprintf("the page shows %d pools, want just %q", len(shown.Pools), d.Pool)
 	}
@@ -310,6 +325,9 @@ func compareUI(shown uiShown, d caddygrid.PoolDetail, maxLifetime int) string {
 		}
 		if !strings.HasPrefix(w.Status, a.Status) {
 			return fmt.Sprintf("worker %s's status shows %q, the admin API says %q", w.ID, w.Status, a.Status)
+		}
+		if w.Playwright != playwright[w.ID] {
+			return fmt.Sprintf("worker %s's Playwright version shows %q, the admin API says %q", w.ID, w.Playwright, playwright[w.ID])
 		}
 		if w.Heartbeat == "" {
 			return fmt.Sprintf("worker %s shows no heartbeat age", w.ID)
