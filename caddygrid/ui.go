@@ -19,6 +19,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 func init() {
@@ -356,12 +358,12 @@ func readPools(ctx context.Context, interval time.Duration) ([]uiPool, []poolObs
 	var pools []uiPool
 	var obs []poolObservation
 	for _, name := range names {
-		info, err := b.reg.Inspect(ctx, name)
+		info, summary, err := a.inspectForPage(ctx, b, name)
 		if err != nil {
 			return nil, nil, 0, fmt.Errorf("reading pool %q: %w", name, err)
 		}
 		p := uiPool{
-			PoolSummary: a.summarize(b, info), MaxConcurrent: info.Limits.MaxConcurrent,
+			PoolSummary: summary, MaxConcurrent: info.Limits.MaxConcurrent,
 			MaxLifetime: info.Limits.MaxLifetime, Workers: make([]uiWorker, 0, len(info.Workers)),
 			BadRecords: len(info.BadRecords),
 		}
@@ -382,6 +384,18 @@ func readPools(ctx context.Context, interval time.Duration) ([]uiPool, []poolObs
 		obs = append(obs, o)
 	}
 	return pools, obs, untracked, nil
+}
+
+// inspectForPage reads one pool and totals it the way the admin API's
+// GET /grid/pools/{pool} does (adminPool): the page's figures are the
+// admin API's. When the admin API changes how it reads a pool, this
+// follows.
+func (a *App) inspectForPage(ctx context.Context, b *backend, pool string) (registry.PoolInfo, PoolSummary, error) {
+	info, err := b.reg.Inspect(ctx, pool)
+	if err != nil {
+		return info, PoolSummary{}, err
+	}
+	return info, a.summarize(b, info), nil
 }
 
 func parseUICaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
