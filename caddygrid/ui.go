@@ -166,7 +166,7 @@ func (h *UIHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 	}
 	name, asset := uiAssets[path]
 	if !asset && path != "/data.json" {
-		return caddyhttp.Error(http.StatusNotFound, fmt.Errorf("browser_grid_ui has no %q: it serves /, /data.json, /app.js and /style.css under its route", path))
+		return caddyhttp.Error(http.StatusNotFound, fmt.Errorf("browser_grid_ui has no %q: it serves /, /data.json, /app.js and /style.css (under handle_path, which strips the route's prefix)", path))
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
