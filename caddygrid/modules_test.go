@@ -20,6 +20,7 @@ func TestListModules(t *testing.T) {
 		"grid",
 		"admin.api.grid",
 		"http.handlers.browser_grid",
+		"http.handlers.browser_grid_ui",
 		"http.reverse_proxy.upstreams.browser_grid",
 		"http.reverse_proxy.selection_policies.lifetime_first",
 		"http.reverse_proxy.selection_policies.vnode",

@@ -3,9 +3,12 @@ package localgrid
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -203,6 +206,47 @@ func TestPlaywrightConnectsThroughCaddyOverTLS(t *testing.T) {
 			t.Errorf("caddy grid status does not show %q:\n%s", want, out)
 		}
 	}
+
+	checkGridPage(t, g, p.Workers[0].ID)
+}
+
+// checkGridPage: the live page the demo prints asks for its password, and
+// with it serves the page and data naming the worker.
+func checkGridPage(t *testing.T, g *Grid, workerID string) {
+	t.Helper()
+	pem, err := os.ReadFile(g.RootCA())
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}, Timeout: 20 * time.Second}
+	get := func(path, password string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, g.UIURL()+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if password != "" {
+			req.SetBasicAuth(UIUser, password)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", req.URL, err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, _ := get("", ""); code != http.StatusUnauthorized {
+		t.Errorf("the grid page without credentials answered %d, want 401", code)
+	}
+	if code, body := get("", g.UIPassword()); code != http.StatusOK || !strings.Contains(body, "app.js") {
+		t.Errorf("the grid page answered %d:\n%s", code, body)
+	}
+	testenv.Eventually(t, 20*time.Second, "the grid page's data to show the worker", func() bool {
+		code, body := get("data.json", g.UIPassword())
+		return code == http.StatusOK && strings.Contains(body, `"pool":"chromium"`) && strings.Contains(body, workerID)
+	})
 }
 
 func TestKilledClientReleasesItsSlot(t *testing.T) {

@@ -11,6 +11,8 @@ package localgrid
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -71,6 +73,10 @@ type Grid struct {
 	mu      sync.Mutex
 	procs   []*proc
 	stopped bool
+
+	// uiPassword is the grid page's password (user UIUser), uiHash its
+	// bcrypt hash in the Caddyfile.
+	uiPassword, uiHash string
 }
 
 type proc struct {
@@ -203,11 +209,14 @@ func Start(ctx context.Context, cfg Config) (g *Grid, err error) {
 	g.logf("redis      %s (data in %s)", g.RedisAddr(), redisDir)
 
 	// Caddy.
+	abs, _ := filepath.Abs(filepath.Join(g.cfg.BinDir, "caddy"))
+	if err := g.pagePassword(abs); err != nil {
+		return g, err
+	}
 	caddyfile := filepath.Join(g.cfg.Dir, "Caddyfile")
 	if err := os.WriteFile(caddyfile, g.Caddyfile(), 0o644); err != nil {
 		return g, err
 	}
-	abs, _ := filepath.Abs(filepath.Join(g.cfg.BinDir, "caddy"))
 	if _, err := g.start("caddy", []string{"XDG_DATA_HOME=" + filepath.Join(g.cfg.Dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(g.cfg.Dir, "config")},
 		abs, "run", "--config", caddyfile, "--adapter", "caddyfile"); err != nil {
 		return g, err
@@ -216,6 +225,7 @@ func Start(ctx context.Context, cfg Config) (g *Grid, err error) {
 		return g, fmt.Errorf("caddy did not start: %w (log: %s)", err, g.LogPath("caddy"))
 	}
 	g.logf("caddy      %s (admin http://127.0.0.1:%d, Caddyfile %s)", g.URL(), g.cfg.AdminPort, caddyfile)
+	g.logf("page       %s (user %s, password %s)", g.UIURL(), UIUser, g.uiPassword)
 
 	// Workers.
 	for i := 1; i <= g.cfg.Workers; i++ {
@@ -272,6 +282,8 @@ func (g *Grid) Caddyfile() []byte {
 		"MaxConcurrent": g.cfg.MaxConcurrent,
 		"MaxLifetime":   g.cfg.MaxLifetime,
 		"SelectTimeout": g.cfg.SelectTimeout.String(),
+		"UIUser":        UIUser,
+		"UIHash":        g.uiHash,
 	})
 	return b.Bytes()
 }
@@ -290,6 +302,13 @@ var caddyfileTmpl = template.Must(template.New("Caddyfile").Parse(`{
 }
 
 localhost:{{.HTTPS}} {
+	redir /grid /grid/
+	handle_path /grid/* {
+		basic_auth {
+			{{.UIUser}} {{.UIHash}}
+		}
+		browser_grid_ui
+	}
 	route /playwright/* {
 		browser_grid {{.Pool}} {
 			policy {{.Policy}}
@@ -313,6 +332,34 @@ localhost:{{.HTTPS}} {
 func (g *Grid) URL() string {
 	return fmt.Sprintf("wss://localhost:%d/playwright/%s", g.cfg.HTTPSPort, g.cfg.Pool)
 }
+
+// UIUser is the user name of the grid page (UIURL).
+const UIUser = "operator"
+
+// pagePassword picks a random password for the grid page and hashes it
+// with caddy hash-password.
+func (g *Grid) pagePassword(caddy string) error {
+	var b [9]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return fmt.Errorf("picking the grid page's password: %w", err)
+	}
+	g.uiPassword = hex.EncodeToString(b[:])
+	out, err := exec.Command(caddy, "hash-password", "--plaintext", g.uiPassword, "--bcrypt-cost", "10").Output()
+	if err != nil {
+		return fmt.Errorf("hashing the grid page's password with %s hash-password: %w", caddy, err)
+	}
+	g.uiHash = strings.TrimSpace(string(out))
+	return nil
+}
+
+// UIURL is the grid's live page (browser_grid_ui), behind basic auth as
+// UIUser with UIPassword.
+func (g *Grid) UIURL() string {
+	return fmt.Sprintf("https://localhost:%d/grid/", g.cfg.HTTPSPort)
+}
+
+// UIPassword is the grid page's password, new for every Start.
+func (g *Grid) UIPassword() string { return g.uiPassword }
 
 // CDPURL is the wss:// endpoint of the pool's CDP workers (pool "<pool>-cdp").
 func (g *Grid) CDPURL() string {
