@@ -29,10 +29,10 @@ const (
 	// defaultLeaseTTL is how long a session's lease lives unless renewed.
 	defaultLeaseTTL = 30 * time.Second
 	// DefaultStaleThreshold is the heartbeat age past which a worker is
-	// neither selected nor kept (seed 003: 30s).
+	// neither selected nor kept (the worker lifecycle: 30s).
 	DefaultStaleThreshold = 30 * time.Second
 	// DefaultReaperInterval is how often each Caddy instance's reaper runs
-	// (seed 003 says 300s; the registry frees expired leases on every claim
+	// (the worker lifecycle says 300s; the registry frees expired leases on every claim
 	// and heartbeat, so the reaper is the backstop, not the only healer).
 	DefaultReaperInterval = 60 * time.Second
 )

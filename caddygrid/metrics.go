@@ -164,7 +164,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 
 // observeDecision records the scan figures of one decision. vnode's
 // sample figures are only meaningful (and only recorded) at samples >= 2,
-// as seed 002 specifies.
+// as the vnode design (Rivet pegboard) specifies.
 func observeDecision(pool string, policy string, samples int, d selection.Decision) {
 	metrics.scanDepth.WithLabelValues(pool, policy).Observe(float64(d.Scanned))
 	if len(d.Stale) > 0 {

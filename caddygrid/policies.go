@@ -33,11 +33,11 @@ const (
 // Defaults of the options every grid policy shares.
 const (
 	// DefaultSelectTimeout is how long a request waits for a free worker
-	// (seed 000's WORKER_SELECT_TIMEOUT).
+	// (the lifetime-first rule's WORKER_SELECT_TIMEOUT).
 	DefaultSelectTimeout = 5 * time.Second
 	// DefaultQueueSize bounds the requests waiting per pool and instance.
 	DefaultQueueSize = 100
-	// maxScanLimit bounds max_scan for every policy (seed 002's range).
+	// maxScanLimit bounds max_scan for every policy (the vnode design's range).
 	maxScanLimit = selection.MaxVnodeMaxScan
 )
 
@@ -439,7 +439,7 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	return upstreams[0]
 }
 
-// LifetimeFirstSelection is the lifetime-first policy of seed 000: it
+// LifetimeFirstSelection is the lifetime-first rule as a policy: it
 // pushes one worker toward max_lifetime at a time (highest lifetime first,
 // outside a safety margin of max_lifetime/workers), so workers drain and
 // restart one after another instead of all together. It selects and
@@ -540,7 +540,7 @@ func unmarshalPolicyBlock(d *caddyfile.Dispenser, o *ClaimOptions, shared bool, 
 }
 
 // VnodeSelection is the ring of virtual nodes with power-of-K choices of
-// seed 002: each worker owns virtual_nodes positions on a hash ring, a
+// the vnode design: each worker owns virtual_nodes positions on a hash ring, a
 // decision draws samples random pivots, walks to the first usable worker
 // after each, and takes the one with the fewest live sessions (plus a
 // random jitter below slot_jitter). It selects and claims in one atomic
@@ -572,7 +572,7 @@ func (*VnodeSelection) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision fills the defaults (seed 002: V 8, K 2, max_scan 16,
+// Provision fills the defaults (the vnode design: V 8, K 2, max_scan 16,
 // slot_jitter 4) and finds the grid app.
 func (p *VnodeSelection) Provision(ctx caddy.Context) error {
 	p.ClaimOptions.setDefaults()
@@ -595,7 +595,7 @@ func (p *VnodeSelection) Provision(ctx caddy.Context) error {
 	return p.provision(ctx, policyVnode)
 }
 
-// Validate checks the options against seed 002's ranges.
+// Validate checks the options against the vnode design's ranges.
 func (p *VnodeSelection) Validate() error {
 	if err := p.ClaimOptions.validate(); err != nil {
 		return fmt.Errorf("%s: %w", policyVnode, err)
@@ -663,7 +663,7 @@ func (p *VnodeSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) error
 	})
 }
 
-// FairShareSelection is the fair-share policy of seed 001: each worker's
+// FairShareSelection is the fair-share policy (poolifier's strategy): each worker's
 // queue is predicted to end at max(now, its predicted end) plus its
 // estimated session length (the moving average, or median, of its last
 // window sessions), and the worker whose predicted end comes first takes

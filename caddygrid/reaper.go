@@ -16,7 +16,7 @@ var reaperEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "What this instance's reaper did, by kind: worker_expired, bad_record, leases_freed, counters_fixed, orphans_removed (these three add their counts), pool_busy, error.",
 }, []string{"kind"})
 
-// startReaper runs this app's reaper (seed 003's, over the app's Redis)
+// startReaper runs this app's reaper (the worker lifecycle's, over the app's Redis)
 // until Stop. Reapers on several Caddy instances take turns per pool.
 func (a *App) startReaper() {
 	r := reaper.New(a.backend.reg)

@@ -11,7 +11,7 @@ import (
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
-// TestStaircase runs seed 000's example through Caddy: four workers,
+// TestStaircase runs the lifetime-first rule's example through Caddy: four workers,
 // max_lifetime 20, sessions one after another. Margin = 20/4 = 5, so the
 // first worker takes sessions until 15, then the next, and so on; once all
 // four sit at 15 the fallback fills the first to 20, which drains it, and

@@ -47,7 +47,7 @@ func validPoolName(s string) bool {
 
 // poolSpec is how a request's pool is found: a fixed name, a placeholder,
 // or (empty) the ?browser= query parameter, else the last segment of the
-// path, as in seed 000 and wss://host/playwright/chromium. A pool that
+// path, as in the lifetime-first rule's grid and wss://host/playwright/chromium. A pool that
 // comes from the request must be one of the allowed browsers.
 type poolSpec struct {
 	pool     string

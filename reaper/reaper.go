@@ -1,7 +1,7 @@
 // Package reaper clears what crashed: workers whose heartbeat stopped,
 // leases whose holder stopped renewing them, index entries and counters that
 // belong to no worker, and active counts that disagree with the live leases
-// (seed 003's reaper, with seed 002's expire invariant).
+// (the worker lifecycle's reaper, with the vnode design's expire invariant).
 //
 // Many reapers may run at once (one per Caddy instance): every removal is
 // one registry script that re-checks freshness inside Redis (skip_if_fresh),
@@ -20,7 +20,7 @@ import (
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
-// Defaults (seed 003: reaper every 300 s, stale threshold 30 s).
+// Defaults (the worker lifecycle: reaper every 300 s, stale threshold 30 s).
 const (
 	DefaultInterval   = 300 * time.Second
 	DefaultStaleAfter = 30 * time.Second

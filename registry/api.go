@@ -62,7 +62,7 @@ type Options struct {
 	// parse; the record is skipped, never selected.
 	OnBadRecord func(pool, workerID string, err error)
 	// NoStaleExpiry stops claims from handing the stale workers they walk
-	// past to a background Expire with skip_if_fresh (seed 002's expire
+	// past to a background Expire with skip_if_fresh (the vnode design's expire
 	// scheduler); the reaper then removes them. Default: false (expire).
 	NoStaleExpiry bool
 	// LeaseSweep is how many expired leases a claim or heartbeat frees
@@ -266,7 +266,7 @@ type ClaimRequest struct {
 	// Vnode and FairShare carry the policy's parameters when it is chosen;
 	// zero fields take selection's defaults (SetDefaults). The Limits
 	// embedded in them are ignored, except that a vnode claim whose
-	// Limits.MaxScan is 0 uses Vnode.MaxScan (default 16), seed 002's knob.
+	// Limits.MaxScan is 0 uses Vnode.MaxScan (default 16), the vnode design's knob.
 	Vnode     selection.Vnode
 	FairShare selection.FairShare
 	// Rand supplies the random inputs (vnode pivots, jitter, tiebreak).

@@ -13,7 +13,7 @@ import (
 // BenchmarkClaim times one claim and its release on a pool of N workers,
 // for every policy, on a private redis-server. The per-op time should stay
 // flat from N=100 to N=10,000 (cmd/gridbench's registry section compares it
-// with seed 000's O(N) scan). One worker is draining, so the "+stagger"
+// with an O(N) scan). One worker is draining, so the "+stagger"
 // runs (StaggerDrains) read a retiring set of one member, as a pool
 // mid-restart has.
 func BenchmarkClaim(b *testing.B) {

@@ -17,7 +17,7 @@ func (globalRand) Uint64() uint64 { return rand.Uint64() }
 func (globalRand) IntN(n int) int { return rand.IntN(n) }
 
 // ringPositions returns a worker's V ring positions as 32 hex characters
-// each (seed 002: xxh3-128 of the id with seeds 0..V-1, big-endian).
+// each (the vnode design: xxh3-128 of the id with seeds 0..V-1, big-endian).
 func ringPositions(id string, v int) []string {
 	ps := selection.Positions(id, v)
 	out := make([]string, len(ps))
@@ -67,7 +67,7 @@ func (r *Registry) checkRequest(req *ClaimRequest) error {
 	}
 	switch req.Policy {
 	case Vnode:
-		// Seed 002's max_scan is a vnode knob: it applies when the request's
+		// The vnode design's max_scan is a vnode knob: it applies when the request's
 		// Limits leave MaxScan at 0.
 		if req.Limits.MaxScan == 0 {
 			req.Limits.MaxScan = req.Vnode.MaxScan

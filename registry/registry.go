@@ -29,7 +29,7 @@ const (
 	defaultExpireLeases   = 1000
 	defaultTombstoneTTL   = 10 * time.Minute
 	// background expiry calls in flight per Registry, each of up to
-	// expireBatch workers (seed 002 expires one per call, 32 per process).
+	// expireBatch workers (Rivet's vnode design expires one per call, 32 per process).
 	expireConcurrency = 8
 	expireBatch       = 100
 	expireTimeout     = 5 * time.Second

@@ -44,7 +44,7 @@ func allocate(ws []Worker, v Vnode, allocations int, r Rand) float64 {
 	return float64(most) * float64(len(ws)) / float64(allocations)
 }
 
-// TestRivetBound reproduces seed 002's balance test (N = 100, V = 8,
+// TestRivetBound reproduces the vnode design's balance test (N = 100, V = 8,
 // K = 1, 100,000 allocations) with real hashed ring positions.
 //
 // What holds, and is asserted: the seed states "max/mean <= 2.0", but its

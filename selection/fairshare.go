@@ -17,7 +17,7 @@ const (
 	MaxWindow = 1000
 )
 
-// Fair share (seed 001, poolifier's "fair share" strategy): each worker's
+// Fair share (poolifier's "fair share" strategy): each worker's
 // queue is predicted to end at max(now, its predicted end) plus its
 // estimated session duration (the moving average, or optionally the moving
 // median, of its last Window durations), and the worker whose predicted end

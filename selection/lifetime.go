@@ -2,7 +2,7 @@ package selection
 
 import "time"
 
-// LifetimeFirst is seed 000's policy: instead of spreading sessions evenly,
+// LifetimeFirst is the lifetime-first rule: instead of spreading sessions evenly,
 // it pushes one worker toward its lifetime limit at a time, so that workers
 // reach the limit, drain and restart one after another rather than all
 // together, and the pool keeps (N-1)/N of its capacity during restarts.
@@ -10,7 +10,7 @@ import "time"
 // Decision, for a snapshot ws of every registered worker of the pool:
 //
 //   - total = len(ws): every registered worker in the snapshot, eligible or
-//     not. Seed 000 says "total_workers" without saying which; counting all
+//     not. The lifetime-first rule says "total_workers" without saying which; counting all
 //     of them keeps the margin steady while workers drain and restart (the
 //     moment staggering matters), and it is what the registry can read in
 //     O(1) (the size of the pool's member set).
@@ -48,12 +48,12 @@ import "time"
 // gone, trading that session's wait for the guarantee.
 type LifetimeFirst struct{ Limits }
 
-// Margin is seed 000's safety margin, max(1, floor(maxLifetime/total)):
+// Margin is the lifetime-first rule's safety margin, max(1, floor(maxLifetime/total)):
 // the zone below the lifetime limit that the primary phase avoids, so that
 // the next worker to hit the limit has a margin's worth of sessions to go
 // before it gets there. total <= 0 gives 1.
 //
-// Seed 000's examples: 4 workers, limit 50: 12; 2 workers, limit 50: 25;
+// The lifetime-first rule's examples: 4 workers, limit 50: 12; 2 workers, limit 50: 25;
 // 10 workers, limit 100: 10.
 func Margin(maxLifetime, total int) int {
 	if total <= 0 {

@@ -21,7 +21,7 @@ func fleet(lifetimes ...int) []Worker {
 }
 
 func TestMarginSeedExamples(t *testing.T) {
-	// Seed 000, "Calculate Safety Margin", word for word, plus the visual
+	// The lifetime-first rule's "Calculate Safety Margin", word for word, plus the visual
 	// example's margin and the edges the formula's max(1, ...) covers.
 	cases := []struct {
 		name           string
@@ -115,7 +115,7 @@ func TestLifetimeFirstSeedExamples(t *testing.T) {
 }
 
 func TestLifetimeFirstClimbsOneWorkerAtATime(t *testing.T) {
-	// Seed 000's second picture, made literal: four workers, limit 50, one
+	// The lifetime-first rule's second picture, made literal: four workers, limit 50, one
 	// session at a time. The first worker climbs alone to 38 (50 - margin
 	// 12), then each of the others climbs to 38, then the fallback pushes
 	// one at a time to 50. Lifetimes never move in lockstep.

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// WeightedRoundRobin is seed 001's weighted round robin with a worker's
+// WeightedRoundRobin is poolifier's weighted round robin with a worker's
 // weight taken from the capacity it reports: weight(w) = Limits.Cap(w), or
 // 1 when the worker has no cap. It lives in this process only (no Redis
 // script), so several proxies each keep their own turn.
@@ -52,7 +52,7 @@ func (p *WeightedRoundRobin) Reset() { p.t.reset() }
 
 // RoundRobin is plain round robin in ID order, one pick per worker per
 // turn: WeightedRoundRobin with every weight 1. It is the "naive round
-// robin" of seed 000's first picture, kept as the baseline lifetime-first
+// robin" of the lifetime-first rule's first picture, kept as the baseline lifetime-first
 // is measured against. Safe for concurrent use; do not copy after use.
 type RoundRobin struct {
 	Limits

@@ -1,6 +1,6 @@
 // Package selection holds the pure worker-selection algorithms of the grid:
-// lifetime-first (seed 000), the vnode ring with power-of-K choices (seed
-// 002), fair share and weighted round robin (seed 001), and a fleet simulator
+// lifetime-first, the vnode ring with power-of-K choices, fair share and
+// weighted round robin (poolifier's strategies), and a fleet simulator
 // that shows what each does to a pool over time.
 //
 // Every function works on a snapshot of workers and takes its randomness and
@@ -67,7 +67,7 @@ type Limits struct {
 	StaleAfter time.Duration
 	// MaxScan bounds how many indexed-but-unusable workers (not fresh, or
 	// suspect) a decision walks past before it gives up and reports none,
-	// as seed 002's max_scan does. 0: unbounded.
+	// as the vnode design's max_scan does. 0: unbounded.
 	MaxScan int
 	// StaggerDrains keeps restarts one at a time: while any fresh worker of
 	// the pool is retiring (IsRetiring: draining, or at MaxLifetime waiting
@@ -116,7 +116,7 @@ type Decision struct {
 	TiedMin bool
 }
 
-// Vnode is the ring with power-of-K choices of seed 002. Its scan budget is
+// Vnode is the ring with power-of-K choices of the vnode design (Rivet pegboard). Its scan budget is
 // Limits.MaxScan.
 type Vnode struct {
 	Limits
@@ -129,7 +129,7 @@ type Vnode struct {
 	SlotJitter int
 }
 
-// FairShare picks the worker with the earliest predicted end (seed 001).
+// FairShare picks the worker with the earliest predicted end (poolifier).
 type FairShare struct {
 	Limits
 	// Window is how many recent session durations are averaged. Default: 20.

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// staggerScenario is seed 000's setting made concrete: 4 workers, a limit
+// staggerScenario is the lifetime-first rule's setting made concrete: 4 workers, a limit
 // of 50 sessions (margin 12), 4 sessions at once per worker, sessions of
 // 5-15 s arriving every 2-6 s, and a 3 s browser restart. A worker that
 // reaches the limit is down for at most 15 s (its last session) + 3 s,
@@ -42,7 +42,7 @@ func spread(tr []SimSample) float64 {
 	return sum / float64(len(tr))
 }
 
-// TestSimulatorLifetimeFirstStaggersRoundRobinDoesNot is seed 000's first
+// TestSimulatorLifetimeFirstStaggersRoundRobinDoesNot is the lifetime-first rule's first
 // two pictures as numbers: in steady state lifetime-first never has more
 // than one worker draining or restarting (capacity >= 3/4), while round
 // robin keeps lifetimes in lockstep and takes workers down together.
@@ -81,7 +81,7 @@ func TestSimulatorLifetimeFirstStaggersRoundRobinDoesNot(t *testing.T) {
 		if rr.MaxDown == 4 {
 			allDown++
 		}
-		// Seed 000's monitoring: a staircase of lifetimes, not lockstep.
+		// The lifetime-first rule's monitoring: a staircase of lifetimes, not lockstep.
 		if s, r := spread(lf.Trace), spread(rr.Trace); s < 1.5*r {
 			t.Errorf("seed %d: lifetime spread %.1f (lifetime-first) vs %.1f (round robin): no staircase", seed, s, r)
 		}

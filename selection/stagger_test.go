@@ -117,7 +117,7 @@ func TestVnodeTakesRetiringFromTheCaller(t *testing.T) {
 }
 
 // TestStaggerDrainsKeepsOneWorkerDownUnderHeavyLoad: the load at which
-// seed 000's margin alone lets restarts overlap (ten workers of four slots,
+// the lifetime-first rule's margin alone lets restarts overlap (ten workers of four slots,
 // sessions of 5-15 s arriving every 400 ms on average: about 60% busy)
 // keeps exactly one worker down at a time with StaggerDrains, and turns
 // away hardly more sessions (the simulator does not queue them, as the

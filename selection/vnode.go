@@ -13,11 +13,11 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// Defaults and valid ranges of the vnode policy (seed 002's configuration
+// Defaults and valid ranges of the vnode policy (the vnode design's configuration
 // table: virtual_nodes 8 with 4-32 recommended, samples 2, max_scan 16 in
 // 1-256, slot_jitter 4 in 0-64). V is accepted from 1 to 64 so the
 // imbalance table's extremes can be configured; K above 8 buys nothing
-// (seed 002 calls 3 the knee).
+// (the vnode design calls 3 the knee).
 const (
 	DefaultVirtualNodes = 8
 	DefaultSamples      = 2
@@ -88,7 +88,7 @@ func ParseMember(m string) (Pos, string, error) {
 
 // Positions are a worker's v ring positions: for i in 0..v-1, the 128-bit
 // xxh3 hash of the worker ID seeded with i, high half first, big-endian
-// (seed 002: xxh3_128_with_seed(key, i).to_be_bytes()). They depend only on
+// (the vnode design: xxh3_128_with_seed(key, i).to_be_bytes()). They depend only on
 // the ID, so anyone can recompute them to delete exactly what registration
 // wrote. v <= 0 gives none.
 func Positions(workerID string, v int) []Pos {
@@ -281,7 +281,7 @@ type vnodeCandidate struct {
 	slots int
 }
 
-// Select is seed 002's allocation: K independent pivots on the ring, each
+// Select is the vnode design's allocation: K independent pivots on the ring, each
 // resolved to the first eligible worker at or after it (wrapping past the
 // end), then, at K >= 2, the candidate with the fewest active sessions plus
 // jitter, ties broken by draw.Tiebreak. lookup returns a ring entry's

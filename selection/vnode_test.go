@@ -13,7 +13,7 @@ import (
 )
 
 func TestXXH3StabilityRegression(t *testing.T) {
-	// Seed 002 pins one xxh3_128_with_seed output so that a dependency
+	// The vnode design pins one xxh3_128_with_seed output so that a dependency
 	// upgrade that moves ring positions fails CI instead of silently
 	// reshuffling every registered worker's index entries. The values were
 	// computed once with zeebo/xxh3 v1.1.0 and agree with the reference

@@ -1,11 +1,11 @@
 // Package workeragent is the worker agent that runs beside each browser
-// (seed 003, "Worker Lifecycle"): it launches a browser server, connects
+// (the worker lifecycle: register, heartbeat, drain, reap): it launches a browser server, connects
 // to Redis with retries, registers the browser in the grid's registry,
 // heartbeats and reads its command in the same round trip, drains on the
 // shutdown command or SIGTERM, then deregisters and closes the browser.
 // It exits 0 after a drain for a supervisor to restart it, or with
 // Respawn starts a fresh browser under a new worker ID itself, relaunching
-// a crashed browser with a backoff that doubles from 1s (seed 004).
+// a crashed browser with a backoff that doubles from 1s (the failure-handling rules).
 //
 // cmd/grid-worker is its thin main.
 package workeragent
@@ -151,7 +151,7 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // connect pings Redis until it answers, up to RedisRetryAttempts tries
-// with a doubling delay (seed 003: "If Redis isn't available, the worker
+// with a doubling delay (the worker lifecycle: "If Redis isn't available, the worker
 // retries").
 func (a *Agent) connect(ctx context.Context) error {
 	delay := a.cfg.RedisRetryDelay
@@ -418,7 +418,7 @@ func (a *Agent) startProber(ctx context.Context, b *Browser) <-chan error {
 }
 
 // drain marks the worker draining and waits until its active sessions
-// reach 0, up to DrainTimeout (seed 003, "Phase 3: Drain"). It keeps
+// reach 0, up to DrainTimeout (the worker lifecycle, "Phase 3: Drain"). It keeps
 // heartbeating meanwhile so the record outlives a long drain.
 func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, reason string) {
 	log.Info("draining", zap.String("reason", reason), zap.Duration("drain_timeout", a.cfg.DrainTimeout))
@@ -493,7 +493,7 @@ func (a *Agent) registerDraining(log *zap.Logger, reg registry.Registration) {
 	}
 }
 
-// exit removes the worker from Redis, then closes the browser (seed 003,
+// exit removes the worker from Redis, then closes the browser (the worker lifecycle,
 // "Phase 4: Exit").
 func (a *Agent) exit(log *zap.Logger, b *Browser, reg registry.Registration) {
 	a.deregister(log, reg)

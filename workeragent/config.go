@@ -80,7 +80,7 @@ type Config struct {
 	StartTimeout time.Duration
 
 	// RedisRetryAttempts is how many times the agent tries Redis at start
-	// before it gives up (seed 003's REDIS_RETRY_ATTEMPTS). Default: 10.
+	// before it gives up (the worker lifecycle's REDIS_RETRY_ATTEMPTS). Default: 10.
 	RedisRetryAttempts int
 	// RedisRetryDelay is the first wait between those attempts; it doubles
 	// up to 5s. Default: 1s.
@@ -326,7 +326,7 @@ func ParseFlags(args []string, getenv func(string) string, out io.Writer) (Confi
 	return c, nil
 }
 
-// Validate checks the configuration, seed 003's timing relationships first;
+// Validate checks the configuration, the worker lifecycle's timing relationships first;
 // each error names the rule and the values.
 func (c *Config) Validate() error {
 	var errs []error
@@ -344,7 +344,7 @@ func (c *Config) Validate() error {
 		add("-probe-timeout must not be negative, got %s", c.ProbeTimeout)
 	}
 	if c.HeartbeatInterval > 0 {
-		// Seed 003, "Timing Relationships".
+		// The worker lifecycle, "Timing Relationships".
 		if c.KeyTTL > 0 && c.HeartbeatInterval >= c.KeyTTL {
 			add("timing rule 'heartbeat interval < key TTL' broken: heartbeat-interval %s >= key-ttl %s (the record would expire while the worker is healthy)", c.HeartbeatInterval, c.KeyTTL)
 		}

@@ -54,7 +54,7 @@ func TestMain(m *testing.M) {
 func gridWorker() string  { return filepath.Join(binDir, "grid-worker") }
 func fakebrowser() string { return filepath.Join(binDir, "fakebrowser") }
 
-// fastTimings keep the lifecycle quick while obeying seed 003's rules.
+// fastTimings keep the lifecycle quick while obeying the worker lifecycle's rules.
 var fastTimings = []string{
 	"-heartbeat-interval", "200ms", "-key-ttl", "3s", "-stale-threshold", "3s", "-command-ttl", "5s",
 	"-log-format", "json",

@@ -1,8 +1,8 @@
 -- registry_baseline.lua: the baseline of gridbench's registry section: a
--- select-and-claim written as seed 000 describes its selector.lua, an O(N)
+-- select-and-claim written as the lifetime-first rule first described its selector.lua, an O(N)
 -- walk. It reads every worker's counters with HGETALL, then for each worker
 -- of the pool its key's TTL and HMGET of its record, filters the eligible
--- ones, applies seed 000's margin, primary and fallback phases, and claims
+-- ones, applies the lifetime-first rule's margin, primary and fallback phases, and claims
 -- (HINCRBY of both counters). Worker keys are built in the script, as the
 -- seed's layout requires: it runs on a single node only.
 --

@@ -189,9 +189,9 @@ func selImbalanceTable(w io.Writer, quick bool) error {
 	fmt.Fprintf(w, "Median over %d rings of real-looking worker IDs (xxh3 positions). \"K=1 exact\" is the\n", rings)
 	fmt.Fprintf(w, "busiest worker's share of the ring (its selection probability) over the mean; the K\n")
 	fmt.Fprintf(w, "columns count %s allocations with no releases (K = 1 counts add sampling noise on top\n", selCount(allocations))
-	fmt.Fprintf(w, "of the exact share). Seed 002's column follows its 1 + ln(N)/V approximation; the\n")
+	fmt.Fprintf(w, "of the exact share). The vnode design's published column follows its 1 + ln(N)/V approximation; the\n")
 	fmt.Fprintf(w, "planning column is DESIGN.md's independent simulation.\n\n")
-	fmt.Fprintf(w, "| V | seed 002 (K=1) | planning (K=1) | K=1 exact | K=1 | K=2 | K=3 |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| V | published (K=1) | planning (K=1) | K=1 exact | K=1 | K=2 | K=3 |\n|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, v := range vs {
 		var exact []float64
 		counts := map[int][]float64{}

@@ -179,7 +179,7 @@ local function store(id, w)
   }))
 end
 
--- Fair-share estimate (seed 001): moving mean (floor) or median of the
+-- Fair-share estimate (poolifier): moving mean (floor) or median of the
 -- last cfg.win durations; cfg.def without history.
 local function estimate(d, cfg)
   local n = #d

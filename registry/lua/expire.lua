@@ -1,8 +1,8 @@
 -- expire.lua: remove a worker and everything its registration wrote (record,
 -- counters, durations, command, ring positions, index entries) in one step,
--- so no selector sees half a worker (seed 002's expire invariant). With a
+-- so no selector sees half a worker (the vnode design's expire invariant). With a
 -- stale threshold it first re-checks the heartbeat and keeps a fresh worker
--- (seed 002's skip_if_fresh), so a heartbeat that lands between a
+-- (the vnode design's skip_if_fresh), so a heartbeat that lands between a
 -- selector's observation and this call wins. Leases of the worker stay:
 -- they belong to live sessions (their holders renew them) and count again
 -- if the same registration comes back (register.lua); abandoned ones lapse

@@ -4,7 +4,7 @@
 // message, counts sessions and messages, and misbehaves on request: refuse
 // the upgrade, hang before answering, answer slowly, close a session after
 // N messages or after a duration, or end the whole process after N
-// sessions (seed 004's "mock worker binary with configurable failure
+// sessions (the failure-handling rules' "mock worker binary with configurable failure
 // modes").
 //
 // Besides the WebSocket path a Server answers:
