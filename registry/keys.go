@@ -8,7 +8,7 @@ import (
 
 // The key schema. Every key of one pool shares the hash tag
 // "{<prefix>:<pool>}", so each script touches one Redis Cluster slot; the
-// pool list is the only key outside a pool. README.md ("Redis") shows how to
+// pool list is the only key outside a pool. docs/redis.md shows how to
 // read them with redis-cli.
 const (
 	keyWorkers     = "workers"       // HASH id -> record (JSON)

@@ -43,7 +43,7 @@ import "time"
 // session plus a restart. The margin shrinks as 1/N while a pool's arrival
 // rate grows with N, so a large pool at a fixed MaxLifetime under heavy load
 // can have two or three down at once; still fewer than round robin (see
-// Simulate and the README's table). StaggerDrains removes the condition:
+// Simulate and docs/policies.md's Figures table). StaggerDrains removes the condition:
 // it holds back the next worker's last session until the previous one is
 // gone, trading that session's wait for the guarantee.
 type LifetimeFirst struct{ Limits }

@@ -161,7 +161,7 @@ func Defaults() Config {
 }
 
 // Option describes one setting: its flag, environment variable, default
-// and meaning (the README's table is generated from the same list).
+// and meaning (docs/operations.md's flags table is checked against the same list).
 type Option struct {
 	Flag, Env, Default, Usage string
 }
