@@ -77,7 +77,7 @@ func TestAuthRecipesWithPlaywright(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	reg := registry.New(rdb, registry.Options{})
 	testenv.Eventually(t, 90*time.Second, "the Chromium worker to register", func() bool {
-		info, err := reg.Inspect(context.Background(), "chromium")
+		info, _, _, err := reg.InspectGroups(context.Background(), "chromium")
 		return err == nil && len(info.Workers) == 1 && info.Workers[0].Status == "available"
 	})
 
@@ -182,17 +182,24 @@ func TestAuthRecipesWithPlaywright(t *testing.T) {
 func failedSession(t *testing.T, reg *registry.Registry, srv *recipeServer, suffix, header string) {
 	t.Helper()
 	ctx := context.Background()
-	c, err := reg.Claim(ctx, registry.ClaimRequest{Pool: "chromium", Policy: registry.LifetimeFirst, LeaseTTL: time.Minute})
+	// The worker registered in its Playwright version's group of the pool:
+	// the dead workers join it there, where the request is routed.
+	info, _, _, err := reg.InspectGroups(ctx, "chromium")
+	if err != nil || len(info.Workers) != 1 {
+		t.Fatalf("reading the pool: %v (%d workers)", err, len(info.Workers))
+	}
+	pool := registry.GroupPool("chromium", info.Workers[0].PlaywrightVersion)
+	c, err := reg.Claim(ctx, registry.ClaimRequest{Pool: pool, Policy: registry.LifetimeFirst, LeaseTTL: time.Minute})
 	if err != nil {
 		t.Fatalf("claiming the worker to make it suspect: %v", err)
 	}
-	if err := reg.Undo(ctx, "chromium", c.LeaseID, time.Minute); err != nil {
+	if err := reg.Undo(ctx, pool, c.LeaseID, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	var dead []string
 	for i := range 3 { // DefaultDialRetries + 1
 		id := fmt.Sprintf("dead-%d", i)
-		if err := reg.Register(ctx, registry.Registration{Pool: "chromium", ID: id,
+		if err := reg.Register(ctx, registry.Registration{Pool: pool, ID: id,
 			Addr: "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)), Path: "/playwright", TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
@@ -200,7 +207,7 @@ func failedSession(t *testing.T, reg *registry.Registry, srv *recipeServer, suff
 	}
 	t.Cleanup(func() {
 		for _, id := range dead {
-			_, _ = reg.Expire(context.Background(), "chromium", id, 0)
+			_, _ = reg.Expire(context.Background(), pool, id, 0)
 		}
 	})
 	if code := srv.upgradeStatus(t, suffix, header); code != http.StatusBadGateway {
@@ -213,7 +220,7 @@ type figures struct{ active, lifetime int }
 // workerFigures reads the one worker's live sessions and lifetime.
 func workerFigures(t *testing.T, reg *registry.Registry) figures {
 	t.Helper()
-	info, err := reg.Inspect(context.Background(), "chromium")
+	info, _, _, err := reg.InspectGroups(context.Background(), "chromium")
 	if err != nil {
 		t.Fatalf("reading the pool: %v", err)
 	}

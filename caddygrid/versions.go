@@ -197,35 +197,10 @@ func (s *session) refusalMessage() string {
 }
 
 // inspectPool reads a pool and every version group of it as one pool
-// (the admin API's view): the workers of all groups, each with its
-// version, and the pool's versions. Also returns the group names read.
+// (the admin API's view; registry.InspectGroups).
 func inspectPool(ctx context.Context, b *backend, pool string) (registry.PoolInfo, []string, []string, error) {
-	vs, err := b.reg.Versions(ctx, pool)
-	if err != nil {
-		return registry.PoolInfo{}, nil, nil, err
-	}
-	groups := []string{pool}
-	for v := range vs.Workers {
-		if v != "" {
-			groups = append(groups, registry.GroupPool(pool, v))
-		}
-	}
-	slices.Sort(groups)
-	info := registry.PoolInfo{Pool: pool}
-	for i, g := range groups {
-		gi, err := b.reg.Inspect(ctx, g)
-		if err != nil {
-			return registry.PoolInfo{}, nil, nil, err
-		}
-		if i == 0 {
-			info.Limits = gi.Limits // one config for the pool and its groups
-		}
-		info.Workers = append(info.Workers, gi.Workers...)
-		info.BadRecords = append(info.BadRecords, gi.BadRecords...)
-		info.Retiring = append(info.Retiring, gi.Retiring...)
-		info.Leases += gi.Leases
-	}
-	return info, vs.Versions, groups, nil
+	info, vs, groups, err := b.reg.InspectGroups(ctx, pool)
+	return info, vs.Versions, groups, err
 }
 
 // basePools lists the pools of a pool list that holds version groups too.

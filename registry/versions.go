@@ -198,3 +198,37 @@ func (r *Registry) versions(ctx context.Context, pool string) (PoolVersions, err
 func (r *Registry) Versions(ctx context.Context, pool string) (PoolVersions, error) {
 	return r.versions(ctx, pool)
 }
+
+// InspectGroups reads a pool and every Playwright version group of it as
+// one pool: the workers of all groups (each with its PlaywrightVersion),
+// their leases, bad records and retiring workers, the pool's limits, and
+// the pool's versions. It also returns the group names it read, the pool's
+// own first. Inspect reads one group.
+func (r *Registry) InspectGroups(ctx context.Context, pool string) (PoolInfo, PoolVersions, []string, error) {
+	vs, err := r.versions(ctx, pool)
+	if err != nil {
+		return PoolInfo{}, PoolVersions{}, nil, err
+	}
+	groups := []string{pool}
+	for v := range vs.Workers {
+		if v != "" {
+			groups = append(groups, GroupPool(pool, v))
+		}
+	}
+	slices.Sort(groups[1:])
+	info := PoolInfo{Pool: pool}
+	for i, g := range groups {
+		gi, err := r.Inspect(ctx, g)
+		if err != nil {
+			return PoolInfo{}, PoolVersions{}, nil, err
+		}
+		if i == 0 {
+			info.Limits = gi.Limits // one config for the pool and its groups
+		}
+		info.Workers = append(info.Workers, gi.Workers...)
+		info.BadRecords = append(info.BadRecords, gi.BadRecords...)
+		info.Retiring = append(info.Retiring, gi.Retiring...)
+		info.Leases += gi.Leases
+	}
+	return info, vs, groups, nil
+}

@@ -83,7 +83,7 @@ func workers(t *testing.T, reg *registry.Registry, pool string) []registry.Worke
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	info, err := reg.Inspect(ctx, pool)
+	info, _, _, err := reg.InspectGroups(ctx, pool) // a Playwright worker registers in its version's group
 	if err != nil {
 		t.Fatalf("reading the workers of pool %s: %v", pool, err)
 	}

@@ -317,7 +317,7 @@ func TestRecyclingUnderLoad(t *testing.T) {
 	go func() {
 		defer close(watchDone)
 		for watchCtx.Err() == nil {
-			info, err := reg.Inspect(watchCtx, "chromium")
+			info, _, _, err := reg.InspectGroups(watchCtx, "chromium")
 			if err == nil {
 				mu.Lock()
 				draining := 0
