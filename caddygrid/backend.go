@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
@@ -108,7 +109,9 @@ type backend struct {
 	recent   map[string]time.Time
 	// versions caches each pool's Playwright versions (versions.go).
 	versions map[string]cachedVersions
-	lastPick map[string]registry.ClaimRequest // pool → the last claim's request, for admin picks
+	// versionReads makes concurrent reads of one pool's versions one.
+	versionReads singleflight.Group
+	lastPick     map[string]registry.ClaimRequest // pool → the last claim's request, for admin picks
 
 	// ctx ends when the last reference goes (Destruct); the background
 	// work started by start runs until then.
