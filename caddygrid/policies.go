@@ -295,6 +295,24 @@ func intArg(d *caddyfile.Dispenser, name string, lo, hi int) (int, error) {
 	return n, nil
 }
 
+// newGridPolicy returns a new module of the grid policy name: a row of the
+// registry's policy table, found as Caddy finds any selection policy, by
+// its module ID http.reverse_proxy.selection_policies.<name>.
+func newGridPolicy(name string) (gridPolicy, error) {
+	if _, ok := registry.LookupPolicy(name); !ok {
+		return nil, &registry.UnknownPolicyError{Name: name}
+	}
+	mi, err := caddy.GetModule("http.reverse_proxy.selection_policies." + name)
+	if err != nil {
+		return nil, fmt.Errorf("policy %q has no Caddy module: %w", name, err)
+	}
+	policy, ok := mi.New().(gridPolicy)
+	if !ok {
+		return nil, fmt.Errorf("policy %q's module is not a grid policy", name)
+	}
+	return policy, nil
+}
+
 // gridPolicy is what every grid selection policy module is.
 type gridPolicy interface {
 	reverseproxy.Selector
@@ -390,7 +408,8 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	req.Limits.MaxConcurrent = opts.MaxConcurrent
 	req.Limits.MaxLifetime = opts.MaxLifetime
 	req.Limits.StaleAfter = time.Duration(c.app.StaleThreshold)
-	req.Limits.StaggerDrains = opts.stagger(c.name == policyLifetimeFirst) && opts.MaxLifetime > 0
+	spec, _ := registry.LookupPolicy(c.name)
+	req.Limits.StaggerDrains = opts.stagger(spec.StaggerByDefault) && opts.MaxLifetime > 0
 	if req.Limits.MaxScan == 0 {
 		req.Limits.MaxScan = opts.MaxScan
 	}

@@ -21,6 +21,9 @@ type PolicySpec struct {
 	// DefaultMaxScan is the max_scan budget of a claim whose
 	// Limits.MaxScan is 0 (0: the policy sets its own in prepare).
 	DefaultMaxScan int
+	// StaggerByDefault is the default of the Caddy option stagger_drains
+	// (restarts one at a time) for this policy.
+	StaggerByDefault bool
 	// prepare checks and defaults the request's policy parameters, after
 	// the shared limits are checked (nil: the policy has none).
 	prepare func(req *ClaimRequest) error
@@ -37,7 +40,7 @@ type PolicySpec struct {
 var policies = []PolicySpec{
 	{
 		Name: LifetimeFirst, Summary: "the worker with the most sessions behind it, so workers retire one at a time",
-		DefaultMaxScan: DefaultMaxScan, walk: luaWalkLifetimeFirst,
+		DefaultMaxScan: DefaultMaxScan, StaggerByDefault: true, walk: luaWalkLifetimeFirst,
 	},
 	{
 		Name: Vnode, Summary: "a ring of virtual nodes with power-of-K choices on live sessions",
