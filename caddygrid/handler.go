@@ -76,8 +76,10 @@ type Handler struct {
 	// from the request; another name gets 400. Default: chromium, firefox,
 	// webkit (or just Pool when it is a fixed name).
 	Browsers []string `json:"browsers,omitempty"`
-	// PolicyRaw is the grid selection policy: a row of the registry's policy table (lifetime_first, vnode, fair_share, …;
-	// fair_share, with its own options. Default: lifetime_first.
+	// PolicyRaw is the grid selection policy, with its own options: a
+	// policy of the registry's table (lifetime_first, vnode, fair_share,
+	// interleaved_weighted_round_robin; docs/policies.md). Default:
+	// lifetime_first.
 	PolicyRaw json.RawMessage `json:"policy,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
 
 	// ClaimOptions (max_concurrent, max_lifetime, select_timeout,
