@@ -50,6 +50,10 @@ var policies = []PolicySpec{
 		Name: FairShare, Summary: "the worker whose queue of sessions ends first (poolifier's fair share)",
 		DefaultMaxScan: DefaultMaxScan, prepare: prepareFairShare, walk: luaWalkFairShare,
 	},
+	{
+		Name: InterleavedWeightedRoundRobin, Summary: "turns dealt in rounds by the workers' weights (poolifier's interleaved weighted round robin)",
+		DefaultMaxScan: DefaultMaxScan, walk: luaWalkIWRR,
+	},
 }
 
 // Policies returns the policy table, in order.

@@ -92,6 +92,9 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 	case reg.Lifetime < 0:
 		return fmt.Errorf("registering worker %q in pool %q: Lifetime %d is negative", reg.ID, reg.Pool, reg.Lifetime)
 	}
+	if err := selection.ValidWeight(reg.Weight); err != nil {
+		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
+	}
 	draining := 0
 	if reg.Draining {
 		draining = 1
@@ -123,7 +126,7 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 	}
 	err := r.run(ctx, scriptRegister, reg.Pool, 0,
 		reg.ID, reg.BrowserType, reg.Addr, reg.Path, reg.Capacity, v, ms(ttl), gen, strings.Join(pos, " "),
-		reg.Lifetime, ms(r.opts.CommandTTL), draining, sig).Err()
+		reg.Lifetime, ms(r.opts.CommandTTL), draining, sig, reg.weight()).Err()
 	if err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
 	}

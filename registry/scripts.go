@@ -35,6 +35,8 @@ var (
 	luaWalkVnode string
 	//go:embed lua/walk_fair_share.lua
 	luaWalkFairShare string
+	//go:embed lua/walk_interleaved_weighted_round_robin.lua
+	luaWalkIWRR string
 	//go:embed lua/reconcile.lua
 	luaReconcile string
 
