@@ -159,6 +159,30 @@ func (r reply) strs(name string) []string {
 	return out
 }
 
+// rowsLua is the Lua of a reply field that is a flat list of records:
+// add_row(list, {name = value, …}) appends one record's fields in the
+// order of names (an unset one is a script error).
+func rowsLua(script string, names []string) string {
+	var b strings.Builder
+	b.WriteString("local ROW = {")
+	for i, n := range names {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.Quote(n))
+	}
+	b.WriteString("}\n")
+	fmt.Fprintf(&b, `local function add_row(list, t)
+  for _, name in ipairs(ROW) do
+    local v = t[name]
+    if v == nil then error('%s: row field ' .. name .. ' not set') end
+    list[#list + 1] = v
+  end
+end
+`, script)
+	return b.String()
+}
+
 // contractLua is the Lua prologue of a script whose request and reply are
 // named here: REQ maps each of its ARGV names to its index (read as
 // ARGV[REQ.name]), PARG(i) reads the i-th argument after them, and

@@ -88,6 +88,22 @@ func stripLuaComments(src string) string {
 	return b.String()
 }
 
+// read.lua's rows carry readRow's fields, all of them.
+func TestContractReadRow(t *testing.T) {
+	code := stripLuaComments(luaRead)
+	i := strings.Index(code, "add_row(rows, {")
+	if i < 0 {
+		t.Fatal("read.lua builds no row with add_row")
+	}
+	j := strings.Index(code[i:], "})")
+	got := namesIn(regexp.MustCompile(`(?m)(?:^|[{,\s])([a-z_]+) =`), code[i+len("add_row(rows, {"):i+j])
+	want := slices.Clone(readRow)
+	sort.Strings(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("read.lua's rows have %v; contract.go names %v", got, want)
+	}
+}
+
 // Every row of the policy table has its walk, which defines the row's
 // WALKS entry and no other, and claim.lua has the place the walks go.
 func TestPolicyTableWalks(t *testing.T) {

@@ -47,7 +47,7 @@ var (
 	scriptExpireStale = redis.NewScript(luaCommon + luaExpireStale)
 	scriptLease       = redis.NewScript(luaCommon + luaLease)
 	scriptClaim       = redis.NewScript(claimSource())
-	scriptRead        = redis.NewScript(luaCommon + contractLua("read.lua", readArgs, readReply) + luaRead)
+	scriptRead        = redis.NewScript(luaCommon + contractLua("read.lua", readArgs, readReply) + rowsLua("read.lua", readRow) + luaRead)
 	scriptReconcile   = redis.NewScript(luaCommon + luaReconcile)
 )
 

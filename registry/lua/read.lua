@@ -12,8 +12,8 @@
 --   the pool), cursor ('0' to start), chunk (HSCAN COUNT).
 -- Returns: reply{...} with contract.go's readReply fields: now, leases,
 --   config (flat HGETALL), rows, retiring, cursor, where rows is a flat
---   list of readRow's fields per worker (id, record, active, lifetime,
---   durations, command; false -> '' for a missing value), retiring the
+--   list of readRow's fields per worker, added by add_row (id, record,
+--   active, lifetime, durations, command; '' for a missing value), retiring the
 --   members of the retiring set (first chunk of a pool only) and cursor
 --   the next one ('0': done).
 -- Complexity: O(1) for one worker; O(C) per chunk of C workers, plus O(R)
@@ -25,12 +25,11 @@ local function s(v)
 end
 local rows = {}
 local function row(id, rec)
-  rows[#rows + 1] = id
-  rows[#rows + 1] = s(rec)
-  rows[#rows + 1] = s(redis.call('HGET', K_ACTIVE, id))
-  rows[#rows + 1] = s(redis.call('HGET', K_LIFETIME, id))
-  rows[#rows + 1] = s(redis.call('HGET', K_DUR, id))
-  rows[#rows + 1] = s(redis.call('HGET', K_CMD, id))
+  add_row(rows, {
+    id = id, record = s(rec), active = s(redis.call('HGET', K_ACTIVE, id)),
+    lifetime = s(redis.call('HGET', K_LIFETIME, id)), durations = s(redis.call('HGET', K_DUR, id)),
+    command = s(redis.call('HGET', K_CMD, id)),
+  })
 end
 local id, cursor, retiring = ARGV[REQ.id], '0', {}
 if id ~= '' then
