@@ -2,9 +2,12 @@ package registry
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/browsergrid/caddy-browser-grid/selection"
 )
@@ -48,5 +51,28 @@ func TestInterleavedWeightedRoundRobinClaims(t *testing.T) {
 	if err := r.Register(ctx, Registration{Pool: "p", ID: "c", Addr: "127.0.0.1:3", Weight: selection.MaxWeight + 1}); err == nil ||
 		!strings.Contains(err.Error(), "weight") {
 		t.Fatalf("a weight over the maximum: %v, want an error naming the weight", err)
+	}
+}
+
+// The reaper's Reconcile puts back an indexed worker's missing idx:iwrr
+// entry and removes an entry whose worker is gone.
+func TestReconcileRepairsTheIWRRIndex(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	if err := r.Register(ctx, Registration{Pool: "p", ID: "a", Addr: "127.0.0.1:1", Weight: 2, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	key := r.Key("p", keyIdxIWRR)
+	if err := rdb.ZRem(ctx, key, "000002:a").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZAdd(ctx, key, redis.Z{Member: "000001:gone"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := rdb.ZRange(ctx, key, 0, -1).Result(); !slices.Equal(got, []string{"000002:a"}) {
+		t.Fatalf("idx:iwrr after Reconcile: %v, want [000002:a]", got)
 	}
 }
