@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -117,4 +118,44 @@ func TestReadsOnAReplica(t *testing.T) {
 	if _, err := ro.Worker(ctx, "p", "w1"); err != nil {
 		t.Fatalf("Worker on a replica: %v", err)
 	}
+}
+
+// A fair-share Pick, which may not move busy workers whose predicted end
+// has passed to the idle index, walks them as idle all the same: some
+// seconds after the pool was written, Pick decides as the selection
+// package does at that time, and as the Claim that follows it (which
+// moves them) does.
+func TestFairSharePickSeesDueWorkersAsIdle(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{NoStaleExpiry: true})
+	rng := rand.New(rand.NewPCG(3, 9))
+	now := time.UnixMilli(1_700_000_000_000)
+	due := 0
+	for i := range 300 {
+		st := randomState(rng, now)
+		st.limits.StaleAfter = 0 // the later time must not make workers stale
+		st.write(t, r, "fs", now)
+		later := now.Add(time.Duration(rng.IntN(9000)) * time.Millisecond)
+		for _, w := range st.ws {
+			if w.PredictedEnd.After(now) && !w.PredictedEnd.After(later) {
+				due++
+			}
+		}
+		want := st.expected(FairShare, later, 0)
+		_, got, err := r.Pick(ctx, st.request("fs", FairShare, later, 0))
+		if err != nil && !errors.Is(err, ErrNoWorker) {
+			t.Fatalf("state %d: Pick: %v", i, err)
+		}
+		if !sameDecision(got, want) {
+			t.Fatalf("state %d at +%s:\n pick      %+v\n selection %+v\n%s", i, later.Sub(now), got, want, describe(st, now))
+		}
+		c, err := r.Claim(ctx, st.request("fs", FairShare, later, 0))
+		if want.OK && (err != nil || c.Worker.ID != want.ID) {
+			t.Fatalf("state %d: claim %+v %v, pick chose %s", i, c, err, want.ID)
+		}
+	}
+	if due == 0 {
+		t.Fatal("no state had a busy worker due at the later time: the test does not cover it")
+	}
+	t.Logf("%d workers due between the write and the pick", due)
 }
