@@ -359,6 +359,7 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //	        median
 //	        default_estimate <duration>
 //	    }
+//	    policy interleaved_weighted_round_robin
 //	    browsers           <pool...>
 //	    max_concurrent     <n>
 //	    max_lifetime       <n>
