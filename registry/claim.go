@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/selection"
@@ -94,6 +95,24 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	if err != nil {
 		return outcome{}, err
 	}
+	args, err := r.claimArgv(&req, spec, dry, leaseID)
+	if err != nil {
+		return outcome{}, err
+	}
+	run := r.run
+	if dry {
+		run = r.runRO
+	}
+	res, err := run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	if err != nil {
+		return outcome{}, err
+	}
+	return r.decodeClaim(req, dry, leaseID, res)
+}
+
+// claimArgv is claim.lua's ARGV after the common three, for a checked
+// request: contract.go's claimArgs by name, then the policy's own.
+func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, leaseID string) ([]any, error) {
 	a := newArgv(claimArgsLayout).
 		set("policy", string(req.Policy)).set("dry", bit(dry)).
 		set("max_concurrent", req.Limits.MaxConcurrent).set("max_lifetime", req.Limits.MaxLifetime).
@@ -108,20 +127,30 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 		set("client", ClientHash(req.ClientKey)).set("client_limit", req.ClientLimit)
 	args, err := a.list()
 	if err != nil {
-		return outcome{}, err
+		return nil, err
 	}
 	if spec.args != nil {
-		args = append(args, spec.args(&req)...)
+		args = append(args, spec.args(req)...)
 	}
-	run := r.run
-	if dry {
-		run = r.runRO
-	}
-	res, err := run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	return args, nil
+}
+
+// PickScript returns what Pick sends for req, for tools that time the
+// claim script in Redis (cmd/gridbench's redis-profile): the pool's KEYS,
+// the whole ARGV, and claim.lua as it runs after common.lua (its contract
+// prologue and every policy's walk). Run common.lua + body with them
+// read-only.
+func (r *Registry) PickScript(req ClaimRequest) (keys []string, args []any, body string, err error) {
+	spec, err := r.checkRequest(&req)
 	if err != nil {
-		return outcome{}, err
+		return nil, nil, "", err
 	}
-	return r.decodeClaim(req, dry, leaseID, res)
+	own, err := r.claimArgv(&req, spec, true, "")
+	if err != nil {
+		return nil, nil, "", err
+	}
+	args = append([]any{toMS(req.Now), r.channel(req.Pool), req.Pool}, own...)
+	return r.poolKeys(req.Pool), args, strings.TrimPrefix(claimSource(), luaCommon), nil
 }
 
 // decodeClaim decodes claim.lua's reply (contract.go's claimReply and the

@@ -222,3 +222,10 @@ end
 `, script)
 	return b.String()
 }
+
+// ClaimContractLua returns claim.lua's generated contract prologue (REQ,
+// PARG, reply) with its argument and reply field names, for tools that
+// time what naming costs (cmd/gridbench's redis-profile).
+func ClaimContractLua() (lua string, args, reply []string) {
+	return contractLua("claim.lua", claimArgs, claimReply), append([]string(nil), claimArgs...), append([]string(nil), claimReply...)
+}
