@@ -622,6 +622,7 @@ const (
 	outcomeStopped                // 503: the request's config was replaced and cleaned up before it claimed
 	outcomeUnknownVersion         // 428: no worker of the pool serves the client's Playwright version
 	outcomeClientLimited          // 429: the client holds its client_limit of live sessions
+	outcomeNotWebSocket           // no WebSocket upgrade: nothing claimed (503 in a hand-composed proxy; the directive answers 426 before)
 )
 
 // acquire claims a worker for the session, waiting in the pool's queue

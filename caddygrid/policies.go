@@ -374,6 +374,14 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	if o, _ := s.getOutcome(); o != outcomeNone {
 		return nil // an earlier attempt already gave up (timeout, queue full)
 	}
+	if !isWebSocket(r) {
+		// A hand-composed reverse_proxy (the directive answers 426 first)
+		// would proxy a plain HTTP request, which a browser server answers
+		// with 200 (Playwright's "Running"): an answer that blames the
+		// worker for an upgrade. Nothing to claim a browser for.
+		s.setOutcome(outcomeNotWebSocket, 0)
+		return nil
+	}
 	s.mu.Lock()
 	pool := s.pool
 	if s.start.IsZero() {
