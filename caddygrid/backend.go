@@ -628,14 +628,16 @@ const (
 // acquire claims a worker for the session, waiting in the pool's queue
 // (at most queueSize waiters here) until deadline when none is free.
 func (b *backend) acquire(ctx context.Context, req registry.ClaimRequest, samples, queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
-	return b.acquireWith(ctx, req.Pool, func(ctx context.Context) (*registry.Claim, error) {
+	return b.acquireWith(ctx, req, func(ctx context.Context) (*registry.Claim, error) {
 		return b.claim(ctx, req, samples)
 	}, queueSize, deadline)
 }
 
 // acquireWith is acquire with the claim to make (one group, or any group
-// of a pool: see acquireRouted), waiting in the queue of pool.
-func (b *backend) acquireWith(ctx context.Context, pool string, claim func(context.Context) (*registry.Claim, error), queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
+// of a pool: see acquireRouted), waiting in the queue of req.Pool; a
+// client with a client_limit has at most that many requests waiting.
+func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, claim func(context.Context) (*registry.Claim, error), queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
+	pool := req.Pool
 	c, err := claim(ctx)
 	if err == nil {
 		return c, outcomeNone, nil
@@ -650,7 +652,11 @@ func (b *backend) acquireWith(ctx context.Context, pool string, claim func(conte
 		return nil, outcomeTimeout, err
 	}
 	q := b.queue(pool)
-	w, ok := q.join(queueSize)
+	w, ok, clientFull := q.joinClient(queueSize, req.ClientKey, req.ClientLimit)
+	if clientFull {
+		b.clientLimited(req, errClientWaiting)
+		return nil, outcomeClientLimited, errClientWaiting
+	}
 	if !ok {
 		return nil, outcomeQueueFull, err
 	}

@@ -38,6 +38,10 @@ func clientKey(r *http.Request, tmpl string) string {
 	return "unknown client"
 }
 
+// errClientWaiting: the client already has as many requests waiting in
+// the pool's queue (this instance's) as its client_limit; nothing claimed.
+var errClientWaiting = fmt.Errorf("%w: as many of this client's requests wait for a browser as its client_limit allows", registry.ErrClientLimit)
+
 // clientLimited counts a claim refused by the client limit and logs it at
 // most once a minute per client and pool, naming the client by its hash
 // only.
@@ -60,6 +64,12 @@ func (b *backend) clientLimited(req registry.ClaimRequest, err error) {
 // setLimited records why the client was refused (a *ClientLimitError in err).
 func (s *session) setLimited(err error) {
 	var le *registry.ClientLimitError
+	if errors.Is(err, errClientWaiting) {
+		s.mu.Lock()
+		s.waiting = true
+		s.mu.Unlock()
+		return
+	}
 	if !errors.As(err, &le) {
 		return
 	}
@@ -71,8 +81,11 @@ func (s *session) setLimited(err error) {
 // limitedMessage is the body of the 429 for a client over its limit.
 func (s *session) limitedMessage() string {
 	s.mu.Lock()
-	le := s.limited
+	le, waiting := s.limited, s.waiting
 	s.mu.Unlock()
+	if waiting {
+		return "client limit reached: as many requests of this client already wait for a browser as its client_limit allows; retry when one has been served"
+	}
 	if le == nil {
 		return "client limit reached for this client; retry when one of its sessions has ended"
 	}

@@ -142,7 +142,7 @@ func (b *backend) acquireRouted(ctx context.Context, req registry.ClaimRequest, 
 		// The pool's workers register no version (exec, CDP): nothing
 		// to route by, any worker serves.
 	}
-	c, o, err := b.acquireWith(ctx, pool, func(ctx context.Context) (*registry.Claim, error) {
+	c, o, err := b.acquireWith(ctx, req, func(ctx context.Context) (*registry.Claim, error) {
 		return b.claimAny(ctx, req, samples)
 	}, queueSize, deadline)
 	if c != nil {
