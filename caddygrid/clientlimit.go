@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -21,14 +22,17 @@ func clientKey(r *http.Request, tmpl string) string {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl != nil {
 		if k := repl.ReplaceAll(tmpl, ""); k != "" {
+			if tmpl == DefaultClientKey {
+				return ipClient(k)
+			}
 			return k
 		}
 		if k := repl.ReplaceAll(DefaultClientKey, ""); k != "" {
-			return k
+			return ipClient(k)
 		}
 	}
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil && host != "" {
-		return host
+		return ipClient(host)
 	}
 	if r.RemoteAddr != "" {
 		return r.RemoteAddr
@@ -41,6 +45,21 @@ func clientKey(r *http.Request, tmpl string) string {
 // errClientWaiting: the client already has as many requests waiting in
 // the pool's queue (this instance's) as its client_limit; nothing claimed.
 var errClientWaiting = fmt.Errorf("%w: as many of this client's requests wait for a browser as its client_limit allows", registry.ErrClientLimit)
+
+// ipv6ClientBits is how much of an IPv6 address names one client.
+const ipv6ClientBits = 64
+
+// ipClient names the client of an IP address key: the address for IPv4,
+// its /64 for IPv6 (a host or a home network is routed a whole /64 and
+// takes addresses in it at will, so a budget per address would be no
+// limit). A key that is no IP address is returned as it is.
+func ipClient(key string) string {
+	ip, err := netip.ParseAddr(key)
+	if err != nil || !ip.Is6() || ip.Is4In6() {
+		return key
+	}
+	return netip.PrefixFrom(ip.WithZone(""), ipv6ClientBits).Masked().String()
+}
 
 // clientLimited counts a claim refused by the client limit and logs it at
 // most once a minute per client and pool, naming the client by its hash

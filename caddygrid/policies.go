@@ -83,8 +83,8 @@ type ClaimOptions struct {
 	// Only its SHA-256 reaches Redis. A request whose key expands to ""
 	// counts as its IP address. A key without a placeholder is refused
 	// (every client would share one budget). Used with ClientLimit only.
-	// Default: "{http.vars.client_ip}" (the client's IP address, see
-	// DefaultClientKey).
+	// Default: "{http.vars.client_ip}" (the client's IP address, an IPv6
+	// client's /64; see DefaultClientKey).
 	ClientKey string `json:"client_key,omitempty"`
 	// VersionRouting sends a Playwright client (its User-Agent names its
 	// version) only to workers of its major.minor, and refuses with 428 a
