@@ -108,6 +108,9 @@ type backend struct {
 	recent   map[string]time.Time
 	// versions caches each pool's Playwright versions (versions.go).
 	versions map[string]cachedVersions
+	// swept is when a client-limit refusal last swept a pool's version
+	// groups for expired leases (versions.go, sweepGroups).
+	swept    map[string]time.Time
 	lastPick map[string]registry.ClaimRequest // pool → the last claim's request, for admin picks
 
 	// ctx ends when the last reference goes (Destruct); the background
@@ -639,6 +642,11 @@ func (b *backend) acquire(ctx context.Context, req registry.ClaimRequest, sample
 func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, claim func(context.Context) (*registry.Claim, error), queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
 	pool := req.Pool
 	c, err := claim(ctx)
+	if errors.Is(err, registry.ErrClientLimit) && b.sweepGroups(ctx, pool) {
+		// expired leases of the pool's other groups were freed: they may
+		// have been the client's
+		c, err = claim(ctx)
+	}
 	if err == nil {
 		return c, outcomeNone, nil
 	}
