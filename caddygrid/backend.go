@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
@@ -110,8 +111,10 @@ type backend struct {
 	versions map[string]cachedVersions
 	// swept is when a client-limit refusal last swept a pool's version
 	// groups for expired leases (versions.go, sweepGroups).
-	swept    map[string]time.Time
-	lastPick map[string]registry.ClaimRequest // pool → the last claim's request, for admin picks
+	swept map[string]time.Time
+	// versionReads makes concurrent reads of one pool's versions one.
+	versionReads singleflight.Group
+	lastPick     map[string]registry.ClaimRequest // pool → the last claim's request, for admin picks
 
 	// ctx ends when the last reference goes (Destruct); the background
 	// work started by start runs until then.

@@ -55,9 +55,16 @@ func trimZeros(s string) string {
 }
 
 // versionsMaxAge is how long a pool's list of versions read from Redis
-// serves the routing of this instance. A version whose first worker
-// registered since is read afresh before its client is refused.
+// serves the routing of this instance before it is read again, in the
+// background: requests go on with the copy meanwhile, so a slow or stalled
+// Redis never delays them by this read.
 const versionsMaxAge = time.Second
+
+// versionsRecheck is how old the copy may be before a client of a version
+// the copy lacks makes this instance read the versions at once (a first
+// worker of that version may have registered since). However many such
+// clients come, at most one read per versionsRecheck (and one at a time).
+const versionsRecheck = 250 * time.Millisecond
 
 // versionRoute is one request's routing: in, whether version_routing is on
 // and the client's version; out, the refusal's message.
@@ -86,31 +93,63 @@ var versionSessions = prometheus.NewCounterVec(prometheus.CounterOpts{
 type cachedVersions struct {
 	at time.Time
 	v  registry.PoolVersions
+	// refreshing: a background read is under way.
+	refreshing bool
 }
 
-// poolVersions returns pool's versions, read from Redis when the copy this
-// backend holds is older than maxAge (0: always).
+// poolVersions returns pool's versions. A copy younger than maxAge is used
+// as it is; an older one, when maxAge is versionsMaxAge or more, is used
+// while a background read refreshes it; otherwise (no copy, or a recheck)
+// the versions are read now, one read per pool at a time.
 func (b *backend) poolVersions(ctx context.Context, pool string, maxAge time.Duration) (registry.PoolVersions, error) {
 	b.mu.Lock()
 	c, ok := b.versions[pool]
-	b.mu.Unlock()
-	if ok && maxAge > 0 && time.Since(c.at) < maxAge {
+	if ok && time.Since(c.at) < maxAge {
+		b.mu.Unlock()
 		return c.v, nil
 	}
-	cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
-	defer cancel()
-	v, err := b.reg.Versions(cctx, pool)
+	if ok && maxAge >= versionsMaxAge {
+		if !c.refreshing {
+			c.refreshing = true
+			b.versions[pool] = c
+			go func() { _, _ = b.readVersions(context.Background(), pool) }()
+		}
+		b.mu.Unlock()
+		return c.v, nil
+	}
+	b.mu.Unlock()
+	return b.readVersions(ctx, pool)
+}
+
+// readVersions reads pool's versions from Redis (one read per pool at a
+// time: concurrent callers share it) and keeps the copy.
+func (b *backend) readVersions(ctx context.Context, pool string) (registry.PoolVersions, error) {
+	v, err, _ := b.versionReads.Do(pool, func() (any, error) {
+		// A read started by one request serves others: it does not end
+		// with the request that started it.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCallTimeout)
+		defer cancel()
+		v, err := b.reg.Versions(cctx, pool)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.versions == nil {
+			b.versions = map[string]cachedVersions{}
+		}
+		if err != nil {
+			if c, ok := b.versions[pool]; ok {
+				c.refreshing = false
+				b.versions[pool] = c
+			}
+			return registry.PoolVersions{}, err
+		}
+		b.versions[pool] = cachedVersions{at: time.Now(), v: v}
+		return v, nil
+	})
 	if err != nil {
 		metrics.redisErrors.WithLabelValues("versions").Inc()
 		return registry.PoolVersions{}, err
 	}
-	b.mu.Lock()
-	if b.versions == nil {
-		b.versions = map[string]cachedVersions{}
-	}
-	b.versions[pool] = cachedVersions{at: time.Now(), v: v}
-	b.mu.Unlock()
-	return v, nil
+	return v.(registry.PoolVersions), nil
 }
 
 // acquireRouted is acquire with version routing: a Playwright client's
@@ -120,7 +159,7 @@ func (b *backend) acquireRouted(ctx context.Context, req registry.ClaimRequest, 
 	if route != nil && route.on && route.client != "" {
 		vs, err := b.poolVersions(ctx, pool, versionsMaxAge)
 		if err == nil && !vs.Has(route.client) {
-			vs, err = b.poolVersions(ctx, pool, 0)
+			vs, err = b.poolVersions(ctx, pool, versionsRecheck)
 		}
 		if err != nil {
 			return nil, b.redisFailure(ctx, pool, err), err

@@ -3,8 +3,10 @@ package caddygrid_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,4 +172,51 @@ func TestVersionRouting(t *testing.T) {
 	if got := lifetimes(); got[0]+got[1] != before[0]+before[1]+1 {
 		t.Fatalf("lifetimes %v after one session with version_routing off, want one more than %v", got, before)
 	}
+}
+
+// zrangeCalls reads how many ZRANGE commands Redis has run (the read of a
+// pool's versions).
+func zrangeCalls(t *testing.T, r *testenv.Redis) int {
+	t.Helper()
+	s, err := r.Client().Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(s, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_zrange:calls="); ok {
+			n, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
+			return n
+		}
+	}
+	return 0
+}
+
+// TestUnknownVersionFloodReadsRedisBoundedly: clients of a version no worker
+// serves all get 428, but they cannot make an instance read the pool's
+// versions from Redis once per request: the reads are bounded per second,
+// whatever the request rate.
+func TestUnknownVersionFloodReadsRedisBoundedly(t *testing.T) {
+	g := newGrid(t)
+	g.worker(registry.GroupPool("chromium", "1.64"), "a", fake.Behavior{})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium
+	}`})
+	u := c.url("/playwright/chromium")
+	ctx := context.Background()
+	const n = 200
+	before, start := zrangeCalls(t, g.redis), time.Now()
+	for i := range n {
+		_, err := dialAs(ctx, u, fmt.Sprintf("Playwright/1.%d.0 (x64; debian 12) node/20.20", 100+i))
+		if he := refusal(err); he == nil || he.StatusCode != http.StatusPreconditionRequired {
+			t.Fatalf("request %d: %v, want 428", i, err)
+		}
+	}
+	took := time.Since(start)
+	reads := zrangeCalls(t, g.redis) - before
+	// One read per versionsRecheck at most, plus the first.
+	if limit := int(took/(250*time.Millisecond)) + 2; reads > limit {
+		t.Fatalf("%d requests of unknown versions in %v made %d reads of the versions; want at most %d", n, took, reads, limit)
+	}
+	t.Logf("%d requests of unknown versions in %v: %d reads of the pool's versions", n, took.Round(time.Millisecond), reads)
 }
