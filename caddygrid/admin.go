@@ -320,18 +320,14 @@ func (a *App) adminPick(ctx context.Context, b *backend, w http.ResponseWriter, 
 		req = registry.ClaimRequest{Pool: pool, Policy: registry.LifetimeFirst, Limits: info.Limits}
 		req.Limits.StaleAfter = time.Duration(a.StaleThreshold)
 	}
-	switch policy {
-	case "":
-	case policyLifetimeFirst, policyVnode, policyFairShare:
-		if registry.Policy(policy) != req.Policy {
-			req.Policy = registry.Policy(policy)
-			req.Vnode = selection.Vnode{Limits: req.Limits}
-			req.Vnode.SetDefaults()
-			req.FairShare = selection.FairShare{Limits: req.Limits}
-			req.FairShare.SetDefaults()
+	if policy != "" && registry.Policy(policy) != req.Policy {
+		if _, ok := registry.LookupPolicy(policy); !ok {
+			return apiError(http.StatusBadRequest, &registry.UnknownPolicyError{Name: policy})
 		}
-	default:
-		return apiError(http.StatusBadRequest, fmt.Errorf("unknown policy %q: use lifetime_first, vnode or fair_share", policy))
+		// Another policy than the last claim's: its own parameters at
+		// their defaults (the registry fills zero fields).
+		req.Policy = registry.Policy(policy)
+		req.Vnode, req.FairShare = selection.Vnode{}, selection.FairShare{}
 	}
 	wi, dec, err := b.reg.Pick(ctx, req)
 	out := PickResult{Pool: pool, Policy: string(req.Policy), Scanned: dec.Scanned, Stale: dec.Stale}

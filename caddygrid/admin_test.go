@@ -94,9 +94,12 @@ func TestAdminAndMetrics(t *testing.T) {
 	if w := g.info("chromium", "w2"); w.Lifetime != 2 || w.Active != 1 {
 		t.Errorf("pick claimed something: w2 lifetime %d active %d", w.Lifetime, w.Active)
 	}
-	code, body = c.admin(http.MethodGet, "/grid/pools/chromium/pick?policy=vnode")
-	if code != http.StatusOK || !strings.Contains(string(body), `"policy": "vnode"`) {
-		t.Errorf("GET pick?policy=vnode: %d %s", code, body)
+	// Every policy of the registry's table can be asked for.
+	for _, p := range registry.Policies() {
+		code, body = c.admin(http.MethodGet, "/grid/pools/chromium/pick?policy="+string(p.Name))
+		if code != http.StatusOK || !strings.Contains(string(body), `"policy": "`+string(p.Name)+`"`) {
+			t.Errorf("GET pick?policy=%s: %d %s", p.Name, code, body)
+		}
 	}
 
 	// POST drain

@@ -19,6 +19,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 func init() {
@@ -74,8 +76,10 @@ type Handler struct {
 	// from the request; another name gets 400. Default: chromium, firefox,
 	// webkit (or just Pool when it is a fixed name).
 	Browsers []string `json:"browsers,omitempty"`
-	// PolicyRaw is the grid selection policy: lifetime_first, vnode or
-	// fair_share, with its own options. Default: lifetime_first.
+	// PolicyRaw is the grid selection policy, with its own options: a
+	// policy of the registry's table (lifetime_first, vnode, fair_share,
+	// interleaved_weighted_round_robin; docs/policies.md). Default:
+	// lifetime_first.
 	PolicyRaw json.RawMessage `json:"policy,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
 
 	// ClaimOptions (max_concurrent, max_lifetime, select_timeout,
@@ -195,13 +199,9 @@ func (h *Handler) loadPolicy() (gridPolicy, error) {
 			delete(fields, "policy")
 		}
 	}
-	mi, err := caddy.GetModule("http.reverse_proxy.selection_policies." + name)
+	policy, err := newGridPolicy(name)
 	if err != nil {
-		return nil, fmt.Errorf("browser_grid: unknown policy %q: use lifetime_first, vnode or fair_share", name)
-	}
-	policy, ok := mi.New().(gridPolicy)
-	if !ok {
-		return nil, fmt.Errorf("browser_grid: policy %q is not a grid policy: use lifetime_first, vnode or fair_share", name)
+		return nil, fmt.Errorf("browser_grid: %w", err)
 	}
 	if len(fields) > 0 {
 		rest, _ := json.Marshal(fields)
@@ -359,6 +359,7 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //	        median
 //	        default_estimate <duration>
 //	    }
+//	    policy interleaved_weighted_round_robin
 //	    browsers           <pool...>
 //	    max_concurrent     <n>
 //	    max_lifetime       <n>
@@ -408,16 +409,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			pname := d.Val()
-			var policy gridPolicy
-			switch pname {
-			case policyLifetimeFirst:
-				policy = new(LifetimeFirstSelection)
-			case policyVnode:
-				policy = new(VnodeSelection)
-			case policyFairShare:
-				policy = new(FairShareSelection)
-			default:
-				return d.Errf("unrecognized policy '%s': use lifetime_first, vnode or fair_share", pname)
+			policy, err := newGridPolicy(pname)
+			if err != nil {
+				return d.Errf("unrecognized policy '%s': use %s", pname, registry.PolicyNames())
 			}
 			if d.NextArg() {
 				return d.ArgErr()

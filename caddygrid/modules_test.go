@@ -4,6 +4,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 // TestListModules: the caddy users build lists every module of the grid.
@@ -16,16 +18,18 @@ func TestListModules(t *testing.T) {
 	for _, line := range strings.Split(string(out), "\n") {
 		listed[strings.TrimSpace(line)] = true
 	}
-	for _, id := range []string{
+	ids := []string{
 		"grid",
 		"admin.api.grid",
 		"http.handlers.browser_grid",
 		"http.handlers.browser_grid_ui",
 		"http.reverse_proxy.upstreams.browser_grid",
-		"http.reverse_proxy.selection_policies.lifetime_first",
-		"http.reverse_proxy.selection_policies.vnode",
-		"http.reverse_proxy.selection_policies.fair_share",
-	} {
+	}
+	// Every policy of the registry's table is a selection policy module.
+	for _, p := range registry.Policies() {
+		ids = append(ids, "http.reverse_proxy.selection_policies."+string(p.Name))
+	}
+	for _, id := range ids {
 		if !listed[id] {
 			t.Errorf("caddy list-modules does not list %s", id)
 		}

@@ -18,13 +18,9 @@ import (
 	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
-func init() {
-	caddy.RegisterModule(new(LifetimeFirstSelection))
-	caddy.RegisterModule(new(VnodeSelection))
-	caddy.RegisterModule(new(FairShareSelection))
-}
-
-// Policy names, as in lb_policy and the browser_grid policy option.
+// Policy names, as in lb_policy and the browser_grid policy option: rows
+// of the registry's table (TestEveryTablePolicyIsAModule checks each has
+// its module, in its policy_<name>.go).
 const (
 	policyLifetimeFirst = "lifetime_first"
 	policyVnode         = "vnode"
@@ -317,6 +313,24 @@ func intArg(d *caddyfile.Dispenser, name string, lo, hi int) (int, error) {
 	return n, nil
 }
 
+// newGridPolicy returns a new module of the grid policy name: a row of the
+// registry's policy table, found as Caddy finds any selection policy, by
+// its module ID http.reverse_proxy.selection_policies.<name>.
+func newGridPolicy(name string) (gridPolicy, error) {
+	if _, ok := registry.LookupPolicy(name); !ok {
+		return nil, &registry.UnknownPolicyError{Name: name}
+	}
+	mi, err := caddy.GetModule("http.reverse_proxy.selection_policies." + name)
+	if err != nil {
+		return nil, fmt.Errorf("policy %q has no Caddy module: %w", name, err)
+	}
+	policy, ok := mi.New().(gridPolicy)
+	if !ok {
+		return nil, fmt.Errorf("policy %q's module is not a grid policy", name)
+	}
+	return policy, nil
+}
+
 // gridPolicy is what every grid selection policy module is.
 type gridPolicy interface {
 	reverseproxy.Selector
@@ -420,7 +434,8 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	req.Limits.MaxConcurrent = opts.MaxConcurrent
 	req.Limits.MaxLifetime = opts.MaxLifetime
 	req.Limits.StaleAfter = time.Duration(c.app.StaleThreshold)
-	req.Limits.StaggerDrains = opts.stagger(c.name == policyLifetimeFirst) && opts.MaxLifetime > 0
+	spec, _ := registry.LookupPolicy(c.name)
+	req.Limits.StaggerDrains = opts.stagger(spec.StaggerByDefault) && opts.MaxLifetime > 0
 	if req.Limits.MaxScan == 0 {
 		req.Limits.MaxScan = opts.MaxScan
 	}
@@ -469,74 +484,6 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	return upstreams[0]
 }
 
-// LifetimeFirstSelection is the lifetime-first rule as a policy: it
-// pushes one worker toward max_lifetime at a time (highest lifetime first,
-// outside a safety margin of max_lifetime/workers), so workers drain and
-// restart one after another instead of all together. It selects and
-// claims in one atomic Redis call; it needs the browser_grid upstream
-// source.
-type LifetimeFirstSelection struct {
-	ClaimOptions
-
-	policyCore
-}
-
-// CaddyModule returns the Caddy module information.
-func (*LifetimeFirstSelection) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.reverse_proxy.selection_policies." + policyLifetimeFirst,
-		New: func() caddy.Module { return new(LifetimeFirstSelection) },
-	}
-}
-
-// Provision fills the defaults and finds the grid app.
-func (p *LifetimeFirstSelection) Provision(ctx caddy.Context) error {
-	p.ClaimOptions.setDefaults()
-	return p.provision(ctx, policyLifetimeFirst)
-}
-
-// Validate checks the options.
-func (p *LifetimeFirstSelection) Validate() error {
-	if err := p.ClaimOptions.validate(); err != nil {
-		return fmt.Errorf("%s: %w", policyLifetimeFirst, err)
-	}
-	return nil
-}
-
-// Select claims a worker (see policyCore.selectWorker).
-func (p *LifetimeFirstSelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	return p.selectWorker(pool, r, w, p.ClaimOptions, registry.ClaimRequest{Policy: registry.LifetimeFirst}, 0)
-}
-
-func (p *LifetimeFirstSelection) claimOptions() *ClaimOptions { return &p.ClaimOptions }
-
-// UnmarshalCaddyfile sets up the policy from Caddyfile tokens. Syntax:
-//
-//	lb_policy lifetime_first {
-//	    max_concurrent <n>
-//	    max_lifetime   <n>
-//	    max_scan       <n>
-//	    select_timeout <duration>
-//	    queue_size     <n>
-//	    stagger_drains [on|off]
-//	    client_limit   <n>
-//	    client_key     <placeholder>
-//	    version_routing [on|off]
-//	}
-func (p *LifetimeFirstSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // consume policy name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	return p.unmarshalOwn(d, true)
-}
-
-func (p *LifetimeFirstSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) error {
-	return unmarshalPolicyBlock(d, &p.ClaimOptions, shared, nil, func(name string) error {
-		return d.Errf("unrecognized %s option '%s'", policyLifetimeFirst, name)
-	})
-}
-
 // unmarshalPolicyBlock walks a policy's block. With shared (the policy
 // parsed as lb_policy) the options every grid policy has are parsed into
 // o; without (inside browser_grid, which parses those itself) only the
@@ -568,270 +515,3 @@ func unmarshalPolicyBlock(d *caddyfile.Dispenser, o *ClaimOptions, shared bool, 
 	}
 	return keyAt.check(*o)
 }
-
-// VnodeSelection is the ring of virtual nodes with power-of-K choices of
-// the vnode design: each worker owns virtual_nodes positions on a hash ring, a
-// decision draws samples random pivots, walks to the first usable worker
-// after each, and takes the one with the fewest live sessions (plus a
-// random jitter below slot_jitter). It selects and claims in one atomic
-// Redis call; it needs the browser_grid upstream source.
-type VnodeSelection struct {
-	ClaimOptions
-
-	// VirtualNodes is V, the ring positions of a worker, 1-64 (4-32
-	// recommended). Workers register their positions; this is the value
-	// the registry assumes for a worker that registered none. Default: 8.
-	VirtualNodes int `json:"virtual_nodes,omitempty"`
-	// Samples is K, the independent pivots of one decision, 1-8. 1 skips
-	// the comparison of live sessions. Default: 2.
-	Samples int `json:"samples,omitempty"`
-	// SlotJitter adds a random integer in [0, slot_jitter) to each
-	// candidate's live sessions before comparing, 0-64; 0 disables it.
-	// Default: 4.
-	SlotJitter *int `json:"slot_jitter,omitempty"`
-
-	policyCore
-	vnode selection.Vnode
-}
-
-// CaddyModule returns the Caddy module information.
-func (*VnodeSelection) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.reverse_proxy.selection_policies." + policyVnode,
-		New: func() caddy.Module { return new(VnodeSelection) },
-	}
-}
-
-// Provision fills the defaults (the vnode design: V 8, K 2, max_scan 16,
-// slot_jitter 4) and finds the grid app.
-func (p *VnodeSelection) Provision(ctx caddy.Context) error {
-	p.ClaimOptions.setDefaults()
-	// selection.Vnode reads a zero SlotJitter as "default" and -1 as
-	// "none"; here nil is the default and 0 is none.
-	jitter := 0
-	if p.SlotJitter != nil {
-		jitter = *p.SlotJitter
-		if jitter == 0 {
-			jitter = -1
-		}
-	}
-	p.vnode = selection.Vnode{
-		Limits:       selection.Limits{MaxScan: p.MaxScan},
-		VirtualNodes: p.VirtualNodes,
-		Samples:      p.Samples,
-		SlotJitter:   jitter,
-	}
-	p.vnode.SetDefaults()
-	return p.provision(ctx, policyVnode)
-}
-
-// Validate checks the options against the vnode design's ranges.
-func (p *VnodeSelection) Validate() error {
-	if err := p.ClaimOptions.validate(); err != nil {
-		return fmt.Errorf("%s: %w", policyVnode, err)
-	}
-	if p.SlotJitter != nil && (*p.SlotJitter < 0 || *p.SlotJitter > selection.MaxSlotJitter) {
-		return fmt.Errorf("%s: slot_jitter %d: must be 0-%d", policyVnode, *p.SlotJitter, selection.MaxSlotJitter)
-	}
-	if err := p.vnode.Validate(); err != nil {
-		return fmt.Errorf("%s: %w", policyVnode, err)
-	}
-	return nil
-}
-
-// Select claims a worker (see policyCore.selectWorker).
-func (p *VnodeSelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	req := registry.ClaimRequest{Policy: registry.Vnode, Vnode: p.vnode}
-	req.Limits.MaxScan = p.vnode.MaxScan
-	return p.selectWorker(pool, r, w, p.ClaimOptions, req, p.vnode.Samples)
-}
-
-func (p *VnodeSelection) claimOptions() *ClaimOptions { return &p.ClaimOptions }
-
-// UnmarshalCaddyfile sets up the policy from Caddyfile tokens. Syntax:
-//
-//	lb_policy vnode {
-//	    virtual_nodes <1-64>
-//	    samples       <1-8>
-//	    slot_jitter   <0-64>
-//	    max_scan      <1-256>
-//	    max_concurrent <n>
-//	    max_lifetime   <n>
-//	    select_timeout <duration>
-//	    queue_size     <n>
-//	    stagger_drains [on|off]
-//	    client_limit   <n>
-//	    client_key     <placeholder>
-//	    version_routing [on|off]
-//	}
-func (p *VnodeSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // consume policy name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	return p.unmarshalOwn(d, true)
-}
-
-func (p *VnodeSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) error {
-	// max_scan is a shared option that vnode also takes in its own block.
-	isMaxScan := func(name string) bool { return name == "max_scan" }
-	return unmarshalPolicyBlock(d, &p.ClaimOptions, shared, isMaxScan, func(name string) error {
-		var err error
-		switch name {
-		case "virtual_nodes":
-			p.VirtualNodes, err = intArg(d, name, 1, selection.MaxVirtualNodes)
-		case "samples":
-			p.Samples, err = intArg(d, name, 1, selection.MaxSamples)
-		case "slot_jitter":
-			var n int
-			n, err = intArg(d, name, 0, selection.MaxSlotJitter)
-			p.SlotJitter = &n
-		default:
-			return d.Errf("unrecognized %s option '%s'", policyVnode, name)
-		}
-		return err
-	})
-}
-
-// FairShareSelection is the fair-share policy (poolifier's strategy): each worker's
-// queue is predicted to end at max(now, its predicted end) plus its
-// estimated session length (the moving average, or median, of its last
-// window sessions), and the worker whose predicted end comes first takes
-// the session. It selects and claims in one atomic Redis call; it needs
-// the browser_grid upstream source.
-type FairShareSelection struct {
-	ClaimOptions
-
-	// Window is how many recent session durations make a worker's
-	// estimate, 1-1000. Default: 20.
-	Window int `json:"window,omitempty"`
-	// Median estimates with the moving median instead of the moving
-	// average. Default: false.
-	Median bool `json:"median,omitempty"`
-	// DefaultEstimate is the estimate for a worker without history, in
-	// whole milliseconds. Default: 30s.
-	DefaultEstimate caddy.Duration `json:"default_estimate,omitempty"`
-
-	policyCore
-	fair selection.FairShare
-}
-
-// CaddyModule returns the Caddy module information.
-func (*FairShareSelection) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.reverse_proxy.selection_policies." + policyFairShare,
-		New: func() caddy.Module { return new(FairShareSelection) },
-	}
-}
-
-// Provision fills the defaults (window 20, default estimate 30s) and finds
-// the grid app.
-func (p *FairShareSelection) Provision(ctx caddy.Context) error {
-	p.ClaimOptions.setDefaults()
-	p.fair = selection.FairShare{
-		Limits:  selection.Limits{MaxScan: p.MaxScan},
-		Window:  p.Window,
-		Median:  p.Median,
-		Default: time.Duration(p.DefaultEstimate),
-	}
-	p.fair.SetDefaults()
-	return p.provision(ctx, policyFairShare)
-}
-
-// Validate checks the options.
-func (p *FairShareSelection) Validate() error {
-	if err := p.ClaimOptions.validate(); err != nil {
-		return fmt.Errorf("%s: %w", policyFairShare, err)
-	}
-	if err := p.fair.Validate(); err != nil {
-		return fmt.Errorf("%s: %w", policyFairShare, err)
-	}
-	return nil
-}
-
-// Select claims a worker (see policyCore.selectWorker).
-func (p *FairShareSelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	return p.selectWorker(pool, r, w, p.ClaimOptions, registry.ClaimRequest{Policy: registry.FairShare, FairShare: p.fair}, 0)
-}
-
-func (p *FairShareSelection) claimOptions() *ClaimOptions { return &p.ClaimOptions }
-
-// UnmarshalCaddyfile sets up the policy from Caddyfile tokens. Syntax:
-//
-//	lb_policy fair_share {
-//	    window           <1-1000>
-//	    median
-//	    default_estimate <duration>
-//	    max_concurrent   <n>
-//	    max_lifetime     <n>
-//	    max_scan         <n>
-//	    select_timeout   <duration>
-//	    queue_size       <n>
-//	    stagger_drains   [on|off]
-//	    client_limit     <n>
-//	    client_key       <placeholder>
-//	    version_routing  [on|off]
-//	}
-func (p *FairShareSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // consume policy name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	return p.unmarshalOwn(d, true)
-}
-
-func (p *FairShareSelection) unmarshalOwn(d *caddyfile.Dispenser, shared bool) error {
-	return unmarshalPolicyBlock(d, &p.ClaimOptions, shared, nil, func(name string) error {
-		switch name {
-		case "window":
-			n, err := intArg(d, name, 1, selection.MaxWindow)
-			if err != nil {
-				return err
-			}
-			p.Window = n
-		case "median":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			p.Median = true
-		case "default_estimate":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			val := d.Val()
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			dur, err := caddy.ParseDuration(val)
-			if err != nil {
-				return d.Errf("invalid default_estimate '%s': %v", val, err)
-			}
-			if dur <= 0 || dur%time.Millisecond != 0 {
-				return d.Errf("invalid default_estimate '%s': must be more than 0, in whole milliseconds", val)
-			}
-			p.DefaultEstimate = caddy.Duration(dur)
-		default:
-			return d.Errf("unrecognized %s option '%s'", policyFairShare, name)
-		}
-		return nil
-	})
-}
-
-// Interface guards
-var (
-	_ gridPolicy            = (*LifetimeFirstSelection)(nil)
-	_ caddy.Provisioner     = (*LifetimeFirstSelection)(nil)
-	_ caddy.Validator       = (*LifetimeFirstSelection)(nil)
-	_ caddyfile.Unmarshaler = (*LifetimeFirstSelection)(nil)
-	_ reverseproxy.Selector = (*LifetimeFirstSelection)(nil)
-	_ gridPolicy            = (*VnodeSelection)(nil)
-	_ caddy.Provisioner     = (*VnodeSelection)(nil)
-	_ caddy.Validator       = (*VnodeSelection)(nil)
-	_ caddyfile.Unmarshaler = (*VnodeSelection)(nil)
-	_ reverseproxy.Selector = (*VnodeSelection)(nil)
-	_ gridPolicy            = (*FairShareSelection)(nil)
-	_ caddy.Provisioner     = (*FairShareSelection)(nil)
-	_ caddy.Validator       = (*FairShareSelection)(nil)
-	_ caddyfile.Unmarshaler = (*FairShareSelection)(nil)
-	_ reverseproxy.Selector = (*FairShareSelection)(nil)
-)

@@ -41,6 +41,10 @@ const (
 	LifetimeFirst Policy = "lifetime_first"
 	Vnode         Policy = "vnode"
 	FairShare     Policy = "fair_share"
+	// InterleavedWeightedRoundRobin deals turns in rounds by the workers'
+	// registered weights (Registration.Weight; selection's
+	// InterleavedWeightedRoundRobin), its cursor kept in the pool.
+	InterleavedWeightedRoundRobin Policy = "interleaved_weighted_round_robin"
 )
 
 // Command is an instruction for a worker's agent, read with its heartbeat.
@@ -117,6 +121,10 @@ type Registration struct {
 	Path string
 	// Capacity is how many sessions the worker accepts at once (0: no limit).
 	Capacity int
+	// Weight is the worker's share of turns under interleaved weighted
+	// round robin, 0-selection.MaxWeight. Default: 0 (its Capacity, or 1
+	// when that is 0).
+	Weight int
 	// TTL of the worker's record; every heartbeat renews it. Default: 30s.
 	TTL time.Duration
 	// VirtualNodes is V, the worker's ring positions. Default: 8.
@@ -141,6 +149,14 @@ type Registration struct {
 	// Draining registers the worker as draining (never selected), for an
 	// agent whose record was lost while it drains. Default: false.
 	Draining bool
+}
+
+// weight is the registered weight with its default.
+func (reg Registration) weight() int {
+	if reg.Weight > 0 {
+		return reg.Weight
+	}
+	return min(max(reg.Capacity, 1), selection.MaxWeight)
 }
 
 // HeartbeatReply is what a heartbeat returns.

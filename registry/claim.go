@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/selection"
@@ -40,49 +41,35 @@ type outcome struct {
 	epoch      string
 }
 
-func (r *Registry) checkRequest(req *ClaimRequest) error {
+// checkRequest checks the request and fills its defaults; it returns the
+// policy's row of the table.
+func (r *Registry) checkRequest(req *ClaimRequest) (PolicySpec, error) {
 	if err := checkPool(req.Pool); err != nil {
-		return err
+		return PolicySpec{}, err
 	}
-	switch req.Policy {
-	case LifetimeFirst, Vnode, FairShare:
-	default:
-		return fmt.Errorf("unknown policy %q (want %s, %s or %s)", req.Policy, LifetimeFirst, Vnode, FairShare)
+	spec, ok := LookupPolicy(string(req.Policy))
+	if !ok {
+		return PolicySpec{}, &UnknownPolicyError{Name: string(req.Policy)}
 	}
 	// Whether the pool has a retiring worker is Redis' to say (the
 	// retiring set, read inside the claim script): a caller's value is
 	// ignored.
 	req.Limits.Retiring = false
 	if err := req.Limits.Validate(); err != nil {
-		return err
+		return spec, err
 	}
-	if req.Policy != Vnode && req.Limits.MaxScan == 0 {
-		req.Limits.MaxScan = DefaultMaxScan
+	if req.Limits.MaxScan == 0 {
+		req.Limits.MaxScan = spec.DefaultMaxScan
 	}
 	if req.ClientLimit < 0 {
-		return fmt.Errorf("client limit %d is negative", req.ClientLimit)
+		return spec, fmt.Errorf("client limit %d is negative", req.ClientLimit)
 	}
 	if req.LeaseTTL < 0 {
-		return fmt.Errorf("lease TTL %s is negative", req.LeaseTTL)
+		return spec, fmt.Errorf("lease TTL %s is negative", req.LeaseTTL)
 	}
-	switch req.Policy {
-	case Vnode:
-		// The vnode design's max_scan is a vnode knob: it applies when the request's
-		// Limits leave MaxScan at 0.
-		if req.Limits.MaxScan == 0 {
-			req.Limits.MaxScan = req.Vnode.MaxScan
-		}
-		req.Vnode.Limits = req.Limits
-		req.Vnode.SetDefaults()
-		if err := req.Vnode.Validate(); err != nil {
-			return fmt.Errorf("vnode: %w", err)
-		}
-		req.Limits.MaxScan = req.Vnode.MaxScan
-	case FairShare:
-		req.FairShare.Limits = req.Limits
-		req.FairShare.SetDefaults()
-		if err := req.FairShare.Validate(); err != nil {
-			return fmt.Errorf("fair share: %w", err)
+	if spec.prepare != nil {
+		if err := spec.prepare(req); err != nil {
+			return spec, err
 		}
 	}
 	if req.LeaseTTL == 0 {
@@ -91,69 +78,97 @@ func (r *Registry) checkRequest(req *ClaimRequest) error {
 	if req.Rand == nil {
 		req.Rand = globalRand{}
 	}
-	return nil
+	return spec, nil
 }
 
-// decide runs claim.lua; dry selects without claiming.
+func bit(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// decide runs claim.lua; dry selects without claiming, read-only
+// (EVALSHA_RO: it may run on a replica, and a write inside would fail).
 func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, leaseID string) (outcome, error) {
-	if err := r.checkRequest(&req); err != nil {
-		return outcome{}, err
-	}
-	d := 0
-	if dry {
-		d = 1
-	}
-	med := 0
-	if req.FairShare.Median {
-		med = 1
-	}
-	stagger := 0
-	if req.Limits.StaggerDrains {
-		stagger = 1
-	}
-	args := []any{string(req.Policy), d,
-		req.Limits.MaxConcurrent, req.Limits.MaxLifetime, ms(req.Limits.StaleAfter), req.Limits.MaxScan,
-		req.FairShare.Window, med, ms(req.FairShare.Default),
-		leaseID, ms(req.LeaseTTL), req.Holder, ms(r.opts.CommandTTL),
-		r.opts.DurationWindow, r.opts.LeaseSweep, stagger, toMS(req.ConfigTime),
-		req.Epoch, newToken(8)}
-	if req.Policy == Vnode {
-		k := req.Vnode.Samples
-		dr := req.Vnode.Draw(req.Rand)
-		args = append(args, k)
-		for _, p := range dr.Pivots {
-			args = append(args, p.String())
-		}
-		for _, j := range dr.Jitter {
-			args = append(args, j)
-		}
-		// Lua numbers are doubles: pass Tiebreak % m for every tie count m
-		// rather than the 64-bit value.
-		for m := 1; m <= k; m++ {
-			args = append(args, dr.Tiebreak%uint64(m))
-		}
-	} else {
-		args = append(args, 0)
-	}
-	// The client's hash and limit come last (claim.lua's CB).
-	args = append(args, ClientHash(req.ClientKey), req.ClientLimit)
-	res, err := r.run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	spec, err := r.checkRequest(&req)
 	if err != nil {
 		return outcome{}, err
 	}
+	args, err := r.claimArgv(&req, spec, dry, leaseID)
+	if err != nil {
+		return outcome{}, err
+	}
+	run := r.run
+	if dry {
+		run = r.runRO
+	}
+	res, err := run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	if err != nil {
+		return outcome{}, err
+	}
+	return r.decodeClaim(req, dry, leaseID, res)
+}
+
+// claimArgv is claim.lua's ARGV after the common three, for a checked
+// request: contract.go's claimArgs by name, then the policy's own.
+func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, leaseID string) ([]any, error) {
+	a := newArgv(claimArgsLayout).
+		set("policy", string(req.Policy)).set("dry", bit(dry)).
+		set("max_concurrent", req.Limits.MaxConcurrent).set("max_lifetime", req.Limits.MaxLifetime).
+		set("stale_after_ms", ms(req.Limits.StaleAfter)).set("max_scan", req.Limits.MaxScan).
+		set("stagger", bit(req.Limits.StaggerDrains)).
+		set("fs_window", req.FairShare.Window).set("fs_median", bit(req.FairShare.Median)).
+		set("fs_default_ms", ms(req.FairShare.Default)).
+		set("lease_id", leaseID).set("lease_ttl_ms", ms(req.LeaseTTL)).set("holder", req.Holder).
+		set("command_ttl_ms", ms(r.opts.CommandTTL)).set("durations_kept", r.opts.DurationWindow).
+		set("lease_sweep", r.opts.LeaseSweep).set("config_time_ms", toMS(req.ConfigTime)).
+		set("epoch_seen", req.Epoch).set("epoch_new", newToken(8)).
+		set("client", ClientHash(req.ClientKey)).set("client_limit", req.ClientLimit)
+	args, err := a.list()
+	if err != nil {
+		return nil, err
+	}
+	if spec.args != nil {
+		args = append(args, spec.args(req)...)
+	}
+	return args, nil
+}
+
+// PickScript returns what Pick sends for req, for tools that time the
+// claim script in Redis (cmd/gridbench's redis-profile): the pool's KEYS,
+// the whole ARGV, and claim.lua as it runs after common.lua (its contract
+// prologue and every policy's walk). Run common.lua + body with them
+// read-only.
+func (r *Registry) PickScript(req ClaimRequest) (keys []string, args []any, body string, err error) {
+	spec, err := r.checkRequest(&req)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	own, err := r.claimArgv(&req, spec, true, "")
+	if err != nil {
+		return nil, nil, "", err
+	}
+	args = append([]any{toMS(req.Now), r.channel(req.Pool), req.Pool}, own...)
+	return r.poolKeys(req.Pool), args, strings.TrimPrefix(claimSource(), luaCommon), nil
+}
+
+// decodeClaim decodes claim.lua's reply (contract.go's claimReply and the
+// coded replies).
+func (r *Registry) decodeClaim(req ClaimRequest, dry bool, leaseID string, res []any) (outcome, error) {
 	if len(res) > 0 {
 		switch x, _ := res[0].(int64); x {
-		case -1:
+		case claimCancelled:
 			return outcome{}, fmt.Errorf("lease %q: %w", leaseID, ErrClaimCancelled)
-		case -2:
+		case claimReplayed:
 			return decodeReplay(req.Pool, res)
-		case -3:
+		case claimEpoch:
 			epoch := ""
 			if len(res) > 1 {
 				epoch, _ = res[1].(string)
 			}
 			return outcome{}, &EpochError{Seen: req.Epoch, Now: epoch}
-		case -4:
+		case claimClientLimit:
 			live := int64(0)
 			if len(res) > 1 {
 				live, _ = res[1].(int64)
@@ -161,59 +176,52 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 			return outcome{}, &ClientLimitError{Live: int(live), Limit: req.ClientLimit}
 		}
 	}
-	if len(res) != 25 {
-		return outcome{}, fmt.Errorf("unexpected reply of %d items", len(res))
+	rep, err := decodeReply(claimReplyLayout, res)
+	if err != nil {
+		return outcome{}, err
 	}
-	n := func(i int) int64 { x, _ := res[i].(int64); return x }
-	s := func(i int) string { x, _ := res[i].(string); return x }
 	var o outcome
 	o.decision = selection.Decision{
 		Index:     -1,
-		Scanned:   int(n(7)),
-		Wraps:     int(n(10)),
-		Effective: int(n(11)),
-		Dedupes:   int(n(12)),
-		TiedMin:   n(13) == 1,
+		Scanned:   int(rep.int("scanned")),
+		Wraps:     int(rep.int("wraps")),
+		Effective: int(rep.int("effective")),
+		Dedupes:   int(rep.int("dedupes")),
+		TiedMin:   rep.flag("tied"),
+		Stale:     rep.strs("stale"),
 	}
-	if st, _ := res[8].([]any); len(st) > 0 {
-		for _, v := range st {
-			id, _ := v.(string)
-			o.decision.Stale = append(o.decision.Stale, id)
-		}
-	}
-	r.badList(req.Pool, res[9])
-	o.retiring = n(15) == 1
-	o.overridden = n(17) == 1
-	o.epoch = s(24)
-	o.limits = PoolLimits{Limits: req.Limits, Window: int(n(21)), Median: n(22) == 1, Default: time.Duration(n(23)) * time.Millisecond}
-	o.limits.MaxConcurrent, o.limits.MaxLifetime, o.limits.StaggerDrains = int(n(18)), int(n(19)), n(20) == 1
+	r.badList(req.Pool, rep.get("bad"))
+	o.retiring = rep.flag("retiring")
+	o.overridden = rep.flag("overridden")
+	o.epoch = rep.str("epoch")
+	o.limits = PoolLimits{Limits: req.Limits, Window: int(rep.int("fs_window")), Median: rep.flag("fs_median"),
+		Default: time.Duration(rep.int("fs_default_ms")) * time.Millisecond}
+	o.limits.MaxConcurrent, o.limits.MaxLifetime = int(rep.int("max_concurrent")), int(rep.int("max_lifetime"))
+	o.limits.StaggerDrains = rep.flag("stagger")
 	if !r.opts.NoStaleExpiry && !dry {
 		if len(o.decision.Stale) > 0 {
 			r.expireInBackground(req.Pool, o.decision.Stale, req.Limits.StaleAfter)
 		}
 		// Dead retiring workers hold nothing back, but every StaggerDrains
 		// claim reads them until they are gone.
-		if st, _ := res[16].([]any); len(st) > 0 {
-			ids := make([]string, 0, len(st))
-			for _, v := range st {
-				id, _ := v.(string)
-				ids = append(ids, id)
-			}
+		if ids := rep.strs("retired_stale"); len(ids) > 0 {
 			r.expireInBackground(req.Pool, ids, req.Limits.StaleAfter)
 		}
 	}
-	if n(0) != 1 {
+	if !rep.flag("ok") {
 		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring, PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch}
 	}
 	o.decision.OK = true
-	o.decision.ID = s(1)
-	o.drain = n(6) == 1
+	o.decision.ID = rep.str("id")
+	o.drain = rep.flag("drain")
+	now := rep.int("now")
 	cmd := ""
 	if o.drain {
-		cmd = string(CommandShutdown) + "|" + fmt.Sprint(n(14)+ms(r.opts.CommandTTL))
+		cmd = string(CommandShutdown) + "|" + fmt.Sprint(now+ms(r.opts.CommandTTL))
 	}
-	raw := rawWorker{id: s(1), record: s(2), active: fmt.Sprint(n(3)), lifetime: fmt.Sprint(n(4)), durations: s(5), command: cmd}
-	w, err := decodeWorker(req.Pool, raw, n(14))
+	raw := rawWorker{id: rep.str("id"), record: rep.str("record"), active: fmt.Sprint(rep.int("active")),
+		lifetime: fmt.Sprint(rep.int("lifetime")), durations: rep.str("durations"), command: cmd}
+	w, err := decodeWorker(req.Pool, raw, now)
 	if err != nil {
 		return o, fmt.Errorf("decoding the chosen worker %q: %w", raw.id, err)
 	}
@@ -222,18 +230,17 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 }
 
 // decodeReplay decodes claim.lua's answer to a lease ID it has seen: the
-// claim that lease made, {-2, id, record, active, lifetime, durations,
-// drain, now}.
+// claim that lease made (contract.go's claimReplayReply).
 func decodeReplay(pool string, res []any) (outcome, error) {
-	if len(res) != 8 {
-		return outcome{}, fmt.Errorf("unexpected replay reply of %d items", len(res))
+	rep, err := decodeReply(claimReplayLayout, res)
+	if err != nil {
+		return outcome{}, fmt.Errorf("replay: %w", err)
 	}
-	n := func(i int) int64 { x, _ := res[i].(int64); return x }
-	s := func(i int) string { x, _ := res[i].(string); return x }
 	var o outcome
-	o.drain = n(6) == 1
-	raw := rawWorker{id: s(1), record: s(2), active: fmt.Sprint(n(3)), lifetime: fmt.Sprint(n(4)), durations: s(5)}
-	w, err := decodeWorker(pool, raw, n(7))
+	o.drain = rep.flag("drain")
+	raw := rawWorker{id: rep.str("id"), record: rep.str("record"), active: fmt.Sprint(rep.int("active")),
+		lifetime: fmt.Sprint(rep.int("lifetime")), durations: rep.str("durations")}
+	w, err := decodeWorker(pool, raw, rep.int("now"))
 	if err != nil {
 		return o, fmt.Errorf("decoding the claimed worker %q: %w", raw.id, err)
 	}

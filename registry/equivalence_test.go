@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +24,8 @@ type poolState struct {
 	limits selection.Limits
 	fs     selection.FairShare
 	vn     selection.Vnode
+	// iwrr is the interleaved weighted round robin's cursor the pool holds.
+	iwrr selection.IWRRCursor
 	// storeCfg writes the limits before the workers, so the indexes are
 	// built under them. Always true: a claim no longer rebuilds the
 	// indexes when the limits change (issue 9); they converge worker by
@@ -65,6 +68,7 @@ func randomState(rng *rand.Rand, now time.Time) poolState {
 			w.Status = selection.Draining
 		}
 		w.Capacity = rng.IntN(5)
+		w.Weight = rng.IntN(5)
 		w.Active = rng.IntN(6)
 		w.Lifetime = rng.IntN(35)
 		if rng.IntN(4) == 0 && st.limits.MaxLifetime > 0 {
@@ -108,6 +112,7 @@ func randomState(rng *rand.Rand, now time.Time) poolState {
 		st.v[w.ID] = 1 + rng.IntN(6)
 		st.ws = append(st.ws, w)
 	}
+	st.iwrr = randomCursor(rng, st.ws)
 	// StaggerDrains in half the states. The workers drawn above are often
 	// retiring (draining, or at the limit); a third of the stagger states
 	// have none retiring, and another third only dead (stale) ones, which
@@ -131,6 +136,40 @@ func randomState(rng *rand.Rand, now time.Time) poolState {
 		}
 	}
 	return st
+}
+
+// randomCursor is none, a worker's place in a round (its weight's, or
+// past it), or a place no worker holds.
+func randomCursor(rng *rand.Rand, ws []selection.Worker) selection.IWRRCursor {
+	switch rng.IntN(4) {
+	case 0:
+		return selection.IWRRCursor{}
+	case 1:
+		return selection.IWRRCursor{Round: 1 + rng.IntN(5), Weight: 1 + rng.IntN(4), ID: fmt.Sprintf("w%02d", rng.IntN(100))}
+	}
+	if len(ws) == 0 {
+		return selection.IWRRCursor{}
+	}
+	w := ws[rng.IntN(len(ws))]
+	return selection.IWRRCursor{Round: 1 + rng.IntN(selection.WeightOf(&w)+1), Weight: selection.WeightOf(&w), ID: w.ID}
+}
+
+// iwrrCursor reads the pool's interleaved weighted round robin cursor.
+func iwrrCursor(t testing.TB, r *Registry, pool string) selection.IWRRCursor {
+	t.Helper()
+	v, err := r.rdb.HMGet(context.Background(), r.Key(pool, keyIWRR), " round", " cur").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c selection.IWRRCursor
+	if s, ok := v[0].(string); ok {
+		c.Round, _ = strconv.Atoi(s)
+	}
+	if s, ok := v[1].(string); ok {
+		c.Weight, _ = strconv.Atoi(s[:6])
+		c.ID = s[7:]
+	}
+	return c
 }
 
 // write replaces the pool with the state.
@@ -163,6 +202,12 @@ func (st poolState) write(t testing.TB, r *Registry, pool string, now time.Time)
 			t.Fatalf("a worker did not parse: %v", c)
 		}
 	}
+	if st.iwrr.Round > 0 {
+		cur := fmt.Sprintf("%06d:%s", st.iwrr.Weight, st.iwrr.ID)
+		if err := r.rdb.HSet(ctx, r.Key(pool, keyIWRR), " round", st.iwrr.Round, " cur", cur).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func putCmd(ctx context.Context, c redis.Scripter, r *Registry, pool string, w selection.Worker, v int, now time.Time) *redis.Cmd {
@@ -178,44 +223,68 @@ func putCmd(ctx context.Context, c redis.Scripter, r *Registry, pool string, w s
 		durs = append(durs, fmt.Sprint(d.Milliseconds()))
 	}
 	args := []any{toMS(now), r.channel(pool), pool, w.ID, string(b), w.Active, w.Lifetime,
-		strings.Join(durs, ","), strings.Join(ringPositions(w.ID, v), " ")}
+		strings.Join(durs, ","), strings.Join(ringPositions(w.ID, v), " "), selection.WeightOf(&w)}
 	return scriptPut.EvalSha(ctx, c, r.poolKeys(pool), args...)
 }
 
 // expected is what the selection package decides on the same state.
 func (st poolState) expected(policy Policy, now time.Time, seed uint64) selection.Decision {
-	// The registry's max_scan 0 is DefaultMaxScan for these two; selection's
-	// is unbounded.
-	if st.limits.MaxScan == 0 && policy != Vnode {
-		st.limits.MaxScan = DefaultMaxScan
+	// The registry's max_scan 0 is the table's DefaultMaxScan (vnode's is
+	// its own); selection's is unbounded.
+	if spec, _ := LookupPolicy(string(policy)); st.limits.MaxScan == 0 && spec.DefaultMaxScan > 0 {
+		st.limits.MaxScan = spec.DefaultMaxScan
 	}
-	switch policy {
-	case LifetimeFirst:
+	return selectors[policy](st, now, seed)
+}
+
+// selectors are the selection package's side of every policy of the table
+// (TestEquivalenceCoversTheTable checks there is one per row).
+var selectors = map[Policy]func(st poolState, now time.Time, seed uint64) selection.Decision{
+	LifetimeFirst: func(st poolState, now time.Time, _ uint64) selection.Decision {
 		return selection.LifetimeFirst{Limits: st.limits}.Select(st.ws, now)
-	case FairShare:
+	},
+	FairShare: func(st poolState, now time.Time, _ uint64) selection.Decision {
 		f := st.fs
 		f.Limits = st.limits
 		return f.Select(st.ws, now)
-	}
-	vn := st.vn
-	vn.Limits = st.limits
-	// Vnode.Select sees only the ring; the pool's retiring state is the
-	// caller's to give, as the registry's script reads it from its set.
-	vn.Retiring = selection.AnyRetiring(st.ws, st.limits, now)
-	vn.SetDefaults()
-	ring := selection.NewRing()
-	byID := map[string]*selection.Worker{}
-	for i := range st.ws {
-		w := &st.ws[i]
-		byID[w.ID] = w
-		// The registry's ring holds the indexed workers (contract: the
-		// per-pool selection indexes keep exactly those).
-		if st.limits.Indexed(w) {
-			ring.Add(w.ID, st.v[w.ID])
+	},
+	Vnode: func(st poolState, now time.Time, seed uint64) selection.Decision {
+		vn := st.vn
+		vn.Limits = st.limits
+		// Vnode.Select sees only the ring; the pool's retiring state is the
+		// caller's to give, as the registry's script reads it from its set.
+		vn.Retiring = selection.AnyRetiring(st.ws, st.limits, now)
+		vn.SetDefaults()
+		ring := selection.NewRing()
+		byID := map[string]*selection.Worker{}
+		for i := range st.ws {
+			w := &st.ws[i]
+			byID[w.ID] = w
+			// The registry's ring holds the indexed workers (contract: the
+			// per-pool selection indexes keep exactly those).
+			if st.limits.Indexed(w) {
+				ring.Add(w.ID, st.v[w.ID])
+			}
+		}
+		draw := vn.Draw(rand.New(rand.NewPCG(seed, seed)))
+		return vn.Select(ring, func(id string) (*selection.Worker, bool) { w, ok := byID[id]; return w, ok }, draw, now)
+	},
+	InterleavedWeightedRoundRobin: func(st poolState, now time.Time, _ uint64) selection.Decision {
+		// The whole snapshot decides whether a worker is retiring, as for
+		// lifetime_first and fair_share.
+		l := st.limits
+		l.Retiring = selection.AnyRetiring(st.ws, st.limits, now)
+		d, _ := l.NextIWRR(st.iwrr, st.ws, now)
+		return d
+	},
+}
+
+func TestEquivalenceCoversTheTable(t *testing.T) {
+	for _, p := range Policies() {
+		if selectors[p.Name] == nil {
+			t.Errorf("policy %s has no selection side in the equivalence test", p.Name)
 		}
 	}
-	draw := vn.Draw(rand.New(rand.NewPCG(seed, seed)))
-	return vn.Select(ring, func(id string) (*selection.Worker, bool) { w, ok := byID[id]; return w, ok }, draw, now)
 }
 
 func (st poolState) request(pool string, policy Policy, now time.Time, seed uint64) ClaimRequest {
@@ -232,11 +301,11 @@ func sameDecision(a, b selection.Decision) bool {
 
 func describe(st poolState, now time.Time) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "limits %+v fs %+v vnode %+v storeCfg %v retiring %v\n", st.limits, st.fs, st.vn, st.storeCfg,
+	fmt.Fprintf(&b, "limits %+v fs %+v vnode %+v iwrr %+v storeCfg %v retiring %v\n", st.limits, st.fs, st.vn, st.iwrr, st.storeCfg,
 		selection.AnyRetiring(st.ws, st.limits, now))
 	for _, w := range st.ws {
-		fmt.Fprintf(&b, "  %s %s cap=%d active=%d life=%d hbAge=%dms suspect=%dms pend=%dms durs=%v v=%d\n",
-			w.ID, w.Status, w.Capacity, w.Active, w.Lifetime, now.Sub(w.LastHeartbeat).Milliseconds(),
+		fmt.Fprintf(&b, "  %s %s weight=%d cap=%d active=%d life=%d hbAge=%dms suspect=%dms pend=%dms durs=%v v=%d\n",
+			w.ID, w.Status, w.Weight, w.Capacity, w.Active, w.Lifetime, now.Sub(w.LastHeartbeat).Milliseconds(),
 			ms(w.SuspectUntil.Sub(now)), ms(w.PredictedEnd.Sub(now)), w.Durations, st.v[w.ID])
 	}
 	return b.String()
@@ -287,7 +356,10 @@ func TestEquivalenceWithSelection(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(42, 7))
 	now := time.UnixMilli(1_700_000_000_000)
-	policies := []Policy{LifetimeFirst, Vnode, FairShare}
+	var policies []Policy
+	for _, p := range Policies() {
+		policies = append(policies, p.Name)
+	}
 	tally := map[string]int{}
 	for i := range states {
 		st := randomState(rng, now)
@@ -332,7 +404,7 @@ func TestEquivalenceWithSelection(t *testing.T) {
 			t.Fatalf("state %d: retiring set %v (%v), want %v\n%s", i, sorted(set), err, st.retiringSet(), describe(st, now))
 		}
 		// Claim with one policy and check its effects.
-		p := policies[i%3]
+		p := policies[i%len(policies)]
 		seed := rng.Uint64()
 		want := st.expected(p, now, seed)
 		c, err := r.Claim(ctx, st.request("eq", p, now, seed))
@@ -369,11 +441,21 @@ func TestEquivalenceWithSelection(t *testing.T) {
 		if in, _ := r.rdb.SIsMember(ctx, r.Key("eq", keyRetiring), want.ID).Result(); drain && !in {
 			t.Fatalf("state %d %s: %s reached the limit but is not in the retiring set", i, p, want.ID)
 		}
+		if p == InterleavedWeightedRoundRobin {
+			l := st.limits
+			l.Retiring = selection.AnyRetiring(st.ws, st.limits, now)
+			if _, next := l.NextIWRR(st.iwrr, st.ws, now); iwrrCursor(t, r, "eq") != next {
+				t.Fatalf("state %d: cursor after the claim %+v, want %+v\n%s", i, iwrrCursor(t, r, "eq"), next, describe(st, now))
+			}
+			tally["iwrr cursor checked"]++
+		}
 		tally["claims checked"]++
 	}
 	t.Logf("%d states: %v", states, tally)
 	for _, k := range []string{"lifetime_first ok=true", "lifetime_first ok=false", "vnode ok=true", "vnode ok=false",
-		"fair_share ok=true", "fair_share ok=false", "vnode tied", "lifetime_first stale reported", "claims checked",
+		"fair_share ok=true", "fair_share ok=false", "vnode tied",
+		"interleaved_weighted_round_robin ok=true", "interleaved_weighted_round_robin ok=false", "iwrr cursor checked",
+		"interleaved_weighted_round_robin held back", "lifetime_first stale reported", "claims checked",
 		"lifetime_first held back", "vnode held back", "fair_share held back", "dead retiring ignored",
 		"chosen as its suspicion ends"} {
 		if tally[k] == 0 {

@@ -33,6 +33,11 @@ const (
 	keyCancelled  = "cancelled"   // ZSET lease id of an ended or cancelled lease, score = forget at (ms)
 	// Per-client live sessions (see lua/common.lua, "Clients").
 	keyLeaseClient = "lease_client" // ZSET (lex, scores 0) "<client hash> <lease id>" per lease with a client
+	// Interleaved weighted round robin (see lua/common.lua, KEYS 19-20):
+	// its index, and the workers' weights with its cursor. Per version
+	// group, like every index.
+	keyIdxIWRR = "idx:iwrr" // ZSET (lex, scores 0) "<weight, 6 digits>:<id>" per indexed worker
+	keyIWRR    = "iwrr"     // HASH id -> weight; ' round', ' cur': the cursor
 )
 
 // poolWide names the keys a pool's version groups share with the pool
@@ -50,6 +55,7 @@ var poolKeyNames = []string{
 	keyRetiring,
 	keyLeaseOwner, keyCancelled,
 	keyLeaseClient,
+	keyIdxIWRR, keyIWRR,
 }
 
 // maxNameLen bounds pool names and worker IDs.

@@ -63,6 +63,14 @@ func (r *Registry) run(ctx context.Context, s *redis.Script, pool string, now in
 	return s.Run(ctx, r.rdb, r.poolKeys(pool), all...)
 }
 
+// runRO runs a script that only reads with EVALSHA_RO (go-redis RunRO): a
+// write inside it fails, and a client that routes reads to replicas
+// (Cluster with ReadOnly) may send it to one.
+func (r *Registry) runRO(ctx context.Context, s *redis.Script, pool string, now int64, args ...any) *redis.Cmd {
+	all := append([]any{now, r.channel(pool), pool}, args...)
+	return s.RunRO(ctx, r.rdb, r.poolKeys(pool), all...)
+}
+
 func ms(d time.Duration) int64 { return d.Milliseconds() }
 
 func (r *Registry) register(ctx context.Context, reg Registration) error {
@@ -83,6 +91,9 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 		return fmt.Errorf("registering worker %q in pool %q: VirtualNodes %d out of range 1-%d", reg.ID, reg.Pool, reg.VirtualNodes, maxVirtualNodes)
 	case reg.Lifetime < 0:
 		return fmt.Errorf("registering worker %q in pool %q: Lifetime %d is negative", reg.ID, reg.Pool, reg.Lifetime)
+	}
+	if err := selection.ValidWeight(reg.Weight); err != nil {
+		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
 	}
 	draining := 0
 	if reg.Draining {
@@ -115,7 +126,7 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 	}
 	err := r.run(ctx, scriptRegister, reg.Pool, 0,
 		reg.ID, reg.BrowserType, reg.Addr, reg.Path, reg.Capacity, v, ms(ttl), gen, strings.Join(pos, " "),
-		reg.Lifetime, ms(r.opts.CommandTTL), draining, sig).Err()
+		reg.Lifetime, ms(r.opts.CommandTTL), draining, sig, reg.weight()).Err()
 	if err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
 	}
@@ -422,44 +433,41 @@ func (r *Registry) read(ctx context.Context, pool, id string) (now int64, leases
 	cursor := "0"
 	seen := map[string]bool{}
 	for first := true; ; first = false {
-		res, err := r.run(ctx, scriptRead, pool, 0, id, cursor, readChunk).Slice()
+		args, err := newArgv(readArgsLayout).set("id", id).set("cursor", cursor).set("chunk", readChunk).list()
 		if err != nil {
 			return 0, 0, nil, nil, nil, err
 		}
-		if len(res) != 6 {
-			return 0, 0, nil, nil, nil, fmt.Errorf("unexpected reply of %d items", len(res))
+		res, err := r.runRO(ctx, scriptRead, pool, 0, args...).Slice()
+		if err != nil {
+			return 0, 0, nil, nil, nil, err
+		}
+		rep, err := decodeReply(readReplyLayout, res)
+		if err != nil {
+			return 0, 0, nil, nil, nil, err
 		}
 		if first {
-			now, _ = res[0].(int64)
-			l, _ := res[1].(int64)
-			leases = int(l)
+			now = rep.int("now")
+			leases = int(rep.int("leases"))
 			cfg = map[string]string{}
-			flat, _ := res[2].([]any)
+			flat := rep.strs("config")
 			for i := 0; i+1 < len(flat); i += 2 {
-				k, _ := flat[i].(string)
-				v, _ := flat[i+1].(string)
-				cfg[k] = v
+				cfg[flat[i]] = flat[i+1]
 			}
-			ret, _ := res[4].([]any)
-			for _, v := range ret {
-				if id, ok := v.(string); ok {
-					retiring = append(retiring, id)
-				}
-			}
+			retiring = append(retiring, rep.strs("retiring")...)
 		}
-		cells, _ := res[3].([]any)
-		for i := 0; i+5 < len(cells); i += 6 {
-			s := make([]string, 6)
-			for j := range s {
-				s[j], _ = cells[i+j].(string)
-			}
-			if seen[s[0]] {
+		cells, _ := rep.get("rows").([]any)
+		width := len(readRowLayout.names)
+		for i := 0; i+width-1 < len(cells); i += width {
+			row := reply{l: readRowLayout, vals: cells[i : i+width]}
+			id := row.str("id")
+			if seen[id] {
 				continue // HSCAN may return a field twice
 			}
-			seen[s[0]] = true
-			rows = append(rows, rawWorker{id: s[0], record: s[1], active: s[2], lifetime: s[3], durations: s[4], command: s[5]})
+			seen[id] = true
+			rows = append(rows, rawWorker{id: id, record: row.str("record"), active: row.str("active"),
+				lifetime: row.str("lifetime"), durations: row.str("durations"), command: row.str("command")})
 		}
-		cursor, _ = res[5].(string)
+		cursor = rep.str("cursor")
 		if cursor == "0" || cursor == "" {
 			break
 		}
@@ -542,7 +550,7 @@ const (
 )
 
 // reconcileKeys are the keys the scan stage walks, by reconcile.lua's names.
-var reconcileKeys = []string{"lf", "fsi", "fsb", "fsp", "ring", "active", "lifetime", "durations", "commands", "vnodes", "retiring"}
+var reconcileKeys = []string{"lf", "fsi", "fsb", "fsp", "ring", "iwrr", "active", "lifetime", "durations", "commands", "vnodes", "retiring"}
 
 // reconcile runs reconcile.lua's stages over the pool, each in bounded
 // calls (cursor passes). The pass is not atomic: what changes meanwhile is

@@ -2,6 +2,7 @@ package registry
 
 import (
 	_ "embed"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -28,6 +29,14 @@ var (
 	luaClaim string
 	//go:embed lua/read.lua
 	luaRead string
+	//go:embed lua/walk_lifetime_first.lua
+	luaWalkLifetimeFirst string
+	//go:embed lua/walk_vnode.lua
+	luaWalkVnode string
+	//go:embed lua/walk_fair_share.lua
+	luaWalkFairShare string
+	//go:embed lua/walk_interleaved_weighted_round_robin.lua
+	luaWalkIWRR string
 	//go:embed lua/reconcile.lua
 	luaReconcile string
 
@@ -37,8 +46,8 @@ var (
 	scriptExpire      = redis.NewScript(luaCommon + luaExpire)
 	scriptExpireStale = redis.NewScript(luaCommon + luaExpireStale)
 	scriptLease       = redis.NewScript(luaCommon + luaLease)
-	scriptClaim       = redis.NewScript(luaCommon + luaClaim)
-	scriptRead        = redis.NewScript(luaCommon + luaRead)
+	scriptClaim       = redis.NewScript(claimSource())
+	scriptRead        = redis.NewScript(luaCommon + contractLua("read.lua", readArgs, readReply) + rowsLua("read.lua", readRow) + luaRead)
 	scriptReconcile   = redis.NewScript(luaCommon + luaReconcile)
 )
 
@@ -48,3 +57,17 @@ var (
 	luaUnlock    string
 	scriptUnlock = redis.NewScript(luaUnlock)
 )
+
+// walksMark is the line of claim.lua where the policies' walks go.
+const walksMark = "-- @walks\n"
+
+// claimSource is claim.lua with its contract prologue and, at walksMark,
+// the walk of every policy in the table (registry/policy.go).
+func claimSource() string {
+	var walks strings.Builder
+	for _, p := range policies {
+		walks.WriteString(p.walk)
+	}
+	body := strings.Replace(luaClaim, walksMark, walks.String(), 1)
+	return luaCommon + contractLua("claim.lua", claimArgs, claimReply) + body
+}

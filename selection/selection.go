@@ -40,6 +40,9 @@ type Worker struct {
 	// Capacity is how many sessions the worker accepts at once, as its agent
 	// registered it. 0 means the worker sets no limit of its own.
 	Capacity int
+	// Weight is the worker's share of turns in interleaved weighted round
+	// robin, 1-MaxWeight, as its agent registered it; 0 counts as 1.
+	Weight int
 	// LastHeartbeat is when the agent last heartbeated.
 	LastHeartbeat time.Time
 	// SuspectUntil: a proxy failed to reach the worker, so it is not

@@ -274,6 +274,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		Addr:         a.advertised(b),
 		Path:         b.Endpoint.EscapedPath(),
 		Capacity:     a.cfg.MaxConcurrent,
+		Weight:       a.cfg.Weight,
 		TTL:          a.cfg.KeyTTL,
 		VirtualNodes: a.cfg.VirtualNodes,
 		// One generation for this browser process: registering again after

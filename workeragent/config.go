@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
 // Launcher names.
@@ -57,6 +58,10 @@ type Config struct {
 	// VirtualNodes is the worker's ring positions for the vnode policy.
 	// Default: 0 (the registry's default, 8).
 	VirtualNodes int
+	// Weight is the worker's share of turns under the
+	// interleaved_weighted_round_robin policy, 0-10000. Default: 0 (its
+	// MaxConcurrent, or 1 when that is 0).
+	Weight int
 
 	// HeartbeatInterval is how often the agent renews its record and reads
 	// its command. Default: 10s.
@@ -209,6 +214,7 @@ func bindings() []binding {
 		{Option{"ws-path", "WS_PATH", d.WSPath, "WebSocket path (playwright and fake launchers)"}, str(func(c *Config) *string { return &c.WSPath })},
 		{Option{"max-concurrent", "MAX_CONCURRENT_SESSIONS", "0", "sessions the worker takes at once, registered as its capacity (0: no limit of its own)"}, num(func(c *Config) *int { return &c.MaxConcurrent })},
 		{Option{"virtual-nodes", "VIRTUAL_NODES", "0", "ring positions for the vnode policy (0: the registry's default, 8)"}, num(func(c *Config) *int { return &c.VirtualNodes })},
+		{Option{"weight", "WORKER_WEIGHT", "0", "turns in each round of the interleaved_weighted_round_robin policy, 0-10000 (0: its -max-concurrent, or 1)"}, num(func(c *Config) *int { return &c.Weight })},
 		{Option{"heartbeat-interval", "HEARTBEAT_INTERVAL", "10s", "how often to heartbeat and read the command"}, dur(func(c *Config) *time.Duration { return &c.HeartbeatInterval })},
 		{Option{"key-ttl", "REDIS_KEY_TTL", "30s", "TTL of the worker's record, renewed by every heartbeat"}, dur(func(c *Config) *time.Duration { return &c.KeyTTL })},
 		{Option{"stale-threshold", "STALE_THRESHOLD", "30s", "the reaper's stale threshold (Caddy side), checked against the heartbeat"}, dur(func(c *Config) *time.Duration { return &c.StaleThreshold })},
@@ -395,6 +401,9 @@ func (c *Config) Validate() error {
 	}
 	if !strings.HasPrefix(c.WSPath, "/") {
 		add("-ws-path must start with '/', got %q", c.WSPath)
+	}
+	if err := selection.ValidWeight(c.Weight); err != nil {
+		add("-weight: %v", err)
 	}
 	if c.MaxConcurrent < 0 {
 		add("-max-concurrent must not be negative, got %d", c.MaxConcurrent)

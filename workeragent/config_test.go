@@ -74,6 +74,8 @@ func TestBadConfigurationsNameTheProblem(t *testing.T) {
 		{"bad env duration", nil, map[string]string{"HEARTBEAT_INTERVAL": "often"}, []string{"HEARTBEAT_INTERVAL", "often", "duration"}},
 		{"bad env number", nil, map[string]string{"MAX_CONCURRENT_SESSIONS": "lots"}, []string{"MAX_CONCURRENT_SESSIONS", "whole number"}},
 		{"bad env bool", nil, map[string]string{"RESPAWN": "sometimes"}, []string{"RESPAWN", "boolean"}},
+		{"weight out of range", []string{"-weight", "10001"}, nil, []string{"-weight", "10001", "0-10000"}},
+		{"negative weight from the environment", nil, map[string]string{"WORKER_WEIGHT": "-1"}, []string{"-weight", "-1"}},
 		{"zero heartbeat", []string{"-heartbeat-interval", "0"}, nil, []string{"-heartbeat-interval must be positive"}},
 		{"unknown launcher", []string{"-launcher", "selenium"}, nil, []string{"-launcher", "selenium"}},
 		{"exec without command", []string{"-launcher", "exec"}, nil, []string{"-exec"}},

@@ -32,8 +32,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
 func init() {
@@ -86,7 +90,13 @@ func runProfile(cfg *config) error {
 	// The claim's 23 arguments (a dry lifetime_first claim, as Pick sends).
 	claimArgs := []any{0, reg.Key(pool, "wakeup"), pool, "lifetime_first", 1, 5, 1_000_000, 3_600_000, 16, 20, 0, 30_000,
 		"", 30_000, "gridbench", 60_000, 20, 64, 0, 0, "", "0123456789abcdef", 0}
-	common, claim, luaErr := profReadLua()
+	common, _, luaErr := profReadLua()
+	// The dry claim as Pick sends it (named ARGV, every policy's walk).
+	pickKeys, pickArgs, claim, err := reg.PickScript(registry.ClaimRequest{Pool: pool, Policy: registry.LifetimeFirst,
+		Limits: selection.Limits{MaxConcurrent: 5, MaxLifetime: 1_000_000, StaleAfter: time.Hour, MaxScan: 16}, Holder: "gridbench"})
+	if err != nil {
+		return fmt.Errorf("building the dry claim: %w", err)
+	}
 
 	leanKeys := []string{reg.Key(pool, "idx:lifetime"), reg.Key(pool, "workers"), reg.Key(pool, "active"),
 		reg.Key(pool, "leases"), reg.Key(pool, "lease_expiry")}
@@ -141,12 +151,13 @@ func runProfile(cfg *config) error {
 		{what: "common.lua decode(): cjson.decode and the field checks (100 per call)", loops: 100,
 			run: evalsha(common+"\nlocal r = ARGV[1] for i = 1, 100 do decode(r) end return 1", nil, record), cmd: "evalsha"},
 		{what: "positional request (23 ARGV read) and an array reply of 25 items", run: evalsha(profPositional, nil, append(claimArgs, record)...), cmd: "evalsha"},
+		{what: "the same through the named contract (registry/contract.go's REQ and reply{}), 24 ARGV", run: evalsha(profNamed(), nil, append(pickArgs, record)...), cmd: "evalsha"},
 		{what: "cjson request (one ARGV) decoded and a cjson reply of 25 fields", run: evalsha(profJSON, nil, profRequest, record), cmd: "evalsha"},
 		{what: "cjson request (one ARGV) decoded and an array reply of 25 items", run: evalsha(profJSONArray, nil, profRequest, record), cmd: "evalsha"},
 		{what: fmt.Sprintf("dry lifetime_first claim at N=%d (Pick's walk), EVALSHA of common.lua + claim.lua", n),
-			run: evalsha(common+claim, poolKeys, claimArgs...), cmd: "evalsha"},
+			run: evalsha(common+claim, pickKeys, pickArgs...), cmd: "evalsha"},
 		{what: fmt.Sprintf("the same walk as a Function, helpers made once at load, N=%d", n),
-			run: fcall("gb_claim", poolKeys, claimArgs...), cmd: "fcall"},
+			run: fcall("gb_claim", pickKeys, pickArgs...), cmd: "fcall"},
 		// Last: these write to the pool's keys.
 		{what: "lean claim + release sketch (7 + 5 commands, see profLean), EVALSHA, per script", run: leanPair(false), cmd: "evalsha"},
 		{what: "the same lean sketch as Functions (FCALL), per script", run: leanPair(true), cmd: "fcall"},
@@ -278,6 +289,25 @@ local keep, sweep, stagger, cfgt = tonumber(ARGV[17]), tonumber(ARGV[18]), ARGV[
 local epoch, token, k = ARGV[21], ARGV[22], tonumber(ARGV[23])
 return { 1, 'w00001', ARGV[24], 1, 2, '', 0, 1, {}, {}, 0, 1, 0, 0, now, 0, {}, 0, mc, ml, 0, win, 0, def, token }
 `
+
+// profNamed reads the claim's arguments by name and builds its reply by
+// name, through the prologue registry/contract.go generates: what the
+// named contract costs over profPositional.
+func profNamed() string {
+	lua, args, reply := registry.ClaimContractLua()
+	var b strings.Builder
+	b.WriteString(lua)
+	b.WriteString("local now = tonumber(ARGV[1])\n")
+	for i, a := range args {
+		fmt.Fprintf(&b, "local v%d = ARGV[REQ.%s]\n", i, a)
+	}
+	b.WriteString("return reply {\n")
+	for i, f := range reply {
+		fmt.Fprintf(&b, "  %s = v%d,\n", f, i%len(args))
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
 
 // profJSON decodes a claim request of the same fields from one cjson
 // argument and encodes a reply of the same 25 fields.

@@ -30,6 +30,10 @@
 --                    score = when to forget them (ms)
 --  18 lease_client   ZSET (lex, all scores 0) "<client hash> <lease id>" for
 --                    every lease claimed with a client key (see "Clients")
+--  19 idx:iwrr       ZSET (lex, all scores 0) "<weight, 6 digits>:<id>" for every
+--                    indexed worker (interleaved weighted round robin)
+--  20 iwrr           HASH id -> the worker's weight; and the round robin's
+--                    cursor in fields ' round' and ' cur' (no id has a space)
 --
 -- ARGV common to every script: 1 now in ms (0: Redis TIME), 2 the pool's
 -- wakeup channel, 3 the pool name. Script-specific arguments follow.
@@ -58,6 +62,7 @@ local K_LF, K_RING, K_FSI, K_FSB, K_FSP = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local K_RET = KEYS[15]
 local K_OWNER, K_TOMB = KEYS[16], KEYS[17]
 local K_CLIENT = KEYS[18]
+local K_IWRR, K_IWRRW = KEYS[19], KEYS[20]
 
 -- Lifetime-first score: lifetime descending, then active ascending; members
 -- with equal scores sort by id bytes, which gives the ID ASC tiebreak.
@@ -309,6 +314,13 @@ local function ring_rem(id)
   if #ms > 0 then redis.call('ZREM', K_RING, unpack(ms)) end
 end
 
+-- idx:iwrr's member for a worker, from its registered weight (1 when a
+-- registration wrote none).
+local function iwrr_member(id)
+  local wt = tonumber(redis.call('HGET', K_IWRRW, id)) or 1
+  return string.format('%06d', wt) .. ':' .. id
+end
+
 local function fs_place(id, w, est, now)
   if w.predicted_end > now then
     redis.call('ZADD', K_FSB, fmt(w.predicted_end + est), id)
@@ -327,6 +339,7 @@ local function unindex(id)
   redis.call('ZREM', K_FSB, id)
   redis.call('ZREM', K_FSP, id)
   ring_rem(id)
+  redis.call('ZREM', K_IWRR, iwrr_member(id))
 end
 
 -- reindex puts a worker where its current figures say it belongs, in the
@@ -346,7 +359,10 @@ local function reindex(id, w, cfg, now)
   end
   local was = redis.call('ZSCORE', K_LF, id)
   redis.call('ZADD', K_LF, fmt(lf_score(w)), id)
-  if not was then ring_add(id) end
+  if not was then
+    ring_add(id)
+    redis.call('ZADD', K_IWRR, 0, iwrr_member(id))
+  end
   fs_place(id, w, estimate(w.durations, cfg), now)
 end
 
@@ -613,6 +629,7 @@ end
 -- remove_worker deletes everything a registration wrote.
 local function remove_worker(id)
   unindex(id)
+  redis.call('HDEL', K_IWRRW, id)
   redis.call('SREM', K_RET, id)
   local n = redis.call('HDEL', K_WORKERS, id)
   n = n + redis.call('HDEL', K_ACTIVE, id) + redis.call('HDEL', K_LIFETIME, id)

@@ -95,6 +95,7 @@ if stage == 'workers' then
               break
             end
           end
+          if not redis.call('ZSCORE', K_IWRR, iwrr_member(id)) then fix = true end
         end
       elseif in_lf then
         fix = true
@@ -103,7 +104,10 @@ if stage == 'workers' then
       if want_ret and redis.call('SISMEMBER', K_RET, id) == 0 then fix = true end
       if fix then
         fixed = fixed + 1
-        if ix and in_lf then ring_add(id) end
+        if ix and in_lf then
+          ring_add(id)
+          redis.call('ZADD', K_IWRR, 0, iwrr_member(id))
+        end
         reindex(id, w, cfg, now)
         if want_ret then redis.call('SADD', K_RET, id) end
       end
@@ -144,7 +148,7 @@ end
 
 if stage == 'scan' then
   local which = ARGV[5]
-  local zsets = { lf = K_LF, fsi = K_FSI, fsb = K_FSB, fsp = K_FSP, ring = K_RING }
+  local zsets = { lf = K_LF, fsi = K_FSI, fsb = K_FSB, fsp = K_FSP, ring = K_RING, iwrr = K_IWRR }
   local hashes = { active = K_ACTIVE, lifetime = K_LIFETIME, durations = K_DUR, commands = K_CMD, vnodes = K_VPOS }
   local fixed, orphans = 0, 0
   local cursor
@@ -170,6 +174,7 @@ if stage == 'scan' then
       local m = ms[i]
       local id, ok = m, true
       if which == 'ring' then id = string.sub(m, 34) end
+      if which == 'iwrr' then id = string.sub(m, 8) end
       if which == 'lf' then
         local w = worker(id)
         ok = w and indexed(w, cfg)

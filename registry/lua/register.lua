@@ -20,7 +20,8 @@
 --       11 generation (no spaces), 12 ring positions (hex, space separated),
 --       13 lifetime the agent re-asserts, 14 command ttl ms,
 --       15 '1' to register as draining (an agent draining when its record was lost),
---       16 signature (hex HMAC made by the agent; '' for none: the record has no sig).
+--       16 signature (hex HMAC made by the agent; '' for none: the record has no sig),
+--       17 weight (interleaved weighted round robin, 1-10000).
 -- Returns: {active, lifetime} as registered.
 -- Complexity: O(V log N) plus O(A log L) for A live leases of the worker.
 local now = now_ms(ARGV[1])
@@ -63,6 +64,7 @@ elseif not same and w.active == 0 and w.lifetime == 0 then
   redis.call('HDEL', K_CMD, id)
 end
 redis.call('HSET', K_VPOS, id, ARGV[12])
+redis.call('HSET', K_IWRRW, id, ARGV[17])
 local cfg = load_cfg()
 if carry then command_if_spent(id, w, cfg, now, tonumber(ARGV[14]) or 0) end
 reindex(id, w, cfg, now)

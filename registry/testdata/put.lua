@@ -7,7 +7,8 @@
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id, 5 record (JSON),
---       6 active, 7 lifetime, 8 durations ("ms,ms"), 9 ring positions.
+--       6 active, 7 lifetime, 8 durations ("ms,ms"), 9 ring positions,
+--       10 weight (optional, default 1).
 -- Returns: 1 when the worker parses and was indexed as its figures say, 0 if it does not parse.
 -- Complexity: O(V log N).
 local now = now_ms(ARGV[1])
@@ -18,6 +19,7 @@ redis.call('HSET', K_ACTIVE, id, ARGV[6])
 redis.call('HSET', K_LIFETIME, id, ARGV[7])
 if ARGV[8] == '' then redis.call('HDEL', K_DUR, id) else redis.call('HSET', K_DUR, id, ARGV[8]) end
 redis.call('HSET', K_VPOS, id, ARGV[9])
+redis.call('HSET', K_IWRRW, id, ARGV[10] or '1')
 local w = load_worker(id)
 if not w then return 0 end
 -- A worker's active count is its generation's leases (common.lua): write

@@ -1,0 +1,140 @@
+package registry
+
+import (
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// namesIn returns the distinct names matched by re's first group in src.
+func namesIn(re *regexp.Regexp, src string) []string {
+	seen := map[string]bool{}
+	for _, m := range re.FindAllStringSubmatch(src, -1) {
+		seen[m[1]] = true
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// replyFields returns the field names of the script's `return reply { … }`.
+func replyFields(t *testing.T, src string) []string {
+	t.Helper()
+	i := strings.LastIndex(src, "return reply {")
+	if i < 0 {
+		t.Fatal("no `return reply {` in the script")
+	}
+	j := strings.Index(src[i:], "\n}")
+	return namesIn(regexp.MustCompile(`(?m)(?:^|[{,\s])([a-z_]+) =`), src[i+len("return reply {"):i+j])
+}
+
+// The Lua reads its arguments and builds its replies only by the names
+// contract.go lists, and uses every one of them: a field added, removed or
+// moved on one side only fails here (a reply field the Lua does not set is
+// also a script error at run time, never a shifted reply).
+func TestContractNamesMatchTheLua(t *testing.T) {
+	var walks strings.Builder
+	for _, p := range policies {
+		walks.WriteString(p.walk)
+	}
+	cases := []struct {
+		name  string
+		src   string
+		args  []string
+		reply []string
+	}{
+		{"claim.lua", luaClaim + walks.String(), claimArgs, claimReply},
+		{"read.lua", luaRead, readArgs, readReply},
+	}
+	positional := regexp.MustCompile(`ARGV\[(\d+)\]`)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code := stripLuaComments(c.src)
+			for _, m := range positional.FindAllStringSubmatch(code, -1) {
+				if m[1] != "1" { // ARGV[1], now, is every script's (common.lua)
+					t.Errorf("%s reads %s by position: read it as ARGV[REQ.<name>]", c.name, m[0])
+				}
+			}
+			used := namesIn(regexp.MustCompile(`REQ\.([a-z_]+)`), code)
+			want := slices.Clone(c.args)
+			sort.Strings(want)
+			if !slices.Equal(used, want) {
+				t.Errorf("%s reads arguments %v; contract.go names %v", c.name, used, want)
+			}
+			got := replyFields(t, code)
+			wantReply := slices.Clone(c.reply)
+			sort.Strings(wantReply)
+			if !slices.Equal(got, wantReply) {
+				t.Errorf("%s replies %v; contract.go names %v", c.name, got, wantReply)
+			}
+		})
+	}
+}
+
+func stripLuaComments(src string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(src, "\n") {
+		if i := strings.Index(line, "--"); i >= 0 {
+			line = line[:i]
+		}
+		b.WriteString(line)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// read.lua's rows carry readRow's fields, all of them.
+func TestContractReadRow(t *testing.T) {
+	code := stripLuaComments(luaRead)
+	i := strings.Index(code, "add_row(rows, {")
+	if i < 0 {
+		t.Fatal("read.lua builds no row with add_row")
+	}
+	j := strings.Index(code[i:], "})")
+	got := namesIn(regexp.MustCompile(`(?m)(?:^|[{,\s])([a-z_]+) =`), code[i+len("add_row(rows, {"):i+j])
+	want := slices.Clone(readRow)
+	sort.Strings(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("read.lua's rows have %v; contract.go names %v", got, want)
+	}
+}
+
+// Every row of the policy table has its walk, which defines the row's
+// WALKS entry and no other, and claim.lua has the place the walks go.
+func TestPolicyTableWalks(t *testing.T) {
+	if !strings.Contains(luaClaim, walksMark) {
+		t.Fatalf("claim.lua has no %q line", strings.TrimSpace(walksMark))
+	}
+	def := regexp.MustCompile(`WALKS\.([a-z_0-9]+) = function`)
+	seen := map[Policy]bool{}
+	for _, p := range Policies() {
+		if seen[p.Name] {
+			t.Errorf("policy %s twice in the table", p.Name)
+		}
+		seen[p.Name] = true
+		got := namesIn(def, p.walk)
+		if !slices.Equal(got, []string{string(p.Name)}) {
+			t.Errorf("policy %s: its walk defines %v, want WALKS.%s", p.Name, got, p.Name)
+		}
+		if got, ok := LookupPolicy(string(p.Name)); !ok || got.Name != p.Name {
+			t.Errorf("LookupPolicy(%q) = %v, %v", p.Name, got.Name, ok)
+		}
+	}
+	if _, ok := LookupPolicy("round_robin"); ok {
+		t.Error("LookupPolicy found a policy the table does not have")
+	}
+}
+
+// An argument left unset is an error in Go, before Redis sees a shifted
+// ARGV.
+func TestContractArgvUnset(t *testing.T) {
+	_, err := newArgv(readArgsLayout).set("id", "").set("cursor", "0").list()
+	if err == nil || !strings.Contains(err.Error(), "chunk") {
+		t.Fatalf("list with chunk unset: %v, want an error naming chunk", err)
+	}
+}
