@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -435,7 +437,10 @@ func TestWakeups(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no wakeup after a registration")
 	}
-	register(t, r, "p", "w", 0)
+	// capacity 1: the claim takes the worker out of the indexes and the
+	// release puts it back, which is what wakes waiters (see
+	// TestReleaseKeepingTheWorkerIndexedIsQuiet)
+	register(t, r, "p", "w", 1)
 	<-ch
 	c, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst})
 	if err != nil {
@@ -461,6 +466,60 @@ func TestWakeups(t *testing.T) {
 			return false
 		}
 	})
+}
+
+// A release that leaves its worker in the indexes (below its cap before
+// and after) publishes nothing: a waiting claim could already take that
+// worker. One that puts it back publishes once.
+func TestReleaseKeepingTheWorkerIndexedIsQuiet(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	register(t, r, "p", "roomy", 2)
+	publishes := func() int64 {
+		t.Helper()
+		info, err := rdb.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_publish:calls="); ok {
+				n, _, _ := strings.Cut(rest, ",")
+				v, err := strconv.ParseInt(n, 10, 64)
+				if err != nil {
+					t.Fatalf("commandstats line %q: %v", line, err)
+				}
+				return v
+			}
+		}
+		return 0
+	}
+	req := ClaimRequest{Pool: "p", Policy: LifetimeFirst}
+	c, err := r.Claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := publishes()
+	if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if n := publishes() - before; n != 0 {
+		t.Fatalf("a release leaving its worker indexed published %d times, want 0", n)
+	}
+	// Two claims fill it; the first release puts it back in the indexes.
+	c1, err := r.Claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	before = publishes()
+	if err := r.Release(ctx, "p", c1.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if n := publishes() - before; n != 1 {
+		t.Fatalf("a release putting its worker back published %d times, want 1", n)
+	}
 }
 
 func TestExpireSkipIfFresh(t *testing.T) {

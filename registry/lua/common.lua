@@ -234,7 +234,8 @@ end
 local function retire_sync(id, w, cfg)
   if may_retire(w, cfg) then
     redis.call('SADD', K_RET, id)
-  elseif redis.call('HEXISTS', K_CMD, id) == 0 then
+  elseif redis.call('SISMEMBER', K_RET, id) == 1 and redis.call('HEXISTS', K_CMD, id) == 0 then
+    -- the usual case (not a member) costs one command
     redis.call('SREM', K_RET, id)
   end
 end
@@ -309,13 +310,16 @@ local function ring_rem(id)
   if #ms > 0 then redis.call('ZREM', K_RING, unpack(ms)) end
 end
 
+-- fs_place puts an indexed worker in idx:fair_busy (and idx:fair_end) or
+-- idx:fair_idle. A worker is in exactly one of the two (the invariant
+-- above), so the other is cleared only when ZADD says the worker was not
+-- already where it belongs.
 local function fs_place(id, w, est, now)
   if w.predicted_end > now then
-    redis.call('ZADD', K_FSB, fmt(w.predicted_end + est), id)
+    local new = redis.call('ZADD', K_FSB, fmt(w.predicted_end + est), id)
     redis.call('ZADD', K_FSP, fmt(w.predicted_end), id)
-    redis.call('ZREM', K_FSI, id)
-  else
-    redis.call('ZADD', K_FSI, fmt(est), id)
+    if new == 1 then redis.call('ZREM', K_FSI, id) end
+  elseif redis.call('ZADD', K_FSI, fmt(est), id) == 1 then
     redis.call('ZREM', K_FSB, id)
     redis.call('ZREM', K_FSP, id)
   end
@@ -330,24 +334,24 @@ local function unindex(id)
 end
 
 -- reindex puts a worker where its current figures say it belongs, in the
--- selection indexes and the retiring set.
+-- selection indexes and the retiring set. Returns true when the worker
+-- (re-)entered the indexes: a waiting claim may take it now.
 local function reindex(id, w, cfg, now)
   retire_sync(id, w, cfg)
   if not indexed(w, cfg) then
-    if redis.call('ZSCORE', K_LF, id) then
-      unindex(id)
-    else
-      -- not indexed before either: only the fair-share entries may linger
-      redis.call('ZREM', K_FSI, id)
-      redis.call('ZREM', K_FSB, id)
-      redis.call('ZREM', K_FSP, id)
-    end
-    return
+    -- ZREM's count says whether it was indexed (its ring positions go too);
+    -- the fair-share entries may linger either way
+    if redis.call('ZREM', K_LF, id) == 1 then ring_rem(id) end
+    redis.call('ZREM', K_FSI, id)
+    redis.call('ZREM', K_FSB, id)
+    redis.call('ZREM', K_FSP, id)
+    return false
   end
-  local was = redis.call('ZSCORE', K_LF, id)
-  redis.call('ZADD', K_LF, fmt(lf_score(w)), id)
-  if not was then ring_add(id) end
+  -- ZADD's count says whether it is new to the index
+  local new = redis.call('ZADD', K_LF, fmt(lf_score(w)), id) == 1
+  if new then ring_add(id) end
   fs_place(id, w, estimate(w.durations, cfg), now)
+  return new
 end
 
 -- fs_migrate moves busy workers whose predicted end has passed to the idle
@@ -408,10 +412,13 @@ local function owner_count(id, gen)
   return redis.call('ZLEXCOUNT', K_OWNER, lo, hi)
 end
 
--- owner_add records a lease of (id, gen) and returns the new count.
+-- owner_add records a lease of (id, gen) and returns the new count. The
+-- count follows the entry (HINCRBY when ZADD added one) rather than being
+-- counted again: the scripts keep the two in step, and renewal, register
+-- and reconcile, which can find them apart, count (owner_count).
 local function owner_add(id, gen, lid)
-  redis.call('ZADD', K_OWNER, 0, owner_member(id, gen, lid))
-  return owner_count(id, gen)
+  if redis.call('ZADD', K_OWNER, 0, owner_member(id, gen, lid)) == 0 then return owner_count(id, gen) end
+  return redis.call('HINCRBY', K_ACTIVE, id, 1)
 end
 
 -- owned_life is the highest lifetime recorded in the live leases of
@@ -559,22 +566,35 @@ end
 -- (lifetime given back, shutdown withdrawn, worker suspect) or 'expire'
 -- (the holder stopped renewing). Counters move only when the lease belongs
 -- to the worker's current registration. Returns true when the lease existed.
+-- The second result is true when the worker re-entered the indexes (a
+-- waiting claim may take it: see wake_if).
 local function lease_free(lid, now, mode, suspect_ms, keep)
   local raw = redis.call('HGET', K_LEASES, lid)
   redis.call('ZREM', K_LEXP, lid)
-  if not raw then return false end
+  if not raw then return false, false end
   redis.call('HDEL', K_LEASES, lid)
   local ok, l = pcall(cjson.decode, raw)
   if ok then client_drop(l, lid) end
-  if not ok or type(l) ~= 'table' or type(l.worker) ~= 'string' then return true end
+  if not ok or type(l) ~= 'table' or type(l.worker) ~= 'string' then return true, false end
   local id = l.worker
-  if type(l.gen) == 'string' then redis.call('ZREM', K_OWNER, owner_member(id, l.gen, lid)) end
+  local gone = 0
+  if type(l.gen) == 'string' then gone = redis.call('ZREM', K_OWNER, owner_member(id, l.gen, lid)) end
   local w = load_worker(id)
-  if not w or w.gen ~= l.gen then return true end
+  if not w or w.gen ~= l.gen then return true, false end
   local cfg = load_cfg()
-  w.active = owner_count(id, w.gen)
-  redis.call('HSET', K_ACTIVE, id, fmt(w.active))
+  if gone == 1 and w.active > 0 then
+    -- the count follows the entry (see owner_add)
+    w.active = redis.call('HINCRBY', K_ACTIVE, id, -1)
+  else
+    -- no entry (a lease written before lease_owner) or a count already
+    -- apart from the entries: count them
+    w.active = owner_count(id, w.gen)
+    redis.call('HSET', K_ACTIVE, id, fmt(w.active))
+  end
+  -- the record is rewritten only when a figure it holds changes
+  local dirty = false
   if mode == 'undo' then
+    dirty = true
     if w.lifetime > 0 then w.lifetime = w.lifetime - 1 end
     redis.call('HSET', K_LIFETIME, id, fmt(w.lifetime))
     if l.drain == 1 then redis.call('HDEL', K_CMD, id) end
@@ -587,27 +607,42 @@ local function lease_free(lid, now, mode, suspect_ms, keep)
       append_duration(id, w, math.max(0, now - l.claimed), keep)
     end
     -- An idle worker has no queue left: its predicted end is now at most.
-    if w.active == 0 and w.predicted_end > now then w.predicted_end = now end
+    if w.active == 0 and w.predicted_end > now then
+      w.predicted_end = now
+      dirty = true
+    end
   end
-  store(id, w)
-  reindex(id, w, cfg, now)
-  return true
+  if dirty then store(id, w) end
+  return true, reindex(id, w, cfg, now)
 end
 
 -- expire_leases frees up to max leases whose expiry has passed (and
--- forgets as many old tombstones).
+-- forgets as many old tombstones); max 0 does nothing (a claim that does
+-- not sweep this time: the caller chooses, see claimSweep in Go). Returns
+-- how many it freed and whether a worker re-entered the indexes.
 local function expire_leases(now, max, keep)
+  if not max or max <= 0 then return 0, false end
   sweep_tombstones(now, max)
   local ids = redis.call('ZRANGEBYSCORE', K_LEXP, '-inf', '(' .. fmt(now), 'LIMIT', 0, max)
-  local n = 0
+  local n, back = 0, false
   for _, lid in ipairs(ids) do
-    if lease_free(lid, now, 'expire', 0, keep) then n = n + 1 end
+    local existed, entered = lease_free(lid, now, 'expire', 0, keep)
+    if existed then n = n + 1 end
+    if entered then back = true end
   end
-  return n
+  return n, back
 end
 
 local function wake()
   redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+
+-- wake_if publishes only when something can wake a waiter: a worker
+-- (re-)entered the indexes. A release that leaves its worker in them
+-- (below its cap before and after) frees nothing a waiting claim could not
+-- already take; waiters also poll (caddygrid's safetyPoll).
+local function wake_if(entered)
+  if entered then wake() end
 end
 
 -- remove_worker deletes everything a registration wrote.
