@@ -111,11 +111,17 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	if req.Limits.StaggerDrains {
 		stagger = 1
 	}
+	// A claim frees expired leases first in 1 of claimSweepEvery calls (a
+	// Pick, which decides nothing for later, always).
+	sweep := r.opts.LeaseSweep
+	if !dry {
+		sweep = r.sweep.size(sweep)
+	}
 	args := []any{string(req.Policy), d,
 		req.Limits.MaxConcurrent, req.Limits.MaxLifetime, ms(req.Limits.StaleAfter), req.Limits.MaxScan,
 		req.FairShare.Window, med, ms(req.FairShare.Default),
 		leaseID, ms(req.LeaseTTL), req.Holder, ms(r.opts.CommandTTL),
-		r.opts.DurationWindow, r.opts.LeaseSweep, stagger, toMS(req.ConfigTime),
+		r.opts.DurationWindow, sweep, stagger, toMS(req.ConfigTime),
 		req.Epoch, newToken(8)}
 	if req.Policy == Vnode {
 		k := req.Vnode.Samples
@@ -203,6 +209,7 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 		}
 	}
 	if n(0) != 1 {
+		r.sweep.noWorker()
 		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring, PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch}
 	}
 	o.decision.OK = true
