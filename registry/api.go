@@ -66,7 +66,7 @@ type Options struct {
 	// scheduler); the reaper then removes them. Default: false (expire).
 	NoStaleExpiry bool
 	// LeaseSweep is how many expired leases a heartbeat, and one claim in
-	// 8 (and the claim after one that found no worker), frees before it
+	// 8 (and a claim that would otherwise be refused), frees before it
 	// does its own work, so that active counts heal without a reaper.
 	// Default: 64.
 	LeaseSweep int

@@ -144,6 +144,12 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	// The client's hash and limit come last (claim.lua's CB).
 	args = append(args, ClientHash(req.ClientKey), req.ClientLimit)
 	res, err := r.run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	if err == nil && sweep == 0 && r.sweep.retry(res) {
+		// Refused without sweeping: expired leases may be what fills the
+		// pool or the client's budget. Run once more, sweeping first.
+		args[sweepArg] = r.opts.LeaseSweep
+		res, err = r.run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	}
 	if err != nil {
 		return outcome{}, err
 	}
@@ -209,7 +215,6 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 		}
 	}
 	if n(0) != 1 {
-		r.sweep.noWorker()
 		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring, PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch}
 	}
 	o.decision.OK = true

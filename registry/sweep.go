@@ -6,26 +6,37 @@ import "sync/atomic"
 // old tombstones before it walks (1 in this many claims of a Registry).
 // The sweep is two range reads at the top of the claim script; on the
 // other claims the script skips it (it receives 0 as its sweep size).
-// Counts still heal within a bounded time: every heartbeat sweeps (a
-// pool of N workers heartbeating every T sweeps every T/N), the reaper
-// sweeps, and a claim that found no worker makes the next claim sweep,
-// so a pool full of expired leases serves again at its next try.
+// No answer depends on it: a claim that skipped the sweep and found no
+// worker, or found its client at its limit, runs once more with the sweep
+// (expired leases may be what filled them), so a claim is refused exactly
+// when one that swept would be. Counts heal within a bounded time as
+// before: every heartbeat and the reaper sweep too.
 const claimSweepEvery = 8
+
+// sweepArg is the sweep size's place in decide's args (claim.lua's ARGV 18).
+const sweepArg = 14
 
 // claimSweeper chooses which claims sweep.
 type claimSweeper struct {
-	n    atomic.Uint64
-	next atomic.Bool // the last claim found no worker
+	n atomic.Uint64
 }
 
 // size returns how many expired leases this claim frees first: max in 1
-// of claimSweepEvery calls and after a claim that found no worker, else 0.
+// of claimSweepEvery calls, else 0.
 func (s *claimSweeper) size(max int) int {
-	if s.next.Swap(false) || s.n.Add(1)%claimSweepEvery == 0 {
+	if s.n.Add(1)%claimSweepEvery == 0 {
 		return max
 	}
 	return 0
 }
 
-// noWorker records that a claim found no worker: the next one sweeps.
-func (s *claimSweeper) noWorker() { s.next.Store(true) }
+// retry reports whether claim.lua's reply is a refusal a sweep could turn
+// into a grant: no worker ({0, ...}, the full reply) or a client at its
+// limit ({-4, n}).
+func (s *claimSweeper) retry(res []any) bool {
+	if len(res) == 0 {
+		return false
+	}
+	x, _ := res[0].(int64)
+	return x == -4 || (x == 0 && len(res) == 25)
+}
