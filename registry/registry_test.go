@@ -569,3 +569,52 @@ func TestStaleSkippedAndReported(t *testing.T) {
 		t.Fatalf("budget 4: %+v %v", c, err)
 	}
 }
+
+// A release appends its duration to the worker's list and keeps the last
+// DurationWindow of them, editing the stored string in place when it is
+// tidy and rebuilding it when it is not.
+func TestReleaseKeepsTheDurationWindow(t *testing.T) {
+	ctx := context.Background()
+	for _, window := range []int{1, 3} {
+		r, rdb := startRegistry(t, Options{DurationWindow: window})
+		register(t, r, "p", "w", 0)
+		key := r.Key("p", keyDurations)
+		stored := func() []string {
+			t.Helper()
+			s, err := rdb.HGet(ctx, key, "w").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return strings.Split(s, ",")
+		}
+		for i := 1; i <= 5; i++ {
+			if i == 3 {
+				// untidy, as a hand edit or an older writer may leave it
+				rdb.HSet(ctx, key, "w", "7,,8,")
+			}
+			c, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, Now: time.Now().Add(-time.Duration(i) * time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+				t.Fatal(err)
+			}
+			got := stored()
+			want := min(i, window)
+			if i >= 3 {
+				want = min(2+i-2, window) // 7, 8, then one per release since
+			}
+			if len(got) != want {
+				t.Fatalf("window %d, release %d: stored %q, want %d entries", window, i, got, want)
+			}
+			last, err := strconv.Atoi(got[len(got)-1])
+			if err != nil || last < (i-1)*1000 {
+				t.Fatalf("window %d, release %d: stored %q, the last is not this session's ~%ds", window, i, got, i)
+			}
+			info, err := r.Inspect(ctx, "p")
+			if err != nil || len(info.Workers) != 1 || len(info.Workers[0].Durations) != want {
+				t.Fatalf("window %d, release %d: Inspect %+v %v", window, i, info.Workers, err)
+			}
+		}
+	}
+}

@@ -143,16 +143,18 @@ local function count(s)
   return tonumber(s)
 end
 
+-- load_durations returns a worker's durations (nil when one is not a
+-- whole number) and the stored string ('' when none).
 local function load_durations(id)
   local raw = redis.call('HGET', K_DUR, id)
   local d = {}
-  if not raw or raw == '' then return d end
+  if not raw or raw == '' then return d, '' end
   for s in string.gmatch(raw, '[^,]+') do
     local n = count(s)
     if not n then return nil end
     d[#d + 1] = n
   end
-  return d
+  return d, raw
 end
 
 -- load_worker reads a worker's record, counters and durations. Returns the
@@ -164,9 +166,9 @@ local function load_worker(id)
   if not a then return nil, 'active count is missing or not a whole number' end
   local l = count(redis.call('HGET', K_LIFETIME, id))
   if not l then return nil, 'lifetime count is missing or not a whole number' end
-  local d = load_durations(id)
+  local d, draw = load_durations(id)
   if not d then return nil, 'durations are not whole numbers' end
-  w.active, w.lifetime, w.durations = a, l, d
+  w.active, w.lifetime, w.durations, w.dur_raw = a, l, d, draw
   return w
 end
 
@@ -371,17 +373,42 @@ local function fs_migrate(now)
   end
 end
 
+-- append_duration adds a session's duration (ms) to the worker's list,
+-- keeping the last keep (0: all). The usual cases edit the stored string
+-- (append; at the window, also drop the oldest) rather than rebuilding it:
+-- that needs the string to hold exactly the list, one comma between
+-- entries, which load_worker's w.dur_raw does unless it was written with
+-- empty entries.
 local function append_duration(id, w, ms, keep)
   local d = w.durations
   d[#d + 1] = ms
-  local first = 1
-  if keep > 0 and #d > keep then first = #d - keep + 1 end
-  local out = {}
-  for i = first, #d do out[#out + 1] = fmt(d[i]) end
-  local nd = {}
-  for i = first, #d do nd[#nd + 1] = d[i] end
-  w.durations = nd
-  redis.call('HSET', K_DUR, id, table.concat(out, ','))
+  local raw = w.dur_raw
+  local tidy = type(raw) == 'string' and raw ~= '' and not string.find(raw, ',,', 1, true)
+    and string.sub(raw, 1, 1) ~= ',' and string.sub(raw, -1) ~= ','
+  local out
+  if keep > 0 and #d > keep + 1 or (#d > 1 and not tidy) then
+    -- the window shrank, or the string is not tidy: rebuild
+    local first = 1
+    if keep > 0 and #d > keep then first = #d - keep + 1 end
+    local parts, nd = {}, {}
+    for i = first, #d do
+      parts[#parts + 1] = fmt(d[i])
+      nd[#nd + 1] = d[i]
+    end
+    w.durations = nd
+    out = table.concat(parts, ',')
+  elseif #d == 1 then
+    out = fmt(ms)
+  elseif keep > 0 and #d > keep then
+    -- at the window: the oldest goes
+    table.remove(d, 1)
+    local c = string.find(raw, ',', 1, true)
+    if c then out = string.sub(raw, c + 1) .. ',' .. fmt(ms) else out = fmt(ms) end
+  else
+    out = raw .. ',' .. fmt(ms)
+  end
+  w.dur_raw = out
+  redis.call('HSET', K_DUR, id, out)
 end
 
 -- Leases. A lease belongs to a worker id and the generation of the
