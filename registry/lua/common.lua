@@ -111,11 +111,29 @@ end
 local NUM_FIELDS = { 'capacity', 'vnodes', 'heartbeat', 'registered', 'expires', 'suspect_until', 'predicted_end' }
 local STR_FIELDS = { 'id', 'browser', 'addr', 'path', 'gen', 'status' }
 
--- decode checks a raw record; returns the table or nil and why.
+-- bad_name: an id or generation is joined with spaces in lease_owner's
+-- members and checked by every renewal: empty, over 200 bytes, or holding
+-- a space or control character, it would be refused there.
+local function bad_name(s)
+  return s == '' or #s > 200 or string.find(s, '[%s%c]') ~= nil
+end
+
+-- decode checks a raw record; returns the table or nil and why. It runs
+-- for every worker a script reads, so the usual record (every field right)
+-- is checked in one expression; only a bad one walks the fields in order
+-- to say which is wrong (the same order and words as Go's decodeWorker).
 local function decode(raw)
   if not raw then return nil, 'missing' end
   local ok, w = pcall(cjson.decode, raw)
   if not ok or type(w) ~= 'table' then return nil, 'record is not a JSON object' end
+  if is_count(w.capacity) and is_count(w.vnodes) and is_count(w.heartbeat) and is_count(w.registered)
+      and is_count(w.expires) and is_count(w.suspect_until) and is_count(w.predicted_end)
+      and type(w.id) == 'string' and type(w.browser) == 'string' and type(w.addr) == 'string'
+      and type(w.path) == 'string' and type(w.gen) == 'string'
+      and (w.status == 'available' or w.status == 'draining')
+      and not bad_name(w.id) and not bad_name(w.gen) then
+    return w
+  end
   for _, f in ipairs(NUM_FIELDS) do
     if w[f] == nil then return nil, 'field ' .. f .. ' is missing' end
     if not is_count(w[f]) then return nil, 'field ' .. f .. ' is not a whole number (' .. type(w[f]) .. ')' end
@@ -126,10 +144,8 @@ local function decode(raw)
   if w.status ~= 'available' and w.status ~= 'draining' then
     return nil, 'unknown status "' .. w.status .. '"'
   end
-  -- id and gen are joined with spaces in lease_owner's members and checked
-  -- by every renewal: a record whose would be refused there is bad here.
   for _, f in ipairs({ 'id', 'gen' }) do
-    if w[f] == '' or #w[f] > 200 or string.find(w[f], '[%s%c]') then
+    if bad_name(w[f]) then
       return nil, 'field ' .. f .. ' is empty, longer than 200 bytes or has spaces or control characters'
     end
   end
