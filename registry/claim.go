@@ -112,10 +112,9 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	res, err := run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
 	if err == nil && !dry && sweep == 0 && r.sweep.retry(res) {
 		// Refused without sweeping: expired leases may be what fills the
-		// pool or the client's budget. Run once more, sweeping first.
-		if args, err = r.claimArgv(&req, spec, dry, leaseID, r.opts.LeaseSweep); err != nil {
-			return outcome{}, err
-		}
+		// pool or the client's budget. Run once more, sweeping first, with
+		// the same arguments otherwise (the same vnode draw).
+		args[claimArgsLayout.index("lease_sweep")] = r.opts.LeaseSweep
 		res, err = run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
 	}
 	if err != nil {
