@@ -109,6 +109,9 @@ type backend struct {
 	recent   map[string]time.Time
 	// versions caches each pool's Playwright versions (versions.go).
 	versions map[string]cachedVersions
+	// swept is when a client-limit refusal last swept a pool's version
+	// groups for expired leases (versions.go, sweepGroups).
+	swept map[string]time.Time
 	// versionReads makes concurrent reads of one pool's versions one.
 	versionReads singleflight.Group
 	lastPick     map[string]registry.ClaimRequest // pool → the last claim's request, for admin picks
@@ -625,20 +628,28 @@ const (
 	outcomeStopped                // 503: the request's config was replaced and cleaned up before it claimed
 	outcomeUnknownVersion         // 428: no worker of the pool serves the client's Playwright version
 	outcomeClientLimited          // 429: the client holds its client_limit of live sessions
+	outcomeNotWebSocket           // no WebSocket upgrade: nothing claimed (503 in a hand-composed proxy; the directive answers 426 before)
 )
 
 // acquire claims a worker for the session, waiting in the pool's queue
 // (at most queueSize waiters here) until deadline when none is free.
 func (b *backend) acquire(ctx context.Context, req registry.ClaimRequest, samples, queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
-	return b.acquireWith(ctx, req.Pool, func(ctx context.Context) (*registry.Claim, error) {
+	return b.acquireWith(ctx, req, func(ctx context.Context) (*registry.Claim, error) {
 		return b.claim(ctx, req, samples)
 	}, queueSize, deadline)
 }
 
 // acquireWith is acquire with the claim to make (one group, or any group
-// of a pool: see acquireRouted), waiting in the queue of pool.
-func (b *backend) acquireWith(ctx context.Context, pool string, claim func(context.Context) (*registry.Claim, error), queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
+// of a pool: see acquireRouted), waiting in the queue of req.Pool; a
+// client with a client_limit has at most that many requests waiting.
+func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, claim func(context.Context) (*registry.Claim, error), queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
+	pool := req.Pool
 	c, err := claim(ctx)
+	if errors.Is(err, registry.ErrClientLimit) && b.sweepGroups(ctx, pool) {
+		// expired leases of the pool's other groups were freed: they may
+		// have been the client's
+		c, err = claim(ctx)
+	}
 	if err == nil {
 		return c, outcomeNone, nil
 	}
@@ -652,7 +663,11 @@ func (b *backend) acquireWith(ctx context.Context, pool string, claim func(conte
 		return nil, outcomeTimeout, err
 	}
 	q := b.queue(pool)
-	w, ok := q.join(queueSize)
+	w, ok, clientFull := q.joinClient(queueSize, req.ClientKey, req.ClientLimit)
+	if clientFull {
+		b.clientLimited(req, errClientWaiting)
+		return nil, outcomeClientLimited, errClientWaiting
+	}
 	if !ok {
 		return nil, outcomeQueueFull, err
 	}

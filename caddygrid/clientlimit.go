@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -21,14 +22,17 @@ func clientKey(r *http.Request, tmpl string) string {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl != nil {
 		if k := repl.ReplaceAll(tmpl, ""); k != "" {
+			if tmpl == DefaultClientKey {
+				return ipClient(k)
+			}
 			return k
 		}
 		if k := repl.ReplaceAll(DefaultClientKey, ""); k != "" {
-			return k
+			return ipClient(k)
 		}
 	}
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil && host != "" {
-		return host
+		return ipClient(host)
 	}
 	if r.RemoteAddr != "" {
 		return r.RemoteAddr
@@ -36,6 +40,25 @@ func clientKey(r *http.Request, tmpl string) string {
 	// No address at all (a unix socket listener): such clients share one
 	// budget rather than none.
 	return "unknown client"
+}
+
+// errClientWaiting: the client already has as many requests waiting in
+// the pool's queue (this instance's) as its client_limit; nothing claimed.
+var errClientWaiting = fmt.Errorf("%w: as many of this client's requests wait for a browser as its client_limit allows", registry.ErrClientLimit)
+
+// ipv6ClientBits is how much of an IPv6 address names one client.
+const ipv6ClientBits = 64
+
+// ipClient names the client of an IP address key: the address for IPv4,
+// its /64 for IPv6 (a host or a home network is routed a whole /64 and
+// takes addresses in it at will, so a budget per address would be no
+// limit). A key that is no IP address is returned as it is.
+func ipClient(key string) string {
+	ip, err := netip.ParseAddr(key)
+	if err != nil || !ip.Is6() || ip.Is4In6() {
+		return key
+	}
+	return netip.PrefixFrom(ip.WithZone(""), ipv6ClientBits).Masked().String()
 }
 
 // clientLimited counts a claim refused by the client limit and logs it at
@@ -60,6 +83,12 @@ func (b *backend) clientLimited(req registry.ClaimRequest, err error) {
 // setLimited records why the client was refused (a *ClientLimitError in err).
 func (s *session) setLimited(err error) {
 	var le *registry.ClientLimitError
+	if errors.Is(err, errClientWaiting) {
+		s.mu.Lock()
+		s.waiting = true
+		s.mu.Unlock()
+		return
+	}
 	if !errors.As(err, &le) {
 		return
 	}
@@ -71,8 +100,11 @@ func (s *session) setLimited(err error) {
 // limitedMessage is the body of the 429 for a client over its limit.
 func (s *session) limitedMessage() string {
 	s.mu.Lock()
-	le := s.limited
+	le, waiting := s.limited, s.waiting
 	s.mu.Unlock()
+	if waiting {
+		return "client limit reached: as many requests of this client already wait for a browser as its client_limit allows; retry when one has been served"
+	}
 	if le == nil {
 		return "client limit reached for this client; retry when one of its sessions has ended"
 	}

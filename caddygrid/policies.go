@@ -1,6 +1,7 @@
 package caddygrid
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -76,9 +77,10 @@ type ClaimOptions struct {
 	// ClientKey names the client, a placeholder expanded per request,
 	// e.g. "{http.auth.user.id}" or "{http.request.header.X-Client}".
 	// Only its SHA-256 reaches Redis. A request whose key expands to ""
-	// counts as its IP address. Used with ClientLimit only.
-	// Default: "{http.vars.client_ip}" (the client's IP address, see
-	// DefaultClientKey).
+	// counts as its IP address. A key without a placeholder is refused
+	// (every client would share one budget). Used with ClientLimit only.
+	// Default: "{http.vars.client_ip}" (the client's IP address, an IPv6
+	// client's /64; see DefaultClientKey).
 	ClientKey string `json:"client_key,omitempty"`
 	// VersionRouting sends a Playwright client (its User-Agent names its
 	// version) only to workers of its major.minor, and refuses with 428 a
@@ -132,6 +134,23 @@ func (o ClaimOptions) validate() error {
 		return fmt.Errorf("client_limit %d: must be 1 or more", o.ClientLimit)
 	case o.ClientKey != "" && o.ClientLimit == 0:
 		return fmt.Errorf("client_key %q: needs client_limit", o.ClientKey)
+	}
+	if o.ClientKey != "" {
+		if err := checkClientKeyPlaceholder(o.ClientKey); err != nil {
+			return fmt.Errorf("client_key %q: %w", o.ClientKey, err)
+		}
+	}
+	return nil
+}
+
+// checkClientKeyPlaceholder refuses a client_key without a placeholder:
+// such a key is the same for every request, so all clients would share
+// one budget of client_limit sessions (typically a header name written
+// without its placeholder, X-User for {http.request.header.X-User}).
+func checkClientKeyPlaceholder(key string) error {
+	open := strings.Index(key, "{")
+	if open < 0 || !strings.Contains(key[open:], "}") {
+		return errors.New("no placeholder: every client would share one budget; name the client with a placeholder, e.g. {http.auth.user.id} or {http.request.header.X-User}")
 	}
 	return nil
 }
@@ -213,6 +232,9 @@ func unmarshalClaimOption(d *caddyfile.Dispenser, o *ClaimOptions, seen map[stri
 	if name == "client_key" {
 		if strings.TrimSpace(val) == "" {
 			return true, d.Err("invalid client_key '': must name the client, e.g. {http.auth.user.id}")
+		}
+		if err := checkClientKeyPlaceholder(val); err != nil {
+			return true, d.Errf("invalid client_key '%s': %v", val, err)
 		}
 		o.ClientKey = val
 		return true, nil
@@ -387,6 +409,14 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	}
 	if o, _ := s.getOutcome(); o != outcomeNone {
 		return nil // an earlier attempt already gave up (timeout, queue full)
+	}
+	if !isWebSocket(r) {
+		// A hand-composed reverse_proxy (the directive answers 426 first)
+		// would proxy a plain HTTP request, which a browser server answers
+		// with 200 (Playwright's "Running"): an answer that blames the
+		// worker for an upgrade. Nothing to claim a browser for.
+		s.setOutcome(outcomeNotWebSocket, 0)
+		return nil
 	}
 	s.mu.Lock()
 	pool := s.pool

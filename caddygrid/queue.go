@@ -19,6 +19,8 @@ type waitQueue struct {
 // waiter is one queued request. wake holds at most one pending wake-up.
 type waiter struct {
 	wake chan struct{}
+	// client is the request's client key (client_limit; "" none).
+	client string
 }
 
 // join appends a waiter unless the queue already holds limit waiters.
@@ -31,6 +33,33 @@ func (q *waitQueue) join(limit int) (*waiter, bool) {
 	w := &waiter{wake: make(chan struct{}, 1)}
 	q.waiters = append(q.waiters, w)
 	return w, true
+}
+
+// joinClient is join for a request of client (its client key; "" none),
+// which may have at most perClient waiters in the queue (0: no bound):
+// a client can be served no more sessions than its client_limit, so its
+// further requests would only hold places other clients need. clientFull
+// reports a refusal for that bound.
+func (q *waitQueue) joinClient(limit int, client string, perClient int) (w *waiter, ok, clientFull bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.waiters) >= limit {
+		return nil, false, false
+	}
+	if client != "" && perClient > 0 {
+		n := 0
+		for _, x := range q.waiters {
+			if x.client == client {
+				n++
+			}
+		}
+		if n >= perClient {
+			return nil, false, true
+		}
+	}
+	w = &waiter{wake: make(chan struct{}, 1), client: client}
+	q.waiters = append(q.waiters, w)
+	return w, true, false
 }
 
 // leave removes w. When w held a wake-up it did not use, the wake-up goes

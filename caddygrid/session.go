@@ -56,6 +56,9 @@ type session struct {
 	retryAfter time.Duration
 	// limited says why a client over its client_limit was refused.
 	limited *registry.ClientLimitError
+	// waiting: refused because the client's requests already fill its
+	// client_limit's places in the queue.
+	waiting bool
 	// refusal is the 428 answer's body (outcomeUnknownVersion).
 	refusal string
 }

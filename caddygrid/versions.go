@@ -181,7 +181,7 @@ func (b *backend) acquireRouted(ctx context.Context, req registry.ClaimRequest, 
 		// The pool's workers register no version (exec, CDP): nothing
 		// to route by, any worker serves.
 	}
-	c, o, err := b.acquireWith(ctx, pool, func(ctx context.Context) (*registry.Claim, error) {
+	c, o, err := b.acquireWith(ctx, req, func(ctx context.Context) (*registry.Claim, error) {
 		return b.claimAny(ctx, req, samples)
 	}, queueSize, deadline)
 	if c != nil {
@@ -193,6 +193,56 @@ func (b *backend) acquireRouted(ctx context.Context, req registry.ClaimRequest, 
 	}
 	return c, o, err
 }
+
+// sweepInterval is how often a client-limit refusal may sweep a pool's
+// version groups for expired leases.
+const sweepInterval = time.Second
+
+// sweepGroups frees the expired leases of every version group of group's
+// pool but group itself, at most once per sweepInterval per pool, and
+// reports whether it freed any. A client's live sessions are counted
+// across the pool's groups, but a claim frees expired leases of its own
+// group only: sessions of a Caddy that crashed would otherwise keep
+// counting against their client in every other group until a claim or
+// heartbeat of their own group, or the reaper, frees them, which never
+// comes soon for a version whose workers are gone.
+func (b *backend) sweepGroups(ctx context.Context, group string) bool {
+	pool, _ := registry.SplitGroup(group)
+	now := time.Now()
+	b.mu.Lock()
+	if b.swept == nil {
+		b.swept = map[string]time.Time{}
+	}
+	if last, ok := b.swept[pool]; ok && now.Sub(last) < sweepInterval {
+		b.mu.Unlock()
+		return false
+	}
+	b.swept[pool] = now
+	b.mu.Unlock()
+	vs, err := b.poolVersions(ctx, pool, versionsMaxAge)
+	if err != nil {
+		return false
+	}
+	freed := 0
+	for v := range vs.Workers {
+		g := registry.GroupPool(pool, v)
+		if g == group {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
+		n, err := b.reg.ExpireLeases(cctx, g, sweepMaxLeases)
+		cancel()
+		if err != nil {
+			metrics.redisErrors.WithLabelValues("expire_leases").Inc()
+			continue
+		}
+		freed += n
+	}
+	return freed > 0
+}
+
+// sweepMaxLeases bounds the expired leases one sweep frees per group.
+const sweepMaxLeases = 100
 
 // errUnknownVersion: the client's Playwright version is served by no
 // worker of the pool.

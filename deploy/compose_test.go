@@ -140,3 +140,27 @@ func checkComposeWorker(t *testing.T, help workerHelp, name string, s types.Serv
 		t.Errorf("service %s: shm_size %d; Chromium needs more than Docker's 64 MB /dev/shm", name, s.ShmSize)
 	}
 }
+
+// TestComposePublishesOnLoopback: the compose grid serves anonymous
+// browser sessions (no authentication, no client_limit) and its metrics;
+// Docker publishes a port without a host address on every interface of the
+// host, past the host's firewall rules, so anyone who reaches the host
+// would get browsers. Every published port binds to the loopback.
+func TestComposePublishesOnLoopback(t *testing.T) {
+	p := loadCompose(t)
+	published := 0
+	for name, s := range p.Services {
+		for _, port := range s.Ports {
+			if port.Published == "" {
+				continue
+			}
+			published++
+			if port.HostIP != "127.0.0.1" && port.HostIP != "::1" {
+				t.Errorf("service %s publishes port %s on host address %q (every interface); want 127.0.0.1:%s:%d", name, port.Published, port.HostIP, port.Published, port.Target)
+			}
+		}
+	}
+	if published == 0 {
+		t.Error("no published port: the test proves nothing")
+	}
+}
