@@ -69,9 +69,10 @@ type Options struct {
 	// past to a background Expire with skip_if_fresh (the vnode design's expire
 	// scheduler); the reaper then removes them. Default: false (expire).
 	NoStaleExpiry bool
-	// LeaseSweep is how many expired leases a claim or heartbeat frees
-	// before it does its own work, so that active counts heal without a
-	// reaper. Default: 64.
+	// LeaseSweep is how many expired leases a heartbeat, and one claim in
+	// 8 (and a claim that would otherwise be refused), frees before it
+	// does its own work, so that active counts heal without a reaper.
+	// Default: 64.
 	LeaseSweep int
 	// TombstoneTTL is how long the ID of a released, undone or cancelled
 	// lease is remembered: a claim with that ID arriving meanwhile (run
@@ -89,6 +90,8 @@ type Registry struct {
 	// background (single flight per process); expireSlots bounds how many.
 	expiring    sync.Map
 	expireSlots chan struct{}
+	// sweep chooses the claims that free expired leases first (sweep.go).
+	sweep claimSweeper
 }
 
 // New returns a Registry over rdb.

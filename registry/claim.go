@@ -95,7 +95,13 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	if err != nil {
 		return outcome{}, err
 	}
-	args, err := r.claimArgv(&req, spec, dry, leaseID)
+	// A claim frees expired leases first in 1 of claimSweepEvery calls (a
+	// Pick, which writes nothing, never: the script skips it when dry).
+	sweep := r.opts.LeaseSweep
+	if !dry {
+		sweep = r.sweep.size(sweep)
+	}
+	args, err := r.claimArgv(&req, spec, dry, leaseID, sweep)
 	if err != nil {
 		return outcome{}, err
 	}
@@ -104,6 +110,13 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 		run = r.runRO
 	}
 	res, err := run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	if err == nil && !dry && sweep == 0 && r.sweep.retry(res) {
+		// Refused without sweeping: expired leases may be what fills the
+		// pool or the client's budget. Run once more, sweeping first, with
+		// the same arguments otherwise (the same vnode draw).
+		args[claimArgsLayout.index("lease_sweep")] = r.opts.LeaseSweep
+		res, err = run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	}
 	if err != nil {
 		return outcome{}, err
 	}
@@ -112,7 +125,7 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 
 // claimArgv is claim.lua's ARGV after the common three, for a checked
 // request: contract.go's claimArgs by name, then the policy's own.
-func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, leaseID string) ([]any, error) {
+func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, leaseID string, sweep int) ([]any, error) {
 	a := newArgv(claimArgsLayout).
 		set("policy", string(req.Policy)).set("dry", bit(dry)).
 		set("max_concurrent", req.Limits.MaxConcurrent).set("max_lifetime", req.Limits.MaxLifetime).
@@ -122,7 +135,7 @@ func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, lease
 		set("fs_default_ms", ms(req.FairShare.Default)).
 		set("lease_id", leaseID).set("lease_ttl_ms", ms(req.LeaseTTL)).set("holder", req.Holder).
 		set("command_ttl_ms", ms(r.opts.CommandTTL)).set("durations_kept", r.opts.DurationWindow).
-		set("lease_sweep", r.opts.LeaseSweep).set("config_time_ms", toMS(req.ConfigTime)).
+		set("lease_sweep", sweep).set("config_time_ms", toMS(req.ConfigTime)).
 		set("epoch_seen", req.Epoch).set("epoch_new", newToken(8)).
 		set("client", ClientHash(req.ClientKey)).set("client_limit", req.ClientLimit)
 	args, err := a.list()
@@ -145,7 +158,7 @@ func (r *Registry) PickScript(req ClaimRequest) (keys []string, args []any, body
 	if err != nil {
 		return nil, nil, "", err
 	}
-	own, err := r.claimArgv(&req, spec, true, "")
+	own, err := r.claimArgv(&req, spec, true, "", r.opts.LeaseSweep)
 	if err != nil {
 		return nil, nil, "", err
 	}

@@ -410,7 +410,7 @@ func TestEquivalenceWithSelection(t *testing.T) {
 		c, err := r.Claim(ctx, st.request("eq", p, now, seed))
 		if !want.OK {
 			if err == nil {
-				t.Fatalf("state %d %s: claimed %s where selection found none", i, p, c.Worker.ID)
+				t.Fatalf("state %d %s: claimed %s where selection found none\n%s", i, p, c.Worker.ID, describe(st, now))
 			}
 			if !errors.Is(err, ErrNoWorker) {
 				t.Fatalf("state %d %s: claim error %v, want ErrNoWorker\n%s", i, p, err, describe(st, now))

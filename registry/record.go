@@ -26,36 +26,31 @@ type rawWorker struct {
 }
 
 // decodeWorker parses a worker's stored values; now (ms) decides whether its
-// command has expired.
+// command has expired. Every claim decodes its worker, so the usual record
+// (what the scripts' cjson.encode writes: lower-case ASCII keys, no escapes,
+// no bytes above 0x7f, one flat object) takes a fast path, a scan of the
+// string that allocates nothing; any other record takes the map path
+// (encoding/json), whose rules are the definition. FuzzDecodeWorkerPaths
+// checks they agree.
 func decodeWorker(pool string, raw rawWorker, now int64) (WorkerInfo, error) {
 	if raw.record == "" {
 		return WorkerInfo{}, fmt.Errorf("record missing")
 	}
-	var m map[string]any
-	if err := json.Unmarshal([]byte(raw.record), &m); err != nil || m == nil {
-		return WorkerInfo{}, fmt.Errorf("record is not a JSON object")
+	var nums [7]int64
+	var strs [6]string
+	var sig string
+	var err error
+	handled := false
+	if plainRecord(raw.record) {
+		handled, err = decodeRecordFast(raw.record, &nums, &strs, &sig)
 	}
-	nums := map[string]int64{}
-	for _, f := range recordNumbers {
-		v, ok := m[f]
-		if !ok {
-			return WorkerInfo{}, fmt.Errorf("field %s is missing", f)
-		}
-		x, isNum := v.(float64)
-		if !isNum || x < 0 || x != math.Floor(x) || x >= 1<<53 {
-			return WorkerInfo{}, fmt.Errorf("field %s is not a whole number (%T)", f, v)
-		}
-		nums[f] = int64(x)
+	if !handled {
+		err = decodeRecordMap(raw.record, &nums, &strs, &sig)
 	}
-	strs := map[string]string{}
-	for _, f := range recordStrings {
-		s, ok := m[f].(string)
-		if !ok {
-			return WorkerInfo{}, fmt.Errorf("field %s is missing or not a string", f)
-		}
-		strs[f] = s
+	if err != nil {
+		return WorkerInfo{}, err
 	}
-	st := selection.Status(strs["status"])
+	st := selection.Status(strs[5])
 	if st != selection.Available && st != selection.Draining {
 		return WorkerInfo{}, fmt.Errorf("unknown status %q", st)
 	}
@@ -71,32 +66,289 @@ func decodeWorker(pool string, raw rawWorker, now int64) (WorkerInfo, error) {
 	if err != nil {
 		return WorkerInfo{}, err
 	}
+	// recordNumbers: capacity, vnodes, heartbeat, registered, expires,
+	// suspect_until, predicted_end; recordStrings: id, browser, addr, path,
+	// gen, status.
 	w := WorkerInfo{
 		Pool:              pool,
 		PlaywrightVersion: groupVersion(pool),
 		ID:                raw.id,
-		BrowserType:       strs["browser"],
-		Addr:              strs["addr"],
-		Path:              strs["path"],
+		BrowserType:       strs[1],
+		Addr:              strs[2],
+		Path:              strs[3],
 		Status:            st,
 		Active:            int(active),
 		Lifetime:          int(lifetime),
-		Capacity:          int(nums["capacity"]),
-		VirtualNodes:      int(nums["vnodes"]),
-		LastHeartbeat:     msTime(nums["heartbeat"]),
-		RegisteredAt:      msTime(nums["registered"]),
-		SuspectUntil:      msTime(nums["suspect_until"]),
-		PredictedEnd:      msTime(nums["predicted_end"]),
+		Capacity:          int(nums[0]),
+		VirtualNodes:      int(nums[1]),
+		LastHeartbeat:     msTime(nums[2]),
+		RegisteredAt:      msTime(nums[3]),
+		SuspectUntil:      msTime(nums[5]),
+		PredictedEnd:      msTime(nums[6]),
 		Durations:         durs,
 		Command:           liveCommand(raw.command, now),
-		ExpiresAt:         msTime(nums["expires"]),
-		gen:               strs["gen"],
+		ExpiresAt:         msTime(nums[4]),
+		gen:               strs[4],
+		// The signature is optional: a record without one (or with one
+		// that is not a string) is unsigned, which only a proxy with a
+		// secret refuses.
+		sig: sig,
 	}
-	// The signature is optional: a record without one (or with one that
-	// is not a string) is unsigned, which only a proxy with a secret
-	// refuses.
-	w.sig, _ = m["sig"].(string)
 	return w, nil
+}
+
+// decodeRecordMap reads a record the general way (the rules' definition):
+// numbers in recordNumbers' order, strings in recordStrings' order, the
+// optional sig.
+func decodeRecordMap(record string, nums *[7]int64, strs *[6]string, sig *string) error {
+	var m map[string]any
+	if err := json.Unmarshal([]byte(record), &m); err != nil || m == nil {
+		return fmt.Errorf("record is not a JSON object")
+	}
+	for i, f := range recordNumbers {
+		v, ok := m[f]
+		if !ok {
+			return fmt.Errorf("field %s is missing", f)
+		}
+		x, isNum := v.(float64)
+		if !isNum || x < 0 || x != math.Floor(x) || x >= 1<<53 {
+			return fmt.Errorf("field %s is not a whole number (%T)", f, v)
+		}
+		nums[i] = int64(x)
+	}
+	for i, f := range recordStrings {
+		s, ok := m[f].(string)
+		if !ok {
+			return fmt.Errorf("field %s is missing or not a string", f)
+		}
+		strs[i] = s
+	}
+	*sig, _ = m["sig"].(string)
+	return nil
+}
+
+// plainRecord reports whether a record can take the fast path: no
+// upper-case ASCII letter, no escape and no byte above 0x7f anywhere, so
+// that every key matches a struct field exactly or not at all, and every
+// string is its bytes between the quotes; and, outside strings, no number
+// with an exponent or of 300 digits or more, the only numbers that can
+// fall outside float64's range (encoding/json refuses a record holding one
+// under any key, which the fast path, skipping unknown keys, would not see).
+func plainRecord(record string) bool {
+	inString, digits := false, 0
+	for i := 0; i < len(record); i++ {
+		c := record[i]
+		if c >= 0x80 || c == '\\' || (c >= 'A' && c <= 'Z') {
+			return false
+		}
+		switch {
+		case c == '"':
+			inString, digits = !inString, 0
+		case inString:
+		case c >= '0' && c <= '9':
+			if digits++; digits >= 300 {
+				return false
+			}
+		case c == 'e' && i > 0 && (record[i-1] == '.' || (record[i-1] >= '0' && record[i-1] <= '9')):
+			return false
+		default:
+			digits = 0
+		}
+	}
+	return true
+}
+
+// recordKeys is every field a record's scan keeps: recordNumbers, then
+// recordStrings, then sig.
+var recordKeys = append(append(append([]string(nil), recordNumbers...), recordStrings...), "sig")
+
+// scanFlatRecord reads a plain record (see plainRecord) that is one flat
+// JSON object whose values are strings, numbers, true, false or null, into
+// the raw text of each of recordKeys' values ("" when absent; a later
+// duplicate key wins, as with encoding/json). ok is false for anything
+// else, valid or not (nested values, bad syntax): the caller then takes
+// the map path, which says what is wrong.
+func scanFlatRecord(s string, vals *[14]string) bool {
+	i := 0
+	ws := func() {
+		for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+			i++
+		}
+	}
+	str := func() (string, bool) { // at '"'; no escapes in a plain record
+		j := i + 1
+		for j < len(s) && s[j] != '"' {
+			if s[j] < 0x20 {
+				return "", false
+			}
+			j++
+		}
+		if j == len(s) {
+			return "", false
+		}
+		v := s[i : j+1]
+		i = j + 1
+		return v, true
+	}
+	ws()
+	if i == len(s) || s[i] != '{' {
+		return false
+	}
+	i++
+	ws()
+	if i < len(s) && s[i] == '}' {
+		i++
+	} else {
+		for {
+			if i == len(s) || s[i] != '"' {
+				return false
+			}
+			k, ok := str()
+			if !ok {
+				return false
+			}
+			ws()
+			if i == len(s) || s[i] != ':' {
+				return false
+			}
+			i++
+			ws()
+			if i == len(s) {
+				return false
+			}
+			start := i
+			switch c := s[i]; {
+			case c == '"':
+				if _, ok := str(); !ok {
+					return false
+				}
+			case c == 't' && strings.HasPrefix(s[i:], "true"):
+				i += 4
+			case c == 'f' && strings.HasPrefix(s[i:], "false"):
+				i += 5
+			case c == 'n' && strings.HasPrefix(s[i:], "null"):
+				i += 4
+			case c == '-' || (c >= '0' && c <= '9'):
+				if !scanNumber(s, &i) {
+					return false
+				}
+			default:
+				return false
+			}
+			key := k[1 : len(k)-1]
+			for n, name := range recordKeys {
+				if key == name {
+					vals[n] = s[start:i]
+					break
+				}
+			}
+			ws()
+			if i == len(s) {
+				return false
+			}
+			if s[i] == '}' {
+				i++
+				break
+			}
+			if s[i] != ',' {
+				return false
+			}
+			i++
+			ws()
+		}
+	}
+	ws()
+	return i == len(s)
+}
+
+// scanNumber moves *i past a JSON number without an exponent
+// (-?(0|[1-9][0-9]*)(.[0-9]+)?); false when there is none, or an exponent
+// follows (plainRecord sends those to the map path anyway).
+func scanNumber(s string, i *int) bool {
+	j := *i
+	if s[j] == '-' {
+		j++
+	}
+	digits := func() int {
+		n := 0
+		for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+			j++
+			n++
+		}
+		return n
+	}
+	if j < len(s) && s[j] == '0' {
+		j++
+	} else if digits() == 0 {
+		return false
+	}
+	if j < len(s) && s[j] == '.' {
+		j++
+		if digits() == 0 {
+			return false
+		}
+	}
+	if j < len(s) && (s[j] == 'e' || s[j] == 'E') {
+		return false
+	}
+	*i = j
+	return true
+}
+
+// decodeRecordFast is decodeRecordMap for a plain record; handled is false
+// when the record is not a flat object (decodeRecordMap then decides).
+func decodeRecordFast(record string, nums *[7]int64, strs *[6]string, sig *string) (handled bool, err error) {
+	var v [14]string
+	if !scanFlatRecord(record, &v) {
+		return false, nil
+	}
+	for i := range recordNumbers {
+		x := v[i]
+		if x == "" {
+			return true, fmt.Errorf("field %s is missing", recordNumbers[i])
+		}
+		if c := x[0]; c != '-' && (c < '0' || c > '9') {
+			return true, fmt.Errorf("field %s is not a whole number (%s)", recordNumbers[i], rawType(c))
+		}
+		f, err := strconv.ParseFloat(x, 64)
+		if err != nil {
+			// out of float64's range: encoding/json refuses the record
+			return true, fmt.Errorf("record is not a JSON object")
+		}
+		if f < 0 || f != math.Floor(f) || f >= 1<<53 {
+			return true, fmt.Errorf("field %s is not a whole number (float64)", recordNumbers[i])
+		}
+		nums[i] = int64(f)
+	}
+	for i := range recordStrings {
+		x := v[7+i]
+		if len(x) < 2 || x[0] != '"' {
+			return true, fmt.Errorf("field %s is missing or not a string", recordStrings[i])
+		}
+		strs[i] = x[1 : len(x)-1]
+	}
+	if x := v[13]; len(x) >= 2 && x[0] == '"' {
+		*sig = x[1 : len(x)-1]
+	}
+	return true, nil
+}
+
+// rawType names the Go type encoding/json gives a JSON value starting with
+// c when it decodes into any (for the same message as the map path).
+func rawType(c byte) string {
+	switch c {
+	case '"':
+		return "string"
+	case 't', 'f':
+		return "bool"
+	case 'n':
+		return "<nil>"
+	case '{':
+		return "map[string]interface {}"
+	case '[':
+		return "[]interface {}"
+	}
+	return "float64"
 }
 
 // parseCount reads a stored counter: decimal digits only, as count() in
@@ -112,8 +364,10 @@ func parseDurations(s string) ([]time.Duration, error) {
 	if s == "" {
 		return nil, nil
 	}
-	var out []time.Duration
-	for _, p := range strings.Split(s, ",") {
+	out := make([]time.Duration, 0, strings.Count(s, ",")+1)
+	for rest := s; rest != ""; {
+		var p string
+		p, rest, _ = strings.Cut(rest, ",")
 		if p == "" {
 			continue
 		}
@@ -122,6 +376,9 @@ func parseDurations(s string) ([]time.Duration, error) {
 			return nil, fmt.Errorf("durations are not whole numbers")
 		}
 		out = append(out, time.Duration(n)*time.Millisecond)
+	}
+	if len(out) == 0 {
+		return nil, nil
 	}
 	return out, nil
 }

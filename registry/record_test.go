@@ -52,3 +52,64 @@ func FuzzRedactURL(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeWorkerPaths: a record that takes decodeWorker's fast path
+// decodes exactly as the map path (the rules' definition) decodes it: the
+// same figures, or the same error.
+func FuzzDecodeWorkerPaths(f *testing.F) {
+	good := `{"id":"w","browser":"chromium","addr":"h:1","path":"/p","status":"available","gen":"g","capacity":2,"vnodes":8,"heartbeat":1700000000000,"registered":1700000000000,"expires":1700000030000,"suspect_until":0,"predicted_end":0,"sig":"ab"}`
+	f.Add(good)
+	for _, r := range [][2]string{
+		{`"capacity":2`, `"capacity":"2"`}, {`"capacity":2`, `"capacity":null`}, {`"capacity":2`, `"capacity":[2]`},
+		{`"capacity":2`, `"capacity":{}`}, {`"capacity":2`, `"capacity":true`}, {`"capacity":2`, `"capacity":-1`},
+		{`"capacity":2`, `"capacity":2.5`}, {`"capacity":2`, `"capacity":1e400`}, {`"capacity":2`, `"capacity":9007199254740992`},
+		{`"capacity":2`, `"capacity":1e2`}, {`"capacity":2`, `"capacity":-0`}, {`"capacity":2,`, ``},
+		{`"id":"w"`, `"id":5`}, {`"id":"w"`, `"id":null`}, {`"sig":"ab"`, `"sig":7`}, {`"gen":"g"`, `"gen":"g","gen":3`},
+		{`"path":"/p"`, `"path":"/p","path":"/q"`}, {`{`, ` {`}, {`}`, `}x`},
+	} {
+		f.Add(strings.Replace(good, r[0], r[1], 1))
+	}
+	var n [7]int64
+	var st [6]string
+	var g string
+	if handled, err := decodeRecordFast(good, &n, &st, &g); !plainRecord(good) || !handled || err != nil {
+		f.Fatalf("the usual record misses the fast path: %v", err)
+	}
+	f.Add(`null`)
+	f.Add(`[]`)
+	f.Add(`{}`)
+	f.Add(` `)
+	f.Fuzz(func(t *testing.T, record string) {
+		if !plainRecord(record) {
+			return
+		}
+		var n1, n2 [7]int64
+		var s1, s2 [6]string
+		var g1, g2 string
+		e1 := decodeRecordMap(record, &n1, &s1, &g1)
+		handled, e2 := decodeRecordFast(record, &n2, &s2, &g2)
+		if !handled {
+			return
+		}
+		if (e1 == nil) != (e2 == nil) || (e1 != nil && e1.Error() != e2.Error()) {
+			t.Fatalf("record %q: map path says %v, fast path %v", record, e1, e2)
+		}
+		if e1 == nil && (n1 != n2 || s1 != s2 || g1 != g2) {
+			t.Fatalf("record %q: map path %v %q %q, fast path %v %q %q", record, n1, s1, g1, n2, s2, g2)
+		}
+	})
+}
+
+// BenchmarkDecodeWorker: what a claim's reply costs Go to decode (the usual
+// record, 20 durations): go test ./registry -run '^$' -bench DecodeWorker
+func BenchmarkDecodeWorker(b *testing.B) {
+	rec := `{"id":"worker-0042","browser":"chromium","addr":"127.0.0.1:40123","path":"/playwright","status":"available","gen":"a1b2c3d4e5f6a7b8","capacity":4,"vnodes":8,"heartbeat":1700000000000,"registered":1700000000000,"expires":1700000030000,"suspect_until":0,"predicted_end":1700000001234,"sig":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}`
+	raw := rawWorker{id: "worker-0042", record: rec, active: "1", lifetime: "42",
+		durations: "100,200,300,400,500,600,700,800,900,1000,1100,1200,1300,1400,1500,1600,1700,1800,1900,2000"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := decodeWorker("p", raw, 1700000000000); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

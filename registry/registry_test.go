@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -435,7 +437,10 @@ func TestWakeups(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no wakeup after a registration")
 	}
-	register(t, r, "p", "w", 0)
+	// capacity 1: the claim takes the worker out of the indexes and the
+	// release puts it back, which is what wakes waiters (see
+	// TestReleaseKeepingTheWorkerIndexedIsQuiet)
+	register(t, r, "p", "w", 1)
 	<-ch
 	c, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst})
 	if err != nil {
@@ -461,6 +466,60 @@ func TestWakeups(t *testing.T) {
 			return false
 		}
 	})
+}
+
+// A release that leaves its worker in the indexes (below its cap before
+// and after) publishes nothing: a waiting claim could already take that
+// worker. One that puts it back publishes once.
+func TestReleaseKeepingTheWorkerIndexedIsQuiet(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	register(t, r, "p", "roomy", 2)
+	publishes := func() int64 {
+		t.Helper()
+		info, err := rdb.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_publish:calls="); ok {
+				n, _, _ := strings.Cut(rest, ",")
+				v, err := strconv.ParseInt(n, 10, 64)
+				if err != nil {
+					t.Fatalf("commandstats line %q: %v", line, err)
+				}
+				return v
+			}
+		}
+		return 0
+	}
+	req := ClaimRequest{Pool: "p", Policy: LifetimeFirst}
+	c, err := r.Claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := publishes()
+	if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if n := publishes() - before; n != 0 {
+		t.Fatalf("a release leaving its worker indexed published %d times, want 0", n)
+	}
+	// Two claims fill it; the first release puts it back in the indexes.
+	c1, err := r.Claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	before = publishes()
+	if err := r.Release(ctx, "p", c1.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if n := publishes() - before; n != 1 {
+		t.Fatalf("a release putting its worker back published %d times, want 1", n)
+	}
 }
 
 func TestExpireSkipIfFresh(t *testing.T) {
@@ -508,5 +567,54 @@ func TestStaleSkippedAndReported(t *testing.T) {
 	c, err := r.Claim(ctx, req)
 	if err != nil || c.Worker.ID != "ok" || !slices.Equal(c.Decision.Stale, []string{"s1", "s2", "s3"}) || c.Decision.Scanned != 4 {
 		t.Fatalf("budget 4: %+v %v", c, err)
+	}
+}
+
+// A release appends its duration to the worker's list and keeps the last
+// DurationWindow of them, editing the stored string in place when it is
+// tidy and rebuilding it when it is not.
+func TestReleaseKeepsTheDurationWindow(t *testing.T) {
+	ctx := context.Background()
+	for _, window := range []int{1, 3} {
+		r, rdb := startRegistry(t, Options{DurationWindow: window})
+		register(t, r, "p", "w", 0)
+		key := r.Key("p", keyDurations)
+		stored := func() []string {
+			t.Helper()
+			s, err := rdb.HGet(ctx, key, "w").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return strings.Split(s, ",")
+		}
+		for i := 1; i <= 5; i++ {
+			if i == 3 {
+				// untidy, as a hand edit or an older writer may leave it
+				rdb.HSet(ctx, key, "w", "7,,8,")
+			}
+			c, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, Now: time.Now().Add(-time.Duration(i) * time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+				t.Fatal(err)
+			}
+			got := stored()
+			want := min(i, window)
+			if i >= 3 {
+				want = min(2+i-2, window) // 7, 8, then one per release since
+			}
+			if len(got) != want {
+				t.Fatalf("window %d, release %d: stored %q, want %d entries", window, i, got, want)
+			}
+			last, err := strconv.Atoi(got[len(got)-1])
+			if err != nil || last < (i-1)*1000 {
+				t.Fatalf("window %d, release %d: stored %q, the last is not this session's ~%ds", window, i, got, i)
+			}
+			info, err := r.Inspect(ctx, "p")
+			if err != nil || len(info.Workers) != 1 || len(info.Workers[0].Durations) != want {
+				t.Fatalf("window %d, release %d: Inspect %+v %v", window, i, info.Workers, err)
+			}
+		}
 	}
 }

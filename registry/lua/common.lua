@@ -116,11 +116,29 @@ end
 local NUM_FIELDS = { 'capacity', 'vnodes', 'heartbeat', 'registered', 'expires', 'suspect_until', 'predicted_end' }
 local STR_FIELDS = { 'id', 'browser', 'addr', 'path', 'gen', 'status' }
 
--- decode checks a raw record; returns the table or nil and why.
+-- bad_name: an id or generation is joined with spaces in lease_owner's
+-- members and checked by every renewal: empty, over 200 bytes, or holding
+-- a space or control character, it would be refused there.
+local function bad_name(s)
+  return s == '' or #s > 200 or string.find(s, '[%s%c]') ~= nil
+end
+
+-- decode checks a raw record; returns the table or nil and why. It runs
+-- for every worker a script reads, so the usual record (every field right)
+-- is checked in one expression; only a bad one walks the fields in order
+-- to say which is wrong (the same order and words as Go's decodeWorker).
 local function decode(raw)
   if not raw then return nil, 'missing' end
   local ok, w = pcall(cjson.decode, raw)
   if not ok or type(w) ~= 'table' then return nil, 'record is not a JSON object' end
+  if is_count(w.capacity) and is_count(w.vnodes) and is_count(w.heartbeat) and is_count(w.registered)
+      and is_count(w.expires) and is_count(w.suspect_until) and is_count(w.predicted_end)
+      and type(w.id) == 'string' and type(w.browser) == 'string' and type(w.addr) == 'string'
+      and type(w.path) == 'string' and type(w.gen) == 'string'
+      and (w.status == 'available' or w.status == 'draining')
+      and not bad_name(w.id) and not bad_name(w.gen) then
+    return w
+  end
   for _, f in ipairs(NUM_FIELDS) do
     if w[f] == nil then return nil, 'field ' .. f .. ' is missing' end
     if not is_count(w[f]) then return nil, 'field ' .. f .. ' is not a whole number (' .. type(w[f]) .. ')' end
@@ -131,10 +149,8 @@ local function decode(raw)
   if w.status ~= 'available' and w.status ~= 'draining' then
     return nil, 'unknown status "' .. w.status .. '"'
   end
-  -- id and gen are joined with spaces in lease_owner's members and checked
-  -- by every renewal: a record whose would be refused there is bad here.
   for _, f in ipairs({ 'id', 'gen' }) do
-    if w[f] == '' or #w[f] > 200 or string.find(w[f], '[%s%c]') then
+    if bad_name(w[f]) then
       return nil, 'field ' .. f .. ' is empty, longer than 200 bytes or has spaces or control characters'
     end
   end
@@ -148,16 +164,18 @@ local function count(s)
   return tonumber(s)
 end
 
+-- load_durations returns a worker's durations (nil when one is not a
+-- whole number) and the stored string ('' when none).
 local function load_durations(id)
   local raw = redis.call('HGET', K_DUR, id)
   local d = {}
-  if not raw or raw == '' then return d end
+  if not raw or raw == '' then return d, '' end
   for s in string.gmatch(raw, '[^,]+') do
     local n = count(s)
     if not n then return nil end
     d[#d + 1] = n
   end
-  return d
+  return d, raw
 end
 
 -- load_worker reads a worker's record, counters and durations. Returns the
@@ -169,9 +187,9 @@ local function load_worker(id)
   if not a then return nil, 'active count is missing or not a whole number' end
   local l = count(redis.call('HGET', K_LIFETIME, id))
   if not l then return nil, 'lifetime count is missing or not a whole number' end
-  local d = load_durations(id)
+  local d, draw = load_durations(id)
   if not d then return nil, 'durations are not whole numbers' end
-  w.active, w.lifetime, w.durations = a, l, d
+  w.active, w.lifetime, w.durations, w.dur_raw = a, l, d, draw
   return w
 end
 
@@ -239,7 +257,8 @@ end
 local function retire_sync(id, w, cfg)
   if may_retire(w, cfg) then
     redis.call('SADD', K_RET, id)
-  elseif redis.call('HEXISTS', K_CMD, id) == 0 then
+  elseif redis.call('SISMEMBER', K_RET, id) == 1 and redis.call('HEXISTS', K_CMD, id) == 0 then
+    -- the usual case (not a member) costs one command
     redis.call('SREM', K_RET, id)
   end
 end
@@ -321,13 +340,16 @@ local function iwrr_member(id)
   return string.format('%06d', wt) .. ':' .. id
 end
 
+-- fs_place puts an indexed worker in idx:fair_busy (and idx:fair_end) or
+-- idx:fair_idle. A worker is in exactly one of the two (the invariant
+-- above), so the other is cleared only when ZADD says the worker was not
+-- already where it belongs.
 local function fs_place(id, w, est, now)
   if w.predicted_end > now then
-    redis.call('ZADD', K_FSB, fmt(w.predicted_end + est), id)
+    local new = redis.call('ZADD', K_FSB, fmt(w.predicted_end + est), id)
     redis.call('ZADD', K_FSP, fmt(w.predicted_end), id)
-    redis.call('ZREM', K_FSI, id)
-  else
-    redis.call('ZADD', K_FSI, fmt(est), id)
+    if new == 1 then redis.call('ZREM', K_FSI, id) end
+  elseif redis.call('ZADD', K_FSI, fmt(est), id) == 1 then
     redis.call('ZREM', K_FSB, id)
     redis.call('ZREM', K_FSP, id)
   end
@@ -343,27 +365,30 @@ local function unindex(id)
 end
 
 -- reindex puts a worker where its current figures say it belongs, in the
--- selection indexes and the retiring set.
+-- selection indexes and the retiring set. Returns true when the worker
+-- (re-)entered the indexes: a waiting claim may take it now.
 local function reindex(id, w, cfg, now)
   retire_sync(id, w, cfg)
   if not indexed(w, cfg) then
-    if redis.call('ZSCORE', K_LF, id) then
-      unindex(id)
-    else
-      -- not indexed before either: only the fair-share entries may linger
-      redis.call('ZREM', K_FSI, id)
-      redis.call('ZREM', K_FSB, id)
-      redis.call('ZREM', K_FSP, id)
+    -- ZREM's count says whether it was indexed (its ring positions go too);
+    -- the fair-share entries may linger either way
+    if redis.call('ZREM', K_LF, id) == 1 then
+      ring_rem(id)
+      redis.call('ZREM', K_IWRR, iwrr_member(id))
     end
-    return
+    redis.call('ZREM', K_FSI, id)
+    redis.call('ZREM', K_FSB, id)
+    redis.call('ZREM', K_FSP, id)
+    return false
   end
-  local was = redis.call('ZSCORE', K_LF, id)
-  redis.call('ZADD', K_LF, fmt(lf_score(w)), id)
-  if not was then
+  -- ZADD's count says whether it is new to the index
+  local new = redis.call('ZADD', K_LF, fmt(lf_score(w)), id) == 1
+  if new then
     ring_add(id)
     redis.call('ZADD', K_IWRR, 0, iwrr_member(id))
   end
   fs_place(id, w, estimate(w.durations, cfg), now)
+  return new
 end
 
 -- fs_migrate moves busy workers whose predicted end has passed to the idle
@@ -383,17 +408,42 @@ local function fs_migrate(now)
   end
 end
 
+-- append_duration adds a session's duration (ms) to the worker's list,
+-- keeping the last keep (0: all). The usual cases edit the stored string
+-- (append; at the window, also drop the oldest) rather than rebuilding it:
+-- that needs the string to hold exactly the list, one comma between
+-- entries, which load_worker's w.dur_raw does unless it was written with
+-- empty entries.
 local function append_duration(id, w, ms, keep)
   local d = w.durations
   d[#d + 1] = ms
-  local first = 1
-  if keep > 0 and #d > keep then first = #d - keep + 1 end
-  local out = {}
-  for i = first, #d do out[#out + 1] = fmt(d[i]) end
-  local nd = {}
-  for i = first, #d do nd[#nd + 1] = d[i] end
-  w.durations = nd
-  redis.call('HSET', K_DUR, id, table.concat(out, ','))
+  local raw = w.dur_raw
+  local tidy = type(raw) == 'string' and raw ~= '' and not string.find(raw, ',,', 1, true)
+    and string.sub(raw, 1, 1) ~= ',' and string.sub(raw, -1) ~= ','
+  local out
+  if keep > 0 and #d > keep + 1 or (#d > 1 and not tidy) then
+    -- the window shrank, or the string is not tidy: rebuild
+    local first = 1
+    if keep > 0 and #d > keep then first = #d - keep + 1 end
+    local parts, nd = {}, {}
+    for i = first, #d do
+      parts[#parts + 1] = fmt(d[i])
+      nd[#nd + 1] = d[i]
+    end
+    w.durations = nd
+    out = table.concat(parts, ',')
+  elseif #d == 1 then
+    out = fmt(ms)
+  elseif keep > 0 and #d > keep then
+    -- at the window: the oldest goes
+    table.remove(d, 1)
+    local c = string.find(raw, ',', 1, true)
+    if c then out = string.sub(raw, c + 1) .. ',' .. fmt(ms) else out = fmt(ms) end
+  else
+    out = raw .. ',' .. fmt(ms)
+  end
+  w.dur_raw = out
+  redis.call('HSET', K_DUR, id, out)
 end
 
 -- Leases. A lease belongs to a worker id and the generation of the
@@ -424,10 +474,13 @@ local function owner_count(id, gen)
   return redis.call('ZLEXCOUNT', K_OWNER, lo, hi)
 end
 
--- owner_add records a lease of (id, gen) and returns the new count.
+-- owner_add records a lease of (id, gen) and returns the new count. The
+-- count follows the entry (HINCRBY when ZADD added one) rather than being
+-- counted again: the scripts keep the two in step, and renewal, register
+-- and reconcile, which can find them apart, count (owner_count).
 local function owner_add(id, gen, lid)
-  redis.call('ZADD', K_OWNER, 0, owner_member(id, gen, lid))
-  return owner_count(id, gen)
+  if redis.call('ZADD', K_OWNER, 0, owner_member(id, gen, lid)) == 0 then return owner_count(id, gen) end
+  return redis.call('HINCRBY', K_ACTIVE, id, 1)
 end
 
 -- owned_life is the highest lifetime recorded in the live leases of
@@ -575,22 +628,35 @@ end
 -- (lifetime given back, shutdown withdrawn, worker suspect) or 'expire'
 -- (the holder stopped renewing). Counters move only when the lease belongs
 -- to the worker's current registration. Returns true when the lease existed.
+-- The second result is true when the worker re-entered the indexes (a
+-- waiting claim may take it: see wake_if).
 local function lease_free(lid, now, mode, suspect_ms, keep)
   local raw = redis.call('HGET', K_LEASES, lid)
   redis.call('ZREM', K_LEXP, lid)
-  if not raw then return false end
+  if not raw then return false, false end
   redis.call('HDEL', K_LEASES, lid)
   local ok, l = pcall(cjson.decode, raw)
   if ok then client_drop(l, lid) end
-  if not ok or type(l) ~= 'table' or type(l.worker) ~= 'string' then return true end
+  if not ok or type(l) ~= 'table' or type(l.worker) ~= 'string' then return true, false end
   local id = l.worker
-  if type(l.gen) == 'string' then redis.call('ZREM', K_OWNER, owner_member(id, l.gen, lid)) end
+  local gone = 0
+  if type(l.gen) == 'string' then gone = redis.call('ZREM', K_OWNER, owner_member(id, l.gen, lid)) end
   local w = load_worker(id)
-  if not w or w.gen ~= l.gen then return true end
+  if not w or w.gen ~= l.gen then return true, false end
   local cfg = load_cfg()
-  w.active = owner_count(id, w.gen)
-  redis.call('HSET', K_ACTIVE, id, fmt(w.active))
+  if gone == 1 and w.active > 0 then
+    -- the count follows the entry (see owner_add)
+    w.active = redis.call('HINCRBY', K_ACTIVE, id, -1)
+  else
+    -- no entry (a lease written before lease_owner) or a count already
+    -- apart from the entries: count them
+    w.active = owner_count(id, w.gen)
+    redis.call('HSET', K_ACTIVE, id, fmt(w.active))
+  end
+  -- the record is rewritten only when a figure it holds changes
+  local dirty = false
   if mode == 'undo' then
+    dirty = true
     if w.lifetime > 0 then w.lifetime = w.lifetime - 1 end
     redis.call('HSET', K_LIFETIME, id, fmt(w.lifetime))
     if l.drain == 1 then redis.call('HDEL', K_CMD, id) end
@@ -603,27 +669,42 @@ local function lease_free(lid, now, mode, suspect_ms, keep)
       append_duration(id, w, math.max(0, now - l.claimed), keep)
     end
     -- An idle worker has no queue left: its predicted end is now at most.
-    if w.active == 0 and w.predicted_end > now then w.predicted_end = now end
+    if w.active == 0 and w.predicted_end > now then
+      w.predicted_end = now
+      dirty = true
+    end
   end
-  store(id, w)
-  reindex(id, w, cfg, now)
-  return true
+  if dirty then store(id, w) end
+  return true, reindex(id, w, cfg, now)
 end
 
 -- expire_leases frees up to max leases whose expiry has passed (and
--- forgets as many old tombstones).
+-- forgets as many old tombstones); max 0 does nothing (a claim that does
+-- not sweep this time: the caller chooses, see claimSweep in Go). Returns
+-- how many it freed and whether a worker re-entered the indexes.
 local function expire_leases(now, max, keep)
+  if not max or max <= 0 then return 0, false end
   sweep_tombstones(now, max)
   local ids = redis.call('ZRANGEBYSCORE', K_LEXP, '-inf', '(' .. fmt(now), 'LIMIT', 0, max)
-  local n = 0
+  local n, back = 0, false
   for _, lid in ipairs(ids) do
-    if lease_free(lid, now, 'expire', 0, keep) then n = n + 1 end
+    local existed, entered = lease_free(lid, now, 'expire', 0, keep)
+    if existed then n = n + 1 end
+    if entered then back = true end
   end
-  return n
+  return n, back
 end
 
 local function wake()
   redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+
+-- wake_if publishes only when something can wake a waiter: a worker
+-- (re-)entered the indexes. A release that leaves its worker in them
+-- (below its cap before and after) frees nothing a waiting claim could not
+-- already take; waiters also poll (caddygrid's safetyPoll).
+local function wake_if(entered)
+  if entered then wake() end
 end
 
 -- remove_worker deletes everything a registration wrote.

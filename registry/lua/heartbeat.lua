@@ -21,26 +21,34 @@
 --   retiring set when the worker is at the limit under StaggerDrains.
 local now = now_ms(ARGV[1])
 local id = ARGV[4]
-local freed = expire_leases(now, tonumber(ARGV[6]), tonumber(ARGV[7]))
-if freed > 0 then wake() end
-local w, err = decode(redis.call('HGET', K_WORKERS, id))
+local _, back = expire_leases(now, tonumber(ARGV[6]), tonumber(ARGV[7]))
+wake_if(back)
+-- One read of the worker (record, counters, durations) serves the renewal,
+-- the reindex and the reply.
+local w, err = load_worker(id)
+if not w and err ~= 'missing' then
+  -- the record parses but a counter does not: renew the record anyway
+  -- (as before: only the record decides), and reindex nothing
+  w, err = decode(redis.call('HGET', K_WORKERS, id))
+  if not w then return { 0, err } end
+  if w.expires < now then return { 0, 'expired' } end
+  w.heartbeat = now
+  w.expires = now + tonumber(ARGV[5])
+  store(id, w)
+  return { 1, pending_command(id, now), count(redis.call('HGET', K_LIFETIME, id)) or 0,
+    count(redis.call('HGET', K_ACTIVE, id)) or 0 }
+end
 if not w then return { 0, err } end
 if w.expires < now then return { 0, 'expired' } end
 w.heartbeat = now
 w.expires = now + tonumber(ARGV[5])
 store(id, w)
 local cfg = load_cfg()
-local lw = load_worker(id)
-if lw then
-  local was = redis.call('ZSCORE', K_LF, id)
-  reindex(id, lw, cfg, now)
-  -- back in the indexes (a raised limit): waiting claims may take it
-  if not was and redis.call('ZSCORE', K_LF, id) then wake() end
-  if cfg.ml > 0 and lw.lifetime >= cfg.ml and lw.status == 'available' and not live_command(id, now)
-      and (not cfg.stagger or restart_turn(id, now, cfg.stale)) then
-    redis.call('HSET', K_CMD, id, 'shutdown|' .. fmt(now + tonumber(ARGV[8])))
-    redis.call('SADD', K_RET, id)
-  end
+-- back in the indexes (a raised limit): waiting claims may take it
+wake_if(reindex(id, w, cfg, now))
+if cfg.ml > 0 and w.lifetime >= cfg.ml and w.status == 'available' and not live_command(id, now)
+    and (not cfg.stagger or restart_turn(id, now, cfg.stale)) then
+  redis.call('HSET', K_CMD, id, 'shutdown|' .. fmt(now + tonumber(ARGV[8])))
+  redis.call('SADD', K_RET, id)
 end
-return { 1, pending_command(id, now), count(redis.call('HGET', K_LIFETIME, id)) or 0,
-  count(redis.call('HGET', K_ACTIVE, id)) or 0 }
+return { 1, pending_command(id, now), w.lifetime, w.active }

@@ -10,7 +10,8 @@
 -- (generation). Release and undo leave a tombstone whether or not the lease
 -- existed, so both are safe to retry, a claim that runs after its caller
 -- cancelled it claims nothing, and a renewal racing a release does not
--- bring the lease back. Wakes the pool's waiters when a slot frees.
+-- bring the lease back. Wakes the pool's waiters when a freed slot puts
+-- its worker back in the indexes (wake_if).
 --
 -- Renewal re-asserts what Redis lost: each lease comes with what its
 -- holder knows (worker, generation, claim time, the worker's lifetime right
@@ -39,12 +40,10 @@ local op = ARGV[4]
 local keep = tonumber(ARGV[5])
 if op == 'release' or op == 'undo' then
   local lid = ARGV[6]
-  local ok = lease_free(lid, now, op, tonumber(ARGV[7]) or 0, keep)
+  local ok, entered = lease_free(lid, now, op, tonumber(ARGV[7]) or 0, keep)
   tombstone(lid, now, tonumber(ARGV[8]))
-  if ok then
-    wake()
-    return 1
-  end
+  wake_if(entered)
+  if ok then return 1 end
   return 0
 elseif op == 'renew' then
   local exp = fmt(now + tonumber(ARGV[6]))
@@ -96,8 +95,8 @@ elseif op == 'renew' then
   end
   return { recreated, ended }
 elseif op == 'expire' then
-  local n = expire_leases(now, tonumber(ARGV[6]), keep)
-  if n > 0 then wake() end
+  local n, back = expire_leases(now, tonumber(ARGV[6]), keep)
+  wake_if(back)
   return n
 end
 return redis.error_reply('unknown lease op ' .. tostring(op))
