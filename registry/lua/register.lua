@@ -3,9 +3,11 @@
 -- config says it belongs in. A rewrite first removes what the previous
 -- registration wrote (its old positions may differ).
 --
--- The generation names the registration's browser process. A new
--- generation starts from zero (counters, durations, command): leases of an
--- older one no longer move its counters. The same generation, or no stored
+-- The generation names the registration's browser process. Its active
+-- count is always its own generation's live leases (a new process has
+-- none); leases of another generation no longer move its counters. A
+-- different generation than the stored record's starts afresh otherwise
+-- (lifetime, durations, command). The same generation, or no stored
 -- record at all (it expired, was reaped, or Redis lost it), continues what
 -- the worker had: its active count is its generation's live leases, and
 -- its lifetime the highest of the stored one (same generation), the one
@@ -39,8 +41,14 @@ local w = {
   active = 0, lifetime = 0, durations = {},
 }
 if ARGV[15] == '1' then w.status = 'draining' end
+-- The generation's live leases are its sessions whatever was stored
+-- before (claims and releases move the count by one from here, so it must
+-- start equal to them): none for a new browser process, but an earlier
+-- generation registering again, or one whose record had gone bad, has
+-- some.
+w.active = owner_count(id, gen)
+w.lifetime = w.active
 if carry then
-  w.active = owner_count(id, gen)
   w.lifetime = math.max(tonumber(ARGV[13]) or 0, w.active, owned_life(id, gen))
   if same then
     w.lifetime = math.max(w.lifetime, prev.lifetime)
