@@ -158,7 +158,12 @@ type Stats struct {
 	UpgradeRequests int64 `json:"upgrade_requests"`
 	// Sessions counts accepted WebSockets.
 	Sessions int64 `json:"sessions"`
-	// Active is the number of open WebSockets.
+	// Active is the number of open WebSockets: a session counts from its
+	// accept until the server closes its connection (after the close
+	// handshake, or when the peer went away), not until its goroutine
+	// has finished. A proxy in front sees the close only once the
+	// connection is closed, so a slot it frees then and hands on at once
+	// is never counted twice.
 	Active int64 `json:"active"`
 	// PeakActive is the most WebSockets ever open at once.
 	PeakActive int64 `json:"peak_active"`
@@ -388,7 +393,7 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("fakebrowser: refusing the upgrade with %d as configured", b.Refuse), b.Refuse)
 		return
 	}
-	c, err := accept(w, r)
+	c, err := s.accept(w, r)
 	if err != nil {
 		return // Accept answered the client with what was wrong
 	}
@@ -401,7 +406,7 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
 	n := s.sessions.Add(1)
-	act := s.active.Add(1)
+	act := c.nc.count()
 	for {
 		p := s.peak.Load()
 		if act <= p || s.peak.CompareAndSwap(p, act) {
@@ -418,7 +423,7 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
-	s.active.Add(-1)
+	c.nc.uncount() // closing the connection did it already, as a rule
 	ended := s.ended.Add(1)
 	s.logf("session %d closed", n)
 	// The setting as it is now, or as this session saw it (a query override).
@@ -479,13 +484,41 @@ func (s *Server) echo(c *session, b Behavior) {
 // session is one accepted WebSocket and the connection under it.
 type session struct {
 	ws *websocket.Conn
-	nc net.Conn
+	nc *sessionConn
+}
+
+// sessionConn is a session's connection. Its session stops counting as
+// active (Stats.Active) in its first Close, before the socket closes: the
+// peer cannot see the session end before the count does.
+type sessionConn struct {
+	net.Conn
+	s       *Server
+	counted atomic.Bool
+}
+
+// count adds the session to the active count and returns the new count.
+func (c *sessionConn) count() int64 {
+	act := c.s.active.Add(1)
+	c.counted.Store(true)
+	return act
+}
+
+// uncount takes the session out of the active count, once.
+func (c *sessionConn) uncount() {
+	if c.counted.CompareAndSwap(true, false) {
+		c.s.active.Add(-1)
+	}
+}
+
+func (c *sessionConn) Close() error {
+	c.uncount()
+	return c.Conn.Close()
 }
 
 // accept upgrades the request to a WebSocket session; on failure it has
 // answered the client with what was wrong.
-func accept(w http.ResponseWriter, r *http.Request) (*session, error) {
-	hw := &hijackRecorder{ResponseWriter: w}
+func (s *Server) accept(w http.ResponseWriter, r *http.Request) (*session, error) {
+	hw := &hijackRecorder{ResponseWriter: w, s: s}
 	// A fake browser takes any Origin, as the old server did and as the
 	// browser servers it stands in for do: it is a test worker behind the
 	// grid, never a page's cross-origin target.
@@ -502,23 +535,28 @@ func accept(w http.ResponseWriter, r *http.Request) (*session, error) {
 // would wait up to 5 s for a peer that does not read).
 func (c *session) closeWithin(code websocket.StatusCode, reason string, d time.Duration) {
 	if c.nc != nil {
-		t := time.AfterFunc(d, func() { c.nc.Close() })
+		t := time.AfterFunc(d, func() { _ = c.nc.Close() })
 		defer t.Stop()
 	}
 	_ = c.ws.Close(code, reason)
 }
 
-// hijackRecorder keeps the connection Accept takes over, so a close can be
-// bounded by closing it.
+// hijackRecorder keeps the connection Accept takes over (as a
+// sessionConn: the WebSocket reads, writes and closes through it), so a
+// close can be bounded by closing it.
 type hijackRecorder struct {
 	http.ResponseWriter
-	nc net.Conn
+	s  *Server
+	nc *sessionConn
 }
 
 func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	nc, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
-	h.nc = nc
-	return nc, brw, err
+	if err != nil {
+		return nil, nil, err
+	}
+	h.nc = &sessionConn{Conn: nc, s: h.s}
+	return h.nc, brw, nil
 }
 
 func (h *hijackRecorder) Unwrap() http.ResponseWriter { return h.ResponseWriter }

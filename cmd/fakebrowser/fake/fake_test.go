@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -296,5 +298,79 @@ func TestCloseEndsSessionsWithGoingAway(t *testing.T) {
 	wg.Wait()
 	if websocket.CloseStatus(err) != websocket.StatusGoingAway {
 		t.Fatalf("client got %v, want 1001", err)
+	}
+}
+
+// closeRecorder's connections note the server's active count at the moment
+// the server closes them (before the socket closes, so before the peer can
+// see the close).
+type closeRecorder struct {
+	net.Listener
+	s    *Server
+	mu   sync.Mutex
+	seen []int64
+}
+
+func (l *closeRecorder) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &recordedConn{Conn: c, l: l}, nil
+}
+
+func (l *closeRecorder) active() []int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.seen)
+}
+
+type recordedConn struct {
+	net.Conn
+	l    *closeRecorder
+	once sync.Once
+}
+
+func (c *recordedConn) Close() error {
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		c.l.seen = append(c.l.seen, c.l.s.Stats().Active)
+		c.l.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// A session stops counting as active when the server closes its
+// connection, not a moment later: a proxy sees the close only then, and
+// may hand the slot to the next session at once (gridchaos counted one
+// over-admission in stale-5000 when the next session arrived 4 ms after
+// the old one's connection closed, its goroutine not yet done).
+func TestSessionStopsCountingWhenItsConnectionCloses(t *testing.T) {
+	s := New(Options{})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &closeRecorder{Listener: l, s: s}
+	ep := s.setEndpoint(l.Addr()) // (Serve sets it too, in its goroutine)
+	go s.Serve(rec)
+	t.Cleanup(func() { s.Close() })
+	a, b := dial(t, ep), dial(t, ep)
+	roundTrip(t, a, "one")
+	roundTrip(t, b, "two")
+
+	// The client closes (the handshake): the server answers and closes.
+	if err := a.Close(websocket.StatusNormalClosure, ""); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "the server to close the first connection", func() bool { return len(rec.active()) == 1 })
+	// The client goes away without a handshake: the server reads EOF and closes.
+	b.CloseNow()
+	testenv.Eventually(t, 5*time.Second, "the server to close the second connection", func() bool { return len(rec.active()) == 2 })
+	if got := rec.active(); !slices.Equal(got, []int64{1, 0}) {
+		t.Fatalf("active as the server closed each connection: %v; want [1 0] (a closed session no longer counts)", got)
+	}
+	if st := s.Stats(); st.Active != 0 || st.PeakActive != 2 || st.Sessions != 2 {
+		t.Fatalf("stats after both closed: %+v", st)
 	}
 }
