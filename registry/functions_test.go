@@ -273,3 +273,44 @@ func TestTwoLibraryVersionsCoexist(t *testing.T) {
 	}
 	useGrid(t, r, "p")
 }
+
+// Every script's function stays below Lua 5.1's 60 upvalues (each common
+// helper a body uses is one; FUNCTION LOAD fails past 60). The headroom is
+// measured, not estimated: the most extra library locals a body can also
+// use and still load.
+func TestFunctionUpvalueHeadroom(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartRedis(t)
+	c := srv.Client()
+	loads := func(s libScript, extra int) bool {
+		if extra > 0 {
+			names := make([]string, extra)
+			for i := range names {
+				names[i] = "u" + strconv.Itoa(i)
+			}
+			list := strings.Join(names, ", ")
+			s.prologue += "\nlocal " + list + "\n"
+			s.body = "local _ = {" + list + "}\n" + s.body
+		}
+		err := c.FunctionLoad(ctx, newLibrary([]libScript{s}).source).Err()
+		if err != nil && !strings.Contains(err.Error(), "upvalues") {
+			t.Fatalf("%s with %d extra upvalues: %v", s.name, extra, err)
+		}
+		return err == nil
+	}
+	for _, s := range append(append([]libScript(nil), registryScripts...), libScript{name: "put", body: luaPut}) {
+		if !loads(s, 0) {
+			t.Fatalf("%s does not load: more than 60 upvalues", s.name)
+		}
+		lo, hi := 0, 61 // loads with lo extra, not with hi
+		for hi-lo > 1 {
+			mid := (lo + hi) / 2
+			if loads(s, mid) {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		t.Logf("%s: %d upvalues, headroom %d", s.name, 60-lo, lo)
+	}
+}
