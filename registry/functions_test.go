@@ -117,9 +117,9 @@ func TestRedisRestartedEmpty(t *testing.T) {
 	useGrid(t, r, "p")
 }
 
-// On a real Cluster, each master loads the library at the first call for
-// one of its slots, and again after losing it (FUNCTION FLUSH on every
-// master: a node restarted empty, or one added later that never had it).
+// On a real Cluster, the first call that finds the library missing loads
+// it on every master; a master that loses it later (restarted empty,
+// flushed) loads it again at the first call for one of its slots.
 func TestClusterLoadsOnEachMaster(t *testing.T) {
 	ctx := context.Background()
 	cl := testenv.StartCluster(t)
@@ -131,33 +131,36 @@ func TestClusterLoadsOnEachMaster(t *testing.T) {
 	r := New(rdb, Options{})
 	// One pool per master.
 	pools := map[string]string{} // master addr -> pool
+	var first string
 	for i := 0; len(pools) < len(cl.Addrs) && i < 1000; i++ {
 		pool := "p" + strconv.Itoa(i)
 		m := cl.MasterOf(cl.Slot(r.Key(pool, keyWorkers)))
 		if _, ok := pools[m.Addr]; !ok {
 			pools[m.Addr] = pool
+			first = pool
 		}
 	}
 	if len(pools) != len(cl.Addrs) {
 		t.Fatalf("pools on %d masters, want %d", len(pools), len(cl.Addrs))
 	}
-	for addr, pool := range pools {
+	for addr := range pools {
 		if hasLibrary(t, cl.Node(addr).Client(), LibraryName()) {
 			t.Fatalf("master %s has the library before any call", addr)
 		}
-		useGrid(t, r, pool)
-		if !hasLibrary(t, cl.Node(addr).Client(), LibraryName()) {
-			t.Fatalf("master %s of pool %s did not load the library", addr, pool)
-		}
 	}
+	useGrid(t, r, first)
 	for addr := range pools {
-		if err := cl.Node(addr).Client().FunctionFlush(ctx).Err(); err != nil {
-			t.Fatal(err)
+		if !hasLibrary(t, cl.Node(addr).Client(), LibraryName()) {
+			t.Fatalf("master %s did not get the library at the first miss", addr)
 		}
 	}
 	for addr, pool := range pools {
+		c := cl.Node(addr).Client()
+		if err := c.FunctionFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
 		useGrid(t, r, pool)
-		if !hasLibrary(t, cl.Node(addr).Client(), LibraryName()) {
+		if !hasLibrary(t, c, LibraryName()) {
 			t.Fatalf("master %s of pool %s did not load the library again", addr, pool)
 		}
 	}
@@ -313,4 +316,89 @@ func TestFunctionUpvalueHeadroom(t *testing.T) {
 		}
 		t.Logf("%s: %d upvalues, headroom %d", s.name, 60-lo, lo)
 	}
+}
+
+// A master added to a running Cluster, given a slot the grid already
+// uses: the client's slot map still names the old owner, which answers
+// MOVED; the new node never had the library, and loads it at the first
+// call that reaches it.
+func TestClusterNodeAddedLater(t *testing.T) {
+	ctx := context.Background()
+	cl := testenv.StartCluster(t)
+	rdb, err := NewClient(cl.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	r := New(rdb, Options{})
+	// A pool of its own, on a slot no other test key shares, used once so
+	// the client's map and the old owner know it.
+	const pool = "moving"
+	slot := cl.Slot(r.Key(pool, keyWorkers))
+	useGrid(t, r, pool)
+	src := cl.MasterOf(slot)
+	// The new node: an empty master that joins the cluster.
+	dst := testenv.StartRedis(t, "--cluster-enabled", "yes")
+	dc := dst.Client()
+	host, port, _ := strings.Cut(src.Addr, ":")
+	if err := dc.ClusterMeet(ctx, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	dstID, err := dc.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcID, err := src.Client().Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "every node to know the new one", func() bool {
+		for _, n := range append(cl.Nodes, dst) {
+			nodes, err := n.Client().ClusterNodes(ctx).Result()
+			if err != nil || !strings.Contains(nodes, dstID) || !strings.Contains(nodes, srcID) {
+				return false
+			}
+		}
+		info, err := dc.ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok")
+	})
+	// Move the slot with its keys (redis-cli --cluster reshard's steps).
+	must := func(c *redis.Client, args ...any) {
+		t.Helper()
+		if err := c.Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%v on %s: %v", args, c.Options().Addr, err)
+		}
+	}
+	must(dc, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID)
+	must(src.Client(), "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID)
+	dhost, dport, _ := strings.Cut(dst.Addr, ":")
+	for {
+		keys, err := src.Client().ClusterGetKeysInSlot(ctx, slot, 100).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", dhost, dport, "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		must(src.Client(), args...)
+	}
+	for _, n := range append(cl.Nodes, dst) {
+		must(n.Client(), "CLUSTER", "SETSLOT", slot, "NODE", dstID)
+	}
+	if hasLibrary(t, dc, LibraryName()) {
+		t.Fatal("the new node has the library before any call")
+	}
+	// The first claim after the move: MOVED by the old owner, then the new
+	// node, which loads the library.
+	if _, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst}); err != nil {
+		t.Fatalf("the first claim on the added node: %v", err)
+	}
+	if !hasLibrary(t, dc, LibraryName()) {
+		t.Fatal("the claim did not load the library on the added node")
+	}
+	useGrid(t, r, pool)
 }

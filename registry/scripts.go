@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -230,17 +231,40 @@ func functionMissing(err error) bool {
 // Redis answers that before compiling anything: many callers finding it
 // missing at once cost one compilation).
 func (l *library) load(ctx context.Context, rdb redis.UniversalClient, key string) error {
-	var c redis.Cmdable = rdb
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, key)
-		if err != nil {
-			return fmt.Errorf("finding the Cluster master of %s to load function library %s: %w", key, l.name, err)
-		}
-		c = node
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return l.loadOn(ctx, rdb)
 	}
+	// The call that found the library missing may have followed a MOVED
+	// to a node the client's slot map does not name yet (a slot given to
+	// a node added later). ForEachMaster reloads the map first, and the
+	// library goes to every master it names, so the node that answered
+	// has it whichever it was; only the key's master's failure counts.
+	var mu sync.Mutex
+	failed := map[string]error{}
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		if err := l.loadOn(ctx, c); err != nil {
+			mu.Lock()
+			failed[c.Options().Addr] = err
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reading the Cluster's masters to load function library %s: %w", l.name, err)
+	}
+	node, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return fmt.Errorf("finding the Cluster master of %s to load function library %s: %w", key, l.name, err)
+	}
+	return failed[node.Options().Addr]
+}
+
+// loadOn loads the library on the server c talks to.
+func (l *library) loadOn(ctx context.Context, c redis.Cmdable) error {
 	err := c.FunctionLoad(ctx, l.source).Err()
 	if err != nil && strings.Contains(err.Error(), "already exists") {
-		err = nil
+		return nil
 	}
 	if err != nil && strings.HasPrefix(err.Error(), "READONLY") {
 		return fmt.Errorf("loading function library %s: the server is a read-only replica and its master does not have the library (any write of this registry version through the master loads it): %w", l.name, err)
