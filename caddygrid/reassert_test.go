@@ -119,8 +119,8 @@ func TestLostClaimRepliesLeaveNothing(t *testing.T) {
 		}
 	}`})
 	ctx := context.Background()
-	// One session first: the scripts get loaded (EVALSHA runs them from
-	// then on) and lifetime has a baseline of 1.
+	// One session first: the function library gets loaded (FCALL runs
+	// it from then on) and lifetime has a baseline of 1.
 	mustDial(t, c.url("/playwright/chromium")).close()
 	testenv.Eventually(t, 10*time.Second, "the first session released", func() bool { return g.info("chromium", "w1").Active == 0 })
 

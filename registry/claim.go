@@ -89,7 +89,8 @@ func bit(b bool) int {
 }
 
 // decide runs claim.lua; dry selects without claiming, read-only
-// (EVALSHA_RO: it may run on a replica, and a write inside would fail).
+// (FCALL_RO of the no-writes claim_ro: it may run on a replica, and a
+// write inside would fail).
 func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, leaseID string) (outcome, error) {
 	spec, err := r.checkRequest(&req)
 	if err != nil {

@@ -280,6 +280,10 @@ func (g *retryGuard) defaults(dial, read, write, pool, minBackoff, maxBackoff *t
 //     MASTERDOWN, READONLY, TRYAGAIN, CLUSTERDOWN, NOREPLICAS, too many
 //     clients). After a timeout, a dropped connection or a reset, the error
 //     goes back to the caller, who decides (a lease nobody renews expires).
+//     "ERR Function not found" (the library is not loaded on that node) also
+//     goes back as it is: the function did not exist, so it never ran, and
+//     the registry's caller (Registry.fcall) loads the library on that node
+//     and calls once more.
 //     With Cluster, MOVED and ASK are still followed (the node refused the
 //     script without running it).
 //   - Other commands keep go-redis' retries, bounded by max_retries with

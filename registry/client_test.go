@@ -221,6 +221,9 @@ func TestRetryClassification(t *testing.T) {
 		{"canceled", context.Canceled, false, false},
 		{"script error", errorReply("ERR user_script:1: boom"), false, false},
 		{"NOSCRIPT", errorReply("NOSCRIPT No matching script"), false, false},
+		// Not resent as it is: Registry.fcall loads the library, then calls
+		// once more (resending first would only find it missing again).
+		{"function not found", errorReply("ERR Function not found"), false, false},
 	}
 	for _, tc := range cases {
 		if got := notRun(tc.err); got != tc.notRun {

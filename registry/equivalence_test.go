@@ -186,7 +186,7 @@ func (st poolState) write(t testing.TB, r *Registry, pool string, now time.Time)
 	if err := r.rdb.HSet(ctx, r.Key(pool, keyConfig), cfg...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := scriptPut.Load(ctx, r.rdb).Err(); err != nil {
+	if err := scriptPut.lib.load(ctx, r.rdb, ""); err != nil {
 		t.Fatal(err)
 	}
 	pipe := r.rdb.Pipeline()
@@ -210,7 +210,7 @@ func (st poolState) write(t testing.TB, r *Registry, pool string, now time.Time)
 	}
 }
 
-func putCmd(ctx context.Context, c redis.Scripter, r *Registry, pool string, w selection.Worker, v int, now time.Time) *redis.Cmd {
+func putCmd(ctx context.Context, c redis.Cmdable, r *Registry, pool string, w selection.Worker, v int, now time.Time) *redis.Cmd {
 	rec := map[string]any{
 		"id": w.ID, "browser": "chromium", "addr": "127.0.0.1:1", "path": "/p",
 		"status": string(w.Status), "gen": "g", "capacity": w.Capacity, "vnodes": v,
@@ -224,7 +224,7 @@ func putCmd(ctx context.Context, c redis.Scripter, r *Registry, pool string, w s
 	}
 	args := []any{toMS(now), r.channel(pool), pool, w.ID, string(b), w.Active, w.Lifetime,
 		strings.Join(durs, ","), strings.Join(ringPositions(w.ID, v), " "), selection.WeightOf(&w)}
-	return scriptPut.EvalSha(ctx, c, r.poolKeys(pool), args...)
+	return c.FCall(ctx, scriptPut.name, r.poolKeys(pool), args...)
 }
 
 // expected is what the selection package decides on the same state.

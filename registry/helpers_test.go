@@ -18,7 +18,9 @@ import (
 //go:embed testdata/put.lua
 var luaPut string
 
-var scriptPut = redis.NewScript(luaCommon + luaPut)
+// scriptPut is put.lua, in a library of its own (common.lua and put):
+// tests load it beside the registry's, another library on the same Redis.
+var scriptPut = newLibrary([]libScript{{name: "put", body: luaPut}}).function("put")
 
 // startRegistry starts a redis-server for the test and a Registry on it.
 func startRegistry(t testing.TB, opts Options) (*Registry, redis.UniversalClient) {

@@ -291,7 +291,7 @@ func (twiceHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h twiceHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		name := strings.ToLower(cmd.Name())
-		if (name == "evalsha" || name == "eval") && len(cmd.Args()) > 3 && isClaimSHA(cmd.Args()[1]) {
+		if name == "fcall" && len(cmd.Args()) > 3 && cmd.Args()[1] == scriptClaim.name {
 			h.runs.Add(1)
 			if err := next(ctx, cmd); err != nil {
 				return err
@@ -302,11 +302,6 @@ func (h twiceHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (twiceHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
-}
-
-func isClaimSHA(v any) bool {
-	s, _ := v.(string)
-	return s == scriptClaim.Hash() || s == luaCommon+luaClaim
 }
 
 func TestClaimRunTwiceByARetryCountsOnce(t *testing.T) {

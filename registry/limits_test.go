@@ -153,7 +153,7 @@ func TestDisagreeingLimitsCostNoRebuild(t *testing.T) {
 	const n = 2000
 	now := time.Now()
 	pipe := rdb.Pipeline()
-	if err := scriptPut.Load(ctx, rdb).Err(); err != nil {
+	if err := scriptPut.lib.load(ctx, rdb, ""); err != nil {
 		t.Fatal(err)
 	}
 	for i := range n {
@@ -257,7 +257,7 @@ func TestLoweredMaxLifetimeWalksNothingPastIt(t *testing.T) {
 	if _, err := r.Claim(ctx, req); !errors.Is(err, ErrNoWorker) {
 		t.Fatalf("claim on an empty pool: %v", err)
 	}
-	if err := scriptPut.Load(ctx, rdb).Err(); err != nil {
+	if err := scriptPut.lib.load(ctx, rdb, ""); err != nil {
 		t.Fatal(err)
 	}
 	pipe := rdb.Pipeline()
@@ -296,7 +296,7 @@ func TestDefaultMaxScanIsBounded(t *testing.T) {
 	now := time.Now()
 	for _, policy := range []Policy{LifetimeFirst, FairShare} {
 		pool := "scan-" + string(policy)
-		if err := scriptPut.Load(ctx, rdb).Err(); err != nil {
+		if err := scriptPut.lib.load(ctx, rdb, ""); err != nil {
 			t.Fatal(err)
 		}
 		pipe := rdb.Pipeline()
@@ -365,7 +365,7 @@ func TestReconcileAndInspectAreChunked(t *testing.T) {
 	ctx := context.Background()
 	const pool, n = "big", 10000
 	now := time.Now()
-	if err := scriptPut.Load(ctx, rdb).Err(); err != nil {
+	if err := scriptPut.lib.load(ctx, rdb, ""); err != nil {
 		t.Fatal(err)
 	}
 	pipe := rdb.Pipeline()
@@ -501,7 +501,7 @@ func TestWaitingHeartbeatsAreCheap(t *testing.T) {
 	if _, err := r.Claim(ctx, req); !errors.Is(err, ErrNoWorker) {
 		t.Fatalf("claim on an empty pool: %v", err)
 	}
-	if err := scriptPut.Load(ctx, rdb).Err(); err != nil {
+	if err := scriptPut.lib.load(ctx, rdb, ""); err != nil {
 		t.Fatal(err)
 	}
 	pipe := rdb.Pipeline()

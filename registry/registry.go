@@ -58,17 +58,42 @@ func newRegistry(rdb redis.UniversalClient, opts Options) *Registry {
 func (r *Registry) Client() redis.UniversalClient { return r.rdb }
 
 // run executes a pool script with the common ARGV (now, channel, pool).
-func (r *Registry) run(ctx context.Context, s *redis.Script, pool string, now int64, args ...any) *redis.Cmd {
+func (r *Registry) run(ctx context.Context, f function, pool string, now int64, args ...any) *redis.Cmd {
 	all := append([]any{now, r.channel(pool), pool}, args...)
-	return s.Run(ctx, r.rdb, r.poolKeys(pool), all...)
+	return r.fcall(ctx, f, false, r.poolKeys(pool), all...)
 }
 
-// runRO runs a script that only reads with EVALSHA_RO (go-redis RunRO): a
-// write inside it fails, and a client that routes reads to replicas
-// (Cluster with ReadOnly) may send it to one.
-func (r *Registry) runRO(ctx context.Context, s *redis.Script, pool string, now int64, args ...any) *redis.Cmd {
+// runRO runs a script that only reads with FCALL_RO: a write inside it
+// fails, and a client that routes reads to replicas (Cluster with
+// ReadOnly) may send it to one.
+func (r *Registry) runRO(ctx context.Context, f function, pool string, now int64, args ...any) *redis.Cmd {
 	all := append([]any{now, r.channel(pool), pool}, args...)
-	return s.RunRO(ctx, r.rdb, r.poolKeys(pool), all...)
+	return r.fcall(ctx, f, true, r.poolKeys(pool), all...)
+}
+
+// fcall calls f (FCALL, or FCALL_RO when ro). When the server answers that
+// the function does not exist (a Redis restarted empty or flushed, a
+// promoted replica or a Cluster node that never had the library, a new
+// version of the registry), nothing ran: fcall loads the library there and
+// calls once more. Every other error goes back as it is (the retry guard
+// in client.go has already retried what provably did not run).
+func (r *Registry) fcall(ctx context.Context, f function, ro bool, keys []string, args ...any) *redis.Cmd {
+	name, call := f.name, r.rdb.FCall
+	if ro {
+		if f.roFn == "" {
+			panic("registry: " + f.name + " has no read-only function")
+		}
+		name, call = f.roFn, r.rdb.FCallRO
+	}
+	cmd := call(ctx, name, keys, args...)
+	if !functionMissing(cmd.Err()) {
+		return cmd
+	}
+	if err := f.lib.load(ctx, r.rdb, keys[0]); err != nil {
+		cmd.SetErr(fmt.Errorf("calling %s: %w", name, err))
+		return cmd
+	}
+	return call(ctx, name, keys, args...)
 }
 
 func ms(d time.Duration) int64 { return d.Milliseconds() }
@@ -721,7 +746,7 @@ func (r *Registry) ReaperLock(ctx context.Context, pool string, ttl time.Duratio
 		return nil, false, nil
 	}
 	return func(ctx context.Context) error {
-		if err := scriptUnlock.Run(ctx, r.rdb, []string{key}, token).Err(); err != nil {
+		if err := r.fcall(ctx, scriptUnlock, false, []string{key}, token).Err(); err != nil {
 			return fmt.Errorf("unlocking pool %q after the reaper: %w", pool, err)
 		}
 		return nil

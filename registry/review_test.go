@@ -171,7 +171,7 @@ func TestRenewalIsChunked(t *testing.T) {
 		}
 		total := 0
 		for _, line := range strings.Split(info, "\n") {
-			for _, name := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			for _, name := range []string{"cmdstat_fcall:calls="} {
 				if v, ok := strings.CutPrefix(strings.TrimSpace(line), name); ok {
 					c, _ := strconv.Atoi(strings.SplitN(v, ",", 2)[0])
 					total += c

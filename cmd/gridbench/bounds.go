@@ -196,7 +196,7 @@ func runBounds(cfg *config) error {
 // boundsWhat names a SLOWLOG entry: a registry script's stage (its 19th
 // argument, after the 15 keys and now, channel, pool) or the command.
 func boundsWhat(args []string) string {
-	if len(args) > 22 && (args[0] == "evalsha" || args[0] == "eval") {
+	if len(args) > 22 && (args[0] == "evalsha" || args[0] == "eval" || args[0] == "fcall") {
 		if args[21] == "scan" {
 			return "reconcile scan " + args[22]
 		}

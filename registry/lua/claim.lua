@@ -1,5 +1,5 @@
 -- claim.lua: select and claim a worker atomically (or, dry, only select:
--- Pick, which writes nothing and runs read-only, EVALSHA_RO, so it may go
+-- Pick, which writes nothing and runs read-only, FCALL_RO, so it may go
 -- to a replica).
 --
 -- Before selecting it frees a bounded number of expired leases (so counts

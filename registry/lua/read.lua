@@ -1,6 +1,6 @@
 -- read.lua: raw figures of one worker, or of one chunk of the pool's
 -- workers, for Worker and Inspect (decoded and checked in Go). It only
--- reads: Go runs it with EVALSHA_RO, so it may go to a replica. The pool
+-- reads: Go runs it with FCALL_RO, so it may go to a replica. The pool
 -- is read in chunks (HSCAN with a COUNT) so that no call blocks Redis for
 -- long at any pool size; Go calls again with the returned cursor until it
 -- is '0'. Each chunk is atomic, the whole is not: a worker registered or
