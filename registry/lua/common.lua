@@ -96,11 +96,12 @@ end
 
 -- load_cfg reads the pool's limits in force (config hash): the limits
 -- the newest configuration brought (claim.lua decides), set_at (ms) being
--- that configuration's time (nil: never set), and stale_after_ms, kept
--- from the last claim.
+-- that configuration's time (nil: never set), stale_after_ms and max_scan,
+-- kept from the last claim, and the dataset's epoch (nil: none yet). One
+-- HMGET: a claim reads the whole config once (profile item 7).
 local function load_cfg()
   local v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms',
-    'stagger_drains', 'set_at', 'stale_after_ms')
+    'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch')
   return {
     mc = tonumber(v[1]) or 0,
     ml = tonumber(v[2]) or 0,
@@ -110,6 +111,9 @@ local function load_cfg()
     stagger = v[6] == '1',
     set_at = tonumber(v[7]),
     stale = tonumber(v[8]) or 0,
+    scan = tonumber(v[9]),
+    -- HMGET gives false for a missing field
+    epoch = v[10] or nil,
   }
 end
 
