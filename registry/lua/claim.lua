@@ -305,7 +305,7 @@ if chosen then
     redis.call('HSET', K_LIFETIME, chosen, fmt(cw.lifetime))
     local est = estimate(cw.durations, cfg)
     cw.predicted_end = math.max(now, cw.predicted_end) + est
-    store(chosen, cw)
+    record = store(chosen, cw)
     reindex(chosen, cw, cfg, now)
     if cfg.ml > 0 and cw.lifetime >= cfg.ml then
       drain = 1
@@ -320,8 +320,10 @@ if chosen then
     redis.call('ZADD', K_LEXP, fmt(now + tonumber(ARGV[REQ.lease_ttl_ms])), lid)
     client_add(client, lid)
   end
-  record = redis.call('HGET', K_WORKERS, chosen)
-  durations = redis.call('HGET', K_DUR, chosen) or ''
+  -- The reply's record and durations are what the script holds: the
+  -- record as store wrote it, the durations as read (a claim leaves them).
+  if dry then record = redis.call('HGET', K_WORKERS, chosen) end
+  durations = cw.dur_raw
   active, lifetime = cw.active, cw.lifetime
 else
   chosen = ''

@@ -197,13 +197,17 @@ local function load_worker(id)
   return w
 end
 
+-- store writes the worker's record and returns it as stored (a claim
+-- replies with it rather than reading it back).
 local function store(id, w)
-  redis.call('HSET', K_WORKERS, id, cjson.encode({
+  local raw = cjson.encode({
     id = w.id, browser = w.browser, addr = w.addr, path = w.path, status = w.status, gen = w.gen,
     capacity = w.capacity, vnodes = w.vnodes, heartbeat = w.heartbeat, registered = w.registered,
     expires = w.expires, suspect_until = w.suspect_until, predicted_end = w.predicted_end,
     sig = w.sig,
-  }))
+  })
+  redis.call('HSET', K_WORKERS, id, raw)
+  return raw
 end
 
 -- Fair-share estimate (poolifier): moving mean (floor) or median of the
