@@ -306,7 +306,7 @@ if chosen then
     local est = estimate(cw.durations, cfg)
     cw.predicted_end = math.max(now, cw.predicted_end) + est
     record = store(chosen, cw)
-    reindex(chosen, cw, cfg, now)
+    reindex(chosen, cw, cfg, now, true)
     if cfg.ml > 0 and cw.lifetime >= cfg.ml then
       drain = 1
       redis.call('HSET', K_CMD, chosen, 'shutdown|' .. fmt(now + tonumber(ARGV[REQ.command_ttl_ms])))

@@ -375,8 +375,19 @@ end
 -- reindex puts a worker where its current figures say it belongs, in the
 -- selection indexes and the retiring set. Returns true when the worker
 -- (re-)entered the indexes: a waiting claim may take it now.
-local function reindex(id, w, cfg, now)
-  retire_sync(id, w, cfg)
+-- claimed: the worker was just taken from the indexes by a claim (indexed,
+-- so available and below the lifetime limit, and now lifetime + 1 under
+-- the same limits): only its reaching the limit can change what the
+-- retiring set must hold, so that is all it checks (an SADD then, no
+-- command otherwise). A member that no longer qualifies is left to the
+-- next full retire_sync (heartbeat, release) or a StaggerDrains claim's
+-- prune: the set is a superset (see the second invariant above).
+local function reindex(id, w, cfg, now, claimed)
+  if not claimed then
+    retire_sync(id, w, cfg)
+  elseif may_retire(w, cfg) then
+    redis.call('SADD', K_RET, id)
+  end
   if not indexed(w, cfg) then
     -- ZREM's count says whether it was indexed (its ring positions go too);
     -- the fair-share entries may linger either way
