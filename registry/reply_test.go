@@ -12,8 +12,8 @@ import (
 // A claim replies with the worker as the script left it, without reading
 // it back (the record as stored, the durations as read): the reply must be
 // what Redis then holds, for every policy, with durations in the record's
-// history and a predicted end the claim moved, and for a replay of the
-// same lease id.
+// history and a predicted end the claim moved, and so must a Pick's (before
+// the claim) and a replay's of the same lease id.
 func TestClaimReplyIsWhatRedisHolds(t *testing.T) {
 	ctx := context.Background()
 	r, _ := startRegistry(t, Options{})
@@ -28,6 +28,14 @@ func TestClaimReplyIsWhatRedisHolds(t *testing.T) {
 			}, 0, time.Time{})
 			req := ClaimRequest{Pool: pool, Policy: spec.Name, Limits: selection.Limits{MaxConcurrent: 4, MaxLifetime: 100},
 				Holder: "test", LeaseID: NewLeaseID()}
+			before, err := r.Worker(ctx, pool, "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			picked, _, err := r.Pick(ctx, req)
+			if err != nil || !reflect.DeepEqual(picked, before) {
+				t.Fatalf("Pick replied\n %+v (%v)\nRedis holds\n %+v", picked, err, before)
+			}
 			c, err := r.Claim(ctx, req)
 			if err != nil {
 				t.Fatal(err)

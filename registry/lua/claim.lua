@@ -321,8 +321,9 @@ if chosen then
     client_add(client, lid)
   end
   -- The reply's record and durations are what the script holds: the
-  -- record as store wrote it, the durations as read (a claim leaves them).
-  if dry then record = redis.call('HGET', K_WORKERS, chosen) end
+  -- record as store wrote it (a Pick's as read), the durations as read (a
+  -- claim leaves them).
+  if dry then record = cw.rec end
   durations = cw.dur_raw
   active, lifetime = cw.active, cw.lifetime
 else

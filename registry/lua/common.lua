@@ -183,10 +183,13 @@ local function load_durations(id)
 end
 
 -- load_worker reads a worker's record, counters and durations. Returns the
--- worker or nil and 'missing' / a reason the record is bad.
+-- worker or nil and 'missing' / a reason the record is bad. w.rec and
+-- w.dur_raw are the stored record and durations strings, for replies.
 local function load_worker(id)
-  local w, err = decode(redis.call('HGET', K_WORKERS, id))
+  local rec = redis.call('HGET', K_WORKERS, id)
+  local w, err = decode(rec)
   if not w then return nil, err end
+  w.rec = rec
   local a = count(redis.call('HGET', K_ACTIVE, id))
   if not a then return nil, 'active count is missing or not a whole number' end
   local l = count(redis.call('HGET', K_LIFETIME, id))
@@ -639,8 +642,7 @@ local function claim_replay(lid, now)
   end
   local drain = 0
   if l.drain == 1 then drain = 1 end
-  return { -2, l.worker, redis.call('HGET', K_WORKERS, l.worker), w.active, w.lifetime,
-    redis.call('HGET', K_DUR, l.worker) or '', drain, now }
+  return { -2, l.worker, w.rec, w.active, w.lifetime, w.dur_raw, drain, now }
 end
 
 -- lease_free ends a lease: mode 'release' (duration recorded), 'undo'
