@@ -65,7 +65,10 @@ end
 -- without it), the leases that claimer holds may be gone too, so it is
 -- told to re-assert them (renewal) before anything is granted to it:
 -- {-3, epoch}. epoch_new is a fresh token, stored when the pool has none.
-local epoch = redis.call('HGET', K_CFG, 'epoch')
+-- The config hash is read once, here (epoch, limits, max_scan): nothing
+-- below writes it before the limits are settled.
+local cfg = load_cfg()
+local epoch = cfg.epoch
 if not epoch then
   epoch = ARGV[REQ.epoch_new]
   if not dry then redis.call('HSET', K_CFG, 'epoch', epoch) end
@@ -96,7 +99,6 @@ end
 -- otherwise it runs under the stored limits and says so (overridden).
 -- Nothing is rebuilt when they change: the indexes converge worker by
 -- worker (see common.lua's invariant), so the change costs O(1) here.
-local cfg = load_cfg()
 local cfg_time = tonumber(ARGV[REQ.config_time_ms])
 if cfg_time == 0 then cfg_time = now end
 local want_fs = policy == 'fair_share'
@@ -123,7 +125,7 @@ if differ then
 end
 mc, ml, stagger = cfg.mc, cfg.ml, cfg.stagger
 -- Kept for Inspect and for heartbeat's freshness test (no index depends on them).
-if not dry and (cfg.stale ~= stale or tonumber(redis.call('HGET', K_CFG, 'max_scan')) ~= maxscan) then
+if not dry and (cfg.stale ~= stale or cfg.scan ~= maxscan) then
   redis.call('HSET', K_CFG, 'stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
 end
 local bad, bad_seen = {}, {}
@@ -303,8 +305,8 @@ if chosen then
     redis.call('HSET', K_LIFETIME, chosen, fmt(cw.lifetime))
     local est = estimate(cw.durations, cfg)
     cw.predicted_end = math.max(now, cw.predicted_end) + est
-    store(chosen, cw)
-    reindex(chosen, cw, cfg, now)
+    record = store(chosen, cw)
+    reindex(chosen, cw, cfg, now, true)
     if cfg.ml > 0 and cw.lifetime >= cfg.ml then
       drain = 1
       redis.call('HSET', K_CMD, chosen, 'shutdown|' .. fmt(now + tonumber(ARGV[REQ.command_ttl_ms])))
@@ -318,8 +320,11 @@ if chosen then
     redis.call('ZADD', K_LEXP, fmt(now + tonumber(ARGV[REQ.lease_ttl_ms])), lid)
     client_add(client, lid)
   end
-  record = redis.call('HGET', K_WORKERS, chosen)
-  durations = redis.call('HGET', K_DUR, chosen) or ''
+  -- The reply's record and durations are what the script holds: the
+  -- record as store wrote it (a Pick's as read), the durations as read (a
+  -- claim leaves them).
+  if dry then record = cw.rec end
+  durations = cw.dur_raw
   active, lifetime = cw.active, cw.lifetime
 else
   chosen = ''

@@ -96,11 +96,12 @@ end
 
 -- load_cfg reads the pool's limits in force (config hash): the limits
 -- the newest configuration brought (claim.lua decides), set_at (ms) being
--- that configuration's time (nil: never set), and stale_after_ms, kept
--- from the last claim.
+-- that configuration's time (nil: never set), stale_after_ms and max_scan,
+-- kept from the last claim, and the dataset's epoch (nil: none yet). One
+-- HMGET: a claim reads the whole config once (profile item 7).
 local function load_cfg()
   local v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms',
-    'stagger_drains', 'set_at', 'stale_after_ms')
+    'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch')
   return {
     mc = tonumber(v[1]) or 0,
     ml = tonumber(v[2]) or 0,
@@ -110,6 +111,9 @@ local function load_cfg()
     stagger = v[6] == '1',
     set_at = tonumber(v[7]),
     stale = tonumber(v[8]) or 0,
+    scan = tonumber(v[9]),
+    -- HMGET gives false for a missing field
+    epoch = v[10] or nil,
   }
 end
 
@@ -179,10 +183,13 @@ local function load_durations(id)
 end
 
 -- load_worker reads a worker's record, counters and durations. Returns the
--- worker or nil and 'missing' / a reason the record is bad.
+-- worker or nil and 'missing' / a reason the record is bad. w.rec and
+-- w.dur_raw are the stored record and durations strings, for replies.
 local function load_worker(id)
-  local w, err = decode(redis.call('HGET', K_WORKERS, id))
+  local rec = redis.call('HGET', K_WORKERS, id)
+  local w, err = decode(rec)
   if not w then return nil, err end
+  w.rec = rec
   local a = count(redis.call('HGET', K_ACTIVE, id))
   if not a then return nil, 'active count is missing or not a whole number' end
   local l = count(redis.call('HGET', K_LIFETIME, id))
@@ -193,13 +200,17 @@ local function load_worker(id)
   return w
 end
 
+-- store writes the worker's record and returns it as stored (a claim
+-- replies with it rather than reading it back).
 local function store(id, w)
-  redis.call('HSET', K_WORKERS, id, cjson.encode({
+  local raw = cjson.encode({
     id = w.id, browser = w.browser, addr = w.addr, path = w.path, status = w.status, gen = w.gen,
     capacity = w.capacity, vnodes = w.vnodes, heartbeat = w.heartbeat, registered = w.registered,
     expires = w.expires, suspect_until = w.suspect_until, predicted_end = w.predicted_end,
     sig = w.sig,
-  }))
+  })
+  redis.call('HSET', K_WORKERS, id, raw)
+  return raw
 end
 
 -- Fair-share estimate (poolifier): moving mean (floor) or median of the
@@ -367,8 +378,19 @@ end
 -- reindex puts a worker where its current figures say it belongs, in the
 -- selection indexes and the retiring set. Returns true when the worker
 -- (re-)entered the indexes: a waiting claim may take it now.
-local function reindex(id, w, cfg, now)
-  retire_sync(id, w, cfg)
+-- claimed: the worker was just taken from the indexes by a claim (indexed,
+-- so available and below the lifetime limit, and now lifetime + 1 under
+-- the same limits): only its reaching the limit can change what the
+-- retiring set must hold, so that is all it checks (an SADD then, no
+-- command otherwise). A member that no longer qualifies is left to the
+-- next full retire_sync (heartbeat, release) or a StaggerDrains claim's
+-- prune: the set is a superset (see the second invariant above).
+local function reindex(id, w, cfg, now, claimed)
+  if not claimed then
+    retire_sync(id, w, cfg)
+  elseif may_retire(w, cfg) then
+    redis.call('SADD', K_RET, id)
+  end
   if not indexed(w, cfg) then
     -- ZREM's count says whether it was indexed (its ring positions go too);
     -- the fair-share entries may linger either way
@@ -620,8 +642,7 @@ local function claim_replay(lid, now)
   end
   local drain = 0
   if l.drain == 1 then drain = 1 end
-  return { -2, l.worker, redis.call('HGET', K_WORKERS, l.worker), w.active, w.lifetime,
-    redis.call('HGET', K_DUR, l.worker) or '', drain, now }
+  return { -2, l.worker, w.rec, w.active, w.lifetime, w.dur_raw, drain, now }
 end
 
 -- lease_free ends a lease: mode 'release' (duration recorded), 'undo'
