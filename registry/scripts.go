@@ -70,14 +70,16 @@ var (
 		{name: "register", body: luaRegister},
 		{name: "heartbeat", body: luaHeartbeat},
 		{name: "update", body: luaUpdate},
-		{name: "expire", body: luaExpire},
-		{name: "expire_stale", body: luaExpireStale},
-		{name: "lease", body: luaLease},
+		// The scripts that free memory (leases and records) run above
+		// maxmemory too (allowOOM), as their EVAL forms did.
+		{name: "expire", body: luaExpire, allowOOM: true},
+		{name: "expire_stale", body: luaExpireStale, allowOOM: true},
+		{name: "lease", body: luaLease, allowOOM: true},
 		// Claim writes; Pick runs the same body read-only (dry).
 		{name: "claim", prologue: contractLua("claim.lua", claimArgs, claimReply), body: claimBody(), ro: roAlso},
 		{name: "read", prologue: contractLua("read.lua", readArgs, readReply) + rowsLua("read.lua", readRow), body: luaRead, ro: roOnly},
 		{name: "reconcile", body: luaReconcile},
-		{name: "unlock", body: luaUnlock},
+		{name: "unlock", body: luaUnlock, allowOOM: true},
 	}
 	registryLib = newLibrary(registryScripts)
 
@@ -129,6 +131,17 @@ type libScript struct {
 	// body runs on every call, after common.lua's locals are bound.
 	body string
 	ro   int
+	// allowOOM registers the writing function with Redis' allow-oom flag.
+	// Redis refuses a function that may write, as a whole, while it is
+	// above maxmemory; an EVAL script failed only at its first command
+	// that needs memory, so a release (whose first write is a ZREM) went
+	// through. Set for the scripts whose work is to free memory (release,
+	// undo and expiry of leases, removal of records, the reaper's unlock):
+	// with maxmemory-policy noeviction, refusing them too would leave a
+	// full Redis with no way to shrink, every ended session holding its
+	// slot. (The lease script's renewal runs too: it refreshes expiries
+	// and re-creates only leases Redis lost.)
+	allowOOM bool
 }
 
 // library is a Function library built from common.lua and scripts.
@@ -177,11 +190,15 @@ func newLibrary(scripts []libScript) *library {
 	for _, s := range scripts {
 		fmt.Fprintf(&b, "\n-- %s\ndo\n%s\nlocal function main(keys, args)\nbind(keys, args)\n%s\nend\n", s.name, s.prologue, s.body)
 		fn := libNameMark + "_" + s.name
+		flags := ""
+		if s.allowOOM {
+			flags = ", flags = {'allow-oom'}"
+		}
 		switch s.ro {
 		case roNone:
-			fmt.Fprintf(&b, "redis.register_function{function_name = '%s', callback = main}\n", fn)
+			fmt.Fprintf(&b, "redis.register_function{function_name = '%s', callback = main%s}\n", fn, flags)
 		case roAlso:
-			fmt.Fprintf(&b, "redis.register_function{function_name = '%s', callback = main}\n", fn)
+			fmt.Fprintf(&b, "redis.register_function{function_name = '%s', callback = main%s}\n", fn, flags)
 			fmt.Fprintf(&b, "redis.register_function{function_name = '%s_ro', callback = main, flags = {'no-writes'}}\n", fn)
 		case roOnly:
 			fmt.Fprintf(&b, "redis.register_function{function_name = '%s', callback = main, flags = {'no-writes'}}\n", fn)
