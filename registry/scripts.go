@@ -280,7 +280,10 @@ func (l *library) load(ctx context.Context, rdb redis.UniversalClient, key strin
 // loadOn loads the library on the server c talks to.
 func (l *library) loadOn(ctx context.Context, c redis.Cmdable) error {
 	err := c.FunctionLoad(ctx, l.source).Err()
-	if err != nil && strings.Contains(err.Error(), "already exists") {
+	// Only the library itself counts as loaded: "Function <name> already
+	// exists" is another library holding one of its function names, and
+	// the call would go on failing (or run that library's code).
+	if err != nil && strings.Contains(err.Error(), "Library '"+l.name+"' already exists") {
 		return nil
 	}
 	if err != nil && strings.HasPrefix(err.Error(), "READONLY") {
