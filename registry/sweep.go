@@ -35,5 +35,5 @@ func (s *claimSweeper) retry(res []any) bool {
 		return false
 	}
 	x, _ := res[0].(int64)
-	return x == -4 || (x == 0 && len(res) == 25)
+	return x == claimClientLimit || (x == 0 && len(res) == len(claimReply))
 }
