@@ -115,6 +115,10 @@ type backend struct {
 	// versionReads makes concurrent reads of one pool's versions one.
 	versionReads singleflight.Group
 	lastPick     map[string]registry.ClaimRequest // pool → the last claim's request, for admin picks
+	// reapers are the running reapers of the apps on this backend
+	// (*reaper.Reaper → struct{}), kicked when a claim meets stale
+	// workers (reaper.go).
+	reapers sync.Map
 
 	// ctx ends when the last reference goes (Destruct); the background
 	// work started by start runs until then.
@@ -155,7 +159,7 @@ func newBackend(key backendKey, logger *zap.Logger) (*backend, error) {
 		recent:   map[string]time.Time{},
 		lastPick: map[string]registry.ClaimRequest{},
 	}
-	b.reg = registry.New(rdb, registry.Options{Prefix: key.prefix, OnBadRecord: b.badRecord})
+	b.reg = registry.New(rdb, registry.Options{Prefix: key.prefix, OnBadRecord: b.badRecord, OnStale: b.staleSeen})
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.leaseTTL.Store(int64(defaultLeaseTTL))
 	b.rearm = make(chan struct{}, 1)

@@ -14,7 +14,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
@@ -25,6 +28,11 @@ const (
 	DefaultInterval   = 300 * time.Second
 	DefaultStaleAfter = 30 * time.Second
 	DefaultLockTTL    = 60 * time.Second
+	// minKickGapFloor is the least default MinKickGap, whatever Interval.
+	minKickGapFloor = 5 * time.Second
+	// maxKickedPools bounds the pools a Reaper remembers between kicked
+	// passes; more make the next kicked pass reap every pool.
+	maxKickedPools = 1024
 )
 
 // Event is one thing a reaper did or met, for logs and metrics.
@@ -48,6 +56,7 @@ const (
 	KindCountersFixed  = "counters_fixed"  // active counts or index entries corrected
 	KindOrphansRemoved = "orphans_removed" // entries of no worker removed
 	KindPoolBusy       = "pool_busy"       // another reaper holds the pool's lock
+	KindKicked         = "kicked"          // a pool is reaped early: a claim met stale workers in it (Kick)
 	KindError          = "error"           // a pool could not be reaped this time
 )
 
@@ -64,11 +73,32 @@ type Reaper struct {
 	// LockTTL bounds how long a reaper that died mid-pass keeps a pool
 	// locked. Default: 60s.
 	LockTTL time.Duration
+	// MinKickGap is the least time from the end of one pass to the start
+	// of a kicked one (see Kick): however often claims meet stale workers
+	// (one whose record no reaper can remove, say, because its clock
+	// disagrees with Redis'), a pool is scanned early at most once per
+	// MinKickGap, so kicks add at most Interval/MinKickGap passes per
+	// Interval. Default: Interval/10, at least 5s (a kicked pass costs
+	// at most ten times the cadence the operator chose; the floor keeps a
+	// short Interval from turning kicks into back-to-back scans).
+	MinKickGap time.Duration
 	// OnEvent, when set, is told about everything the reaper does.
 	OnEvent func(Event)
+
+	// kickMu guards kicked, kickAll and wake (Kick may be called before
+	// Run, from any goroutine).
+	kickMu  sync.Mutex
+	kicked  map[string]struct{}
+	kickAll bool
+	// wake holds one token while kicks wait for Run to notice them.
+	wake chan struct{}
 	// now is the clock used to pick candidates (Redis decides); tests may
 	// replace it.
 	now func() time.Time
+	// passDone, when set (tests), is told when Run ends a pass, whether it
+	// was kicked, and the end that the next kicked pass waits MinKickGap
+	// from.
+	passDone func(kicked bool, end time.Time)
 }
 
 // New returns a Reaper over reg with the defaults.
@@ -105,6 +135,9 @@ func (r *Reaper) defaults() error {
 	if r.LockTTL <= 0 {
 		r.LockTTL = DefaultLockTTL
 	}
+	if r.MinKickGap <= 0 {
+		r.MinKickGap = max(minKickGapFloor, r.Interval/10)
+	}
 	if r.now == nil {
 		r.now = time.Now
 	}
@@ -131,8 +164,17 @@ func (r *Reaper) RunOnce(ctx context.Context) (Report, error) {
 		r.emit(Event{Kind: KindError, Err: err})
 		return rep, err
 	}
+	return r.reapPools(ctx, pools, false)
+}
+
+// reapPools reaps pools once each; kicked passes say so first, per pool.
+func (r *Reaper) reapPools(ctx context.Context, pools []string, kicked bool) (Report, error) {
+	var rep Report
 	var errs []error
 	for _, pool := range pools {
+		if kicked {
+			r.emit(Event{Kind: KindKicked, Pool: pool})
+		}
 		if err := r.reapPool(ctx, pool, &rep); err != nil {
 			r.emit(Event{Kind: KindError, Pool: pool, Err: err})
 			errs = append(errs, err)
@@ -218,22 +260,110 @@ func (r *Reaper) reapPool(ctx context.Context, pool string, rep *Report) (err er
 	return nil
 }
 
+// Kick asks Run for an early pass over pool ("": every pool), for when a
+// claim met stale workers there. It never blocks; kicks coalesce: the pools
+// kicked meanwhile are reaped in one kicked pass, which starts at once
+// unless the last pass ended less than MinKickGap ago, then when it has.
+// The regular passes keep their Interval; a regular pass that starts
+// after a kick serves it. A kicked pass takes each pool's lock like any
+// other (a pool another reaper is working on is reported pool_busy).
+// Kicks while Run is not running wait for it.
+func (r *Reaper) Kick(pool string) {
+	r.kickMu.Lock()
+	switch {
+	case r.kickAll:
+	case pool == "" || len(r.kicked) >= maxKickedPools:
+		r.kickAll, r.kicked = true, nil
+	default:
+		if r.kicked == nil {
+			r.kicked = map[string]struct{}{}
+		}
+		r.kicked[pool] = struct{}{}
+	}
+	wake := r.wakeLocked()
+	r.kickMu.Unlock()
+	select {
+	case wake <- struct{}{}:
+	default: // a token is waiting already
+	}
+}
+
+// wakeLocked returns the wake channel, making it; kickMu held.
+func (r *Reaper) wakeLocked() chan struct{} {
+	if r.wake == nil {
+		r.wake = make(chan struct{}, 1)
+	}
+	return r.wake
+}
+
+// takeKicks returns and forgets the pools kicked so far (all: every pool);
+// ok is false when there were none.
+func (r *Reaper) takeKicks() (pools []string, all, ok bool) {
+	r.kickMu.Lock()
+	defer r.kickMu.Unlock()
+	pools, all = slices.Sorted(maps.Keys(r.kicked)), r.kickAll
+	r.kicked, r.kickAll = nil, false
+	return pools, all, all || len(pools) > 0
+}
+
 // Run reaps at once and then every Interval (±10% so that many reapers
-// drift apart) until ctx ends. Errors are reported through OnEvent; Run
+// drift apart) until ctx ends, and in between the pools Kick names, at
+// most once per MinKickGap. Errors are reported through OnEvent; Run
 // returns an error only when the Reaper is not usable (no Registry).
 func (r *Reaper) Run(ctx context.Context) error {
 	if err := r.defaults(); err != nil {
 		return err
 	}
+	r.kickMu.Lock()
+	wake := r.wakeLocked()
+	r.kickMu.Unlock()
+	regular := time.NewTimer(0)
+	defer regular.Stop()
+	var (
+		lastEnd time.Time
+		kick    *time.Timer // armed while a kicked pass waits for its turn
+		kickC   <-chan time.Time
+	)
+	defer func() {
+		if kick != nil {
+			kick.Stop()
+		}
+	}()
 	for {
-		_, _ = r.RunOnce(ctx) // errors went to OnEvent
-		wait := r.Interval + time.Duration((rand.Float64()*0.2-0.1)*float64(r.Interval))
-		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return nil
-		case <-t.C:
+		case <-regular.C:
+			// Every pool is reaped: the kicks so far are served.
+			r.takeKicks()
+			_, _ = r.RunOnce(ctx) // errors went to OnEvent
+			lastEnd = time.Now()
+			if r.passDone != nil {
+				r.passDone(false, lastEnd)
+			}
+			regular.Reset(r.Interval + time.Duration((rand.Float64()*0.2-0.1)*float64(r.Interval)))
+		case <-wake:
+			if kickC == nil {
+				kick = time.NewTimer(max(0, time.Until(lastEnd.Add(r.MinKickGap))))
+				kickC = kick.C
+			}
+		case <-kickC:
+			kick, kickC = nil, nil
+			pools, all, ok := r.takeKicks()
+			if !ok {
+				continue // a regular pass served them
+			}
+			if all {
+				var err error
+				if pools, err = r.Registry.Pools(ctx); err != nil {
+					r.emit(Event{Kind: KindError, Err: fmt.Errorf("reaper: %w", err)})
+				}
+			}
+			_, _ = r.reapPools(ctx, pools, true) // errors went to OnEvent
+			lastEnd = time.Now()
+			if r.passDone != nil {
+				r.passDone(true, lastEnd)
+			}
 		}
 	}
 }

@@ -69,6 +69,13 @@ type Options struct {
 	// past to a background Expire with skip_if_fresh (the vnode design's expire
 	// scheduler); the reaper then removes them. Default: false (expire).
 	NoStaleExpiry bool
+	// OnStale, when set, is told the pool of every claim (not a Pick)
+	// that walked past stale workers, whether or not NoStaleExpiry is
+	// set: its owner may wake its reaper (reaper.Reaper.Kick), since the
+	// claims' own expiry is bounded and drops what it cannot take. It is
+	// called on the claim's path, so it must return at once. Default:
+	// nil (nobody is told).
+	OnStale func(pool string)
 	// LeaseSweep is how many expired leases a heartbeat, and one claim in
 	// 8 (and a claim that would otherwise be refused), frees before it
 	// does its own work, so that active counts heal without a reaper.

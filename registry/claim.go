@@ -212,6 +212,9 @@ func (r *Registry) decodeClaim(req ClaimRequest, dry bool, leaseID string, res [
 		Default: time.Duration(rep.int("fs_default_ms")) * time.Millisecond}
 	o.limits.MaxConcurrent, o.limits.MaxLifetime = int(rep.int("max_concurrent")), int(rep.int("max_lifetime"))
 	o.limits.StaggerDrains = rep.flag("stagger")
+	if r.opts.OnStale != nil && !dry && (len(o.decision.Stale) > 0 || len(rep.strs("retired_stale")) > 0) {
+		r.opts.OnStale(req.Pool)
+	}
 	if !r.opts.NoStaleExpiry && !dry {
 		if len(o.decision.Stale) > 0 {
 			r.expireInBackground(req.Pool, o.decision.Stale, req.Limits.StaleAfter)
