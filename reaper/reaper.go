@@ -48,6 +48,13 @@ type Event struct {
 	Err error
 }
 
+// nextWait is the wait before the next regular pass: 90–100 % of interval,
+// never more (an operator's reaper_interval is the longest gap between
+// passes, so it bounds how long a stale record stays).
+func nextWait(interval time.Duration) time.Duration {
+	return interval - time.Duration(rand.Float64()*0.1*float64(interval))
+}
+
 // Event kinds.
 const (
 	KindWorkerExpired  = "worker_expired"  // a stale worker was removed
@@ -306,8 +313,10 @@ func (r *Reaper) takeKicks() (pools []string, all, ok bool) {
 	return pools, all, all || len(pools) > 0
 }
 
-// Run reaps at once and then every Interval (±10% so that many reapers
-// drift apart) until ctx ends, and in between the pools Kick names, at
+// Run reaps at once and then every Interval until ctx ends: each wait is
+// drawn from 90–100 % of Interval, so the reapers of many instances drift
+// apart and two passes are never more than Interval apart (a stale worker
+// is gone at most Interval plus a pass after it turned stale), and in between the pools Kick names, at
 // most once per MinKickGap. Errors are reported through OnEvent; Run
 // returns an error only when the Reaper is not usable (no Registry).
 func (r *Reaper) Run(ctx context.Context) error {
@@ -341,7 +350,7 @@ func (r *Reaper) Run(ctx context.Context) error {
 			if r.passDone != nil {
 				r.passDone(false, lastEnd)
 			}
-			regular.Reset(r.Interval + time.Duration((rand.Float64()*0.2-0.1)*float64(r.Interval)))
+			regular.Reset(nextWait(r.Interval))
 		case <-wake:
 			if kickC == nil {
 				kick = time.NewTimer(max(0, time.Until(lastEnd.Add(r.MinKickGap))))
