@@ -98,12 +98,7 @@ func TestFunctionFlushReloads(t *testing.T) {
 func TestRedisRestartedEmpty(t *testing.T) {
 	ctx := context.Background()
 	srv := testenv.StartRedis(t)
-	rdb, err := NewClient(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
-	r := New(rdb, Options{})
+	r, _ := registryAt(t, srv.URL(), Options{})
 	useGrid(t, r, "p")
 	srv.Restart()
 	if hasLibrary(t, srv.Client(), LibraryName()) {
@@ -123,12 +118,7 @@ func TestRedisRestartedEmpty(t *testing.T) {
 func TestClusterLoadsOnEachMaster(t *testing.T) {
 	ctx := context.Background()
 	cl := testenv.StartCluster(t)
-	rdb, err := NewClient(cl.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
-	r := New(rdb, Options{})
+	r, _ := registryAt(t, cl.URL(), Options{})
 	// One pool per master.
 	pools := map[string]string{} // master addr -> pool
 	var first string
@@ -171,12 +161,7 @@ func TestClusterLoadsOnEachMaster(t *testing.T) {
 func TestSentinelFailoverToReplicaWithoutLibrary(t *testing.T) {
 	ctx := context.Background()
 	s := testenv.StartSentinel(t, 1)
-	rdb, err := NewClient(s.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
-	r := New(rdb, Options{})
+	r, _ := registryAt(t, s.URL(), Options{})
 	useGrid(t, r, "p")
 	s.WaitInSync(10 * time.Second)
 	replica := s.Servers[1].Client()
@@ -325,12 +310,7 @@ func TestFunctionUpvalueHeadroom(t *testing.T) {
 func TestClusterNodeAddedLater(t *testing.T) {
 	ctx := context.Background()
 	cl := testenv.StartCluster(t)
-	rdb, err := NewClient(cl.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
-	r := New(rdb, Options{})
+	r, _ := registryAt(t, cl.URL(), Options{})
 	// A pool of its own, on a slot no other test key shares, used once so
 	// the client's map and the old owner know it.
 	const pool = "moving"

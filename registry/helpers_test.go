@@ -25,8 +25,14 @@ var scriptPut = newLibrary([]libScript{{name: "put", body: luaPut}}).function("p
 // startRegistry starts a redis-server for the test and a Registry on it.
 func startRegistry(t testing.TB, opts Options) (*Registry, redis.UniversalClient) {
 	t.Helper()
-	srv := testenv.StartRedis(t)
-	rdb, err := NewClient(srv.URL())
+	return registryAt(t, testenv.StartRedis(t).URL(), opts)
+}
+
+// registryAt is a Registry over a client of url (any NewClient URL:
+// single node, Sentinel, Cluster), closed when the test ends.
+func registryAt(t testing.TB, url string, opts Options) (*Registry, redis.UniversalClient) {
+	t.Helper()
+	rdb, err := NewClient(url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,12 +43,7 @@ func overMaxmemory(t *testing.T, c *redis.Client) {
 func TestReleaseRunsAboveMaxmemory(t *testing.T) {
 	ctx := context.Background()
 	srv := testenv.StartRedis(t, "--maxmemory-policy", "noeviction")
-	rdb, err := NewClient(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
-	r := New(rdb, Options{})
+	r, _ := registryAt(t, srv.URL(), Options{})
 	for _, id := range []string{"w1", "w2"} {
 		if err := r.Register(ctx, Registration{Pool: "p", ID: id, Addr: "h:1", Path: "/", Capacity: 4, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
