@@ -301,7 +301,6 @@ if chosen then
   if not dry then
     cw.active = owner_add(chosen, cw.gen, lid)
     cw.lifetime = cw.lifetime + 1
-    redis.call('HSET', K_ACTIVE, chosen, fmt(cw.active))
     redis.call('HSET', K_LIFETIME, chosen, fmt(cw.lifetime))
     local est = estimate(cw.durations, cfg)
     cw.predicted_end = math.max(now, cw.predicted_end) + est

@@ -496,13 +496,18 @@ local function owner_count(id, gen)
   return redis.call('ZLEXCOUNT', K_OWNER, lo, hi)
 end
 
--- owner_add records a lease of (id, gen) and returns the new count. The
--- count follows the entry (HINCRBY when ZADD added one) rather than being
--- counted again: the scripts keep the two in step, and renewal, register
--- and reconcile, which can find them apart, count (owner_count).
+-- owner_add records a lease of (id, gen), leaves the new count in active
+-- and returns it. The count follows the entry (HINCRBY when ZADD added one)
+-- rather than being counted again: the scripts keep the two in step, and
+-- renewal, register and reconcile, which can find them apart, count
+-- (owner_count); so does an entry that was there already.
 local function owner_add(id, gen, lid)
-  if redis.call('ZADD', K_OWNER, 0, owner_member(id, gen, lid)) == 0 then return owner_count(id, gen) end
-  return redis.call('HINCRBY', K_ACTIVE, id, 1)
+  if redis.call('ZADD', K_OWNER, 0, owner_member(id, gen, lid)) == 1 then
+    return redis.call('HINCRBY', K_ACTIVE, id, 1)
+  end
+  local n = owner_count(id, gen)
+  redis.call('HSET', K_ACTIVE, id, fmt(n))
+  return n
 end
 
 -- owned_life is the highest lifetime recorded in the live leases of
