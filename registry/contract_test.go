@@ -48,7 +48,7 @@ func TestContractNamesMatchTheLua(t *testing.T) {
 		args  []string
 		reply []string
 	}{
-		{"claim.lua", luaClaim + walks.String(), claimArgs, claimReply},
+		{"claim.lua", luaClaim + luaWalk + walks.String(), claimArgs, claimReply},
 		{"read.lua", luaRead, readArgs, readReply},
 	}
 	positional := regexp.MustCompile(`ARGV\[(\d+)\]`)
@@ -105,10 +105,10 @@ func TestContractReadRow(t *testing.T) {
 }
 
 // Every row of the policy table has its walk, which defines the row's
-// WALKS entry and no other, and claim.lua has the place the walks go.
+// WALKS entry and no other, and walk.lua has the place the walks go.
 func TestPolicyTableWalks(t *testing.T) {
-	if !strings.Contains(luaClaim, walksMark) {
-		t.Fatalf("claim.lua has no %q line", strings.TrimSpace(walksMark))
+	if !strings.Contains(luaWalk, walksMark) {
+		t.Fatalf("walk.lua has no %q line", strings.TrimSpace(walksMark))
 	}
 	def := regexp.MustCompile(`WALKS\.([a-z_0-9]+) = function`)
 	seen := map[Policy]bool{}

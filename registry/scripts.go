@@ -47,6 +47,8 @@ var (
 	luaLease string
 	//go:embed lua/claim.lua
 	luaClaim string
+	//go:embed lua/walk.lua
+	luaWalk string
 	//go:embed lua/read.lua
 	luaRead string
 	//go:embed lua/walk_lifetime_first.lua
@@ -75,8 +77,9 @@ var (
 		{name: "expire", body: luaExpire, allowOOM: true},
 		{name: "expire_stale", body: luaExpireStale, allowOOM: true},
 		{name: "lease", body: luaLease, allowOOM: true},
-		// Claim writes; Pick runs the same body read-only (dry).
-		{name: "claim", prologue: contractLua("claim.lua", claimArgs, claimReply), body: claimBody(), ro: roAlso},
+		// Claim writes; Pick runs the same body read-only (dry). The walks
+		// are made once, at load (claimWalks).
+		{name: "claim", prologue: contractLua("claim.lua", claimArgs, claimReply) + claimWalks(), body: luaClaim, ro: roAlso},
 		{name: "read", prologue: contractLua("read.lua", readArgs, readReply) + rowsLua("read.lua", readRow), body: luaRead, ro: roOnly},
 		{name: "reconcile", body: luaReconcile},
 		{name: "unlock", body: luaUnlock, allowOOM: true},
@@ -95,23 +98,25 @@ var (
 	scriptUnlock      = registryLib.function("unlock")
 )
 
-// walksMark is the line of claim.lua where the policies' walks go.
+// walksMark is the line of walk.lua where the policies' walks go.
 const walksMark = "-- @walks\n"
 
-// claimBody is claim.lua with, at walksMark, the walk of every policy in
-// the table (registry/policy.go).
-func claimBody() string {
+// claimWalks is walk.lua with, at walksMark, the walk of every policy in
+// the table (registry/policy.go): claim.lua's walk machinery and walks,
+// run once when the library loads.
+func claimWalks() string {
 	var walks strings.Builder
 	for _, p := range policies {
 		walks.WriteString(p.walk)
 	}
-	return strings.Replace(luaClaim, walksMark, walks.String(), 1)
+	return strings.Replace(luaWalk, walksMark, walks.String(), 1)
 }
 
 // claimSource is claim.lua as one EVAL script: common.lua, its contract
-// prologue and its body (what PickScript gives tools that time it).
+// prologue, its walks and its body (what PickScript gives tools that time
+// it).
 func claimSource() string {
-	return luaCommon + contractLua("claim.lua", claimArgs, claimReply) + claimBody()
+	return luaCommon + contractLua("claim.lua", claimArgs, claimReply) + claimWalks() + luaClaim
 }
 
 // How a script is registered: FCALL_RO runs only functions flagged

@@ -7,9 +7,9 @@
 -- (see below; no rebuild when they change). Then the pool's policy walks
 -- its index in preference order, as the selection package does over a
 -- snapshot (selection/limits.go and the policies). Each policy's walk is
--- its own file, lua/walk_<policy>.lua, inserted below where "@walks" is
--- (registry/policy.go's table lists them); a walk sets WALKS[<policy>] to
--- a function returning the chosen id and worker, or nil.
+-- its own file, lua/walk_<policy>.lua (registry/policy.go's table lists
+-- them), part of lua/walk.lua: the walks and their machinery are created
+-- once, when the library loads, and a claim passes them its walk state.
 -- Every walked entry that is not usable (missing, stale, suspect, held back
 -- or bad) costs one unit of the max_scan budget; index debris (a worker not
 -- indexed under the limits in force) costs none but is removed, at most 128
@@ -128,36 +128,8 @@ mc, ml, stagger = cfg.mc, cfg.ml, cfg.stagger
 if not dry and (cfg.stale ~= stale or cfg.scan ~= maxscan) then
   redis.call('HSET', K_CFG, 'stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
 end
-local bad, bad_seen = {}, {}
-local function add_bad(id, why)
-  if not bad_seen[id] then
-    bad_seen[id] = true
-    bad[#bad + 1] = id
-    bad[#bad + 1] = why
-  end
-end
-
--- The walk's bookkeeping.
-local budget = maxscan
-if budget == 0 then budget = -1 end
-local scanned = 0
-local stale_ids, stale_seen = {}, {}
--- Debris (entries of workers not indexed under the limits in force, left
--- by a change of limits) costs no max_scan budget: it is removed as it is
--- met, so it is paid for once. DEBRIS_MAX bounds what one claim removes.
-local debris = {}
-local DEBRIS_MAX = 128
-local loaded = {}
-
-local function get(id)
-  local c = loaded[id]
-  if c == nil then
-    local w, err = load_worker(id)
-    c = { w = w, err = err }
-    loaded[id] = c
-  end
-  return c.w, c.err
-end
+-- The walk's state (lua/walk.lua): budget, what it finds, workers read.
+local ws = walk_state(now, stale, maxscan, dry, cfg)
 
 -- StaggerDrains: is some fresh worker of the pool retiring? Only the
 -- retiring set's members can be (common.lua's second invariant), so this
@@ -171,7 +143,7 @@ if stagger and ml > 0 then
   -- out of the indexes), as their heartbeats would. O(log N) when none.
   local over = redis.call('ZRANGEBYSCORE', K_LF, '-inf', '(' .. fmt(-(ml - 1) * LF_SCALE), 'LIMIT', 0, 8)
   for _, id in ipairs(over) do
-    local w = get(id)
+    local w = walk_get(ws, id)
     if w and fresh(w, now, stale) and may_retire(w, cfg) then retiring = true end
     if not dry then
       if w then reindex(id, w, cfg, now) else unindex(id) end
@@ -179,7 +151,7 @@ if stagger and ml > 0 then
   end
   local prune = {}
   for _, id in ipairs(redis.call('SMEMBERS', K_RET)) do
-    local w, err = get(id)
+    local w, err = walk_get(ws, id)
     if not w then
       -- a bad record is not part of the snapshot: it holds nothing back
       if err == 'missing' then prune[#prune + 1] = id end
@@ -194,98 +166,13 @@ if stagger and ml > 0 then
   end
   if not dry and #prune > 0 then redis.call('SREM', K_RET, unpack(prune)) end
 end
-
--- examine returns the worker when it is eligible; otherwise charges the
--- budget and records why.
-local function examine(id)
-  scanned = scanned + 1
-  local w, err = get(id)
-  if not w then
-    if err == 'missing' then
-      if not stale_seen[id] then
-        stale_seen[id] = true
-        stale_ids[#stale_ids + 1] = id
-      end
-    else
-      add_bad(id, err)
-    end
-  elseif not fresh(w, now, stale) then
-    if not stale_seen[id] then
-      stale_seen[id] = true
-      stale_ids[#stale_ids + 1] = id
-    end
-  elseif not indexed(w, cfg) then
-    debris[#debris + 1] = id
-    return nil
-  elseif retiring and w.lifetime + 1 >= ml then
-    -- held back (StaggerDrains): its last session waits for the retiring one
-  elseif w.suspect_until > 0 and now < w.suspect_until then
-    -- suspect: walked past
-  else
-    return w
-  end
-  if budget > 0 then budget = budget - 1 end
-  return nil
-end
-
-local function exhausted()
-  return budget == 0 or #debris >= DEBRIS_MAX
-end
-
--- Index reads start small and grow: most claims use the first usable
--- entry, so reading FIRST_BATCH entries first saves the 32-entry read
--- (profile item 5); a walk past unusable entries reads BATCH at a time.
-local FIRST_BATCH, BATCH = 4, 32
-
--- index_walk walks a sorted-set index in batches between min and max with
--- cmd (ZRANGEBYSCORE or ZRANGEBYLEX), turning each member into a worker id
--- with id_of; returns id, worker for the first usable one, or nil, stopped
--- (stopped: the scan budget ran out).
-local function index_walk(cmd, key, min, max, id_of)
-  local off, n = 0, FIRST_BATCH
-  while true do
-    local batch = redis.call(cmd, key, min, max, 'LIMIT', off, n)
-    for _, m in ipairs(batch) do
-      local id = id_of(m)
-      local w = examine(id)
-      if w then return id, w end
-      if exhausted() then return nil, true end
-    end
-    if #batch < n then return nil, false end
-    off, n = off + #batch, BATCH
-  end
-end
-
--- zstream reads a sorted set in ascending (score, member) order, batch by
--- batch; each call returns the next member and its score, or nil at the
--- end. Members in skip are passed over.
-local function zstream(key, skip)
-  local buf, i, off, n, done = {}, 1, 0, FIRST_BATCH, false
-  return function()
-    while true do
-      if i > #buf then
-        if done then return nil end
-        buf = redis.call('ZRANGEBYSCORE', key, '-inf', '+inf', 'WITHSCORES', 'LIMIT', off, n)
-        off, i = off + #buf / 2, 1
-        if #buf < 2 * n then done = true end
-        n = BATCH
-        if #buf == 0 then return nil end
-      end
-      local id, sc = buf[i], tonumber(buf[i + 1])
-      i = i + 2
-      if not (skip and skip[id]) then return id, sc end
-    end
-  end
-end
-
--- The walks' figures for the reply (vnode's).
-local stats = { wraps = 0, effective = 0, dedupes = 0, tied = 0 }
-local WALKS = {}
--- @walks
+ws.retiring = retiring
 
 local walk = WALKS[policy]
 if not walk then return redis.error_reply('unknown policy ' .. tostring(policy)) end
-local chosen, cw = walk()
+local chosen, cw = walk(ws)
+-- What the walk found, for the upkeep and the reply.
+local scanned, stale_ids, bad, debris, stats = ws.scanned, ws.stale_ids, ws.bad, ws.debris, ws
 
 -- Upkeep after the decision: drop bad records and index debris (entries of
 -- workers that are not indexed) from every index.
