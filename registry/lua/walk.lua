@@ -133,10 +133,19 @@ local function index_walk(s, cmd, key, min, max, cut)
 end
 
 -- zstream reads a sorted set in ascending (score, member) order, batch by
--- batch: zstream(key, skip) opens it, zs_next(z) returns the next member
--- and its score, or nil at the end. Members in skip are passed over.
-local function zstream(key, skip)
-  return { key = key, skip = skip, buf = {}, i = 1, off = 0, n = FIRST_BATCH, done = false }
+-- batch: zstream(key, skip, upto) opens it, zs_next(z) returns the next
+-- member and its score, or nil at the end. Members in skip are passed
+-- over. upto (a number; nil: no bound) reads only members scored at most
+-- upto, for a walk that may not need the rest; zs_unbound lifts the bound
+-- (what was read stays a prefix of the stream: zs_next reads on).
+local function zstream(key, skip, upto)
+  local max = '+inf'
+  if upto then max = fmt(math.ceil(upto)) end
+  return { key = key, skip = skip, buf = {}, i = 1, off = 0, n = FIRST_BATCH, done = false, upto = upto, max = max }
+end
+
+local function zs_unbound(z)
+  z.upto, z.max, z.done = nil, '+inf', false
 end
 
 local function zs_next(z)
@@ -144,7 +153,7 @@ local function zs_next(z)
     local buf, i = z.buf, z.i
     if i > #buf then
       if z.done then return nil end
-      buf = redis.call('ZRANGEBYSCORE', z.key, '-inf', '+inf', 'WITHSCORES', 'LIMIT', z.off, z.n)
+      buf = redis.call('ZRANGEBYSCORE', z.key, '-inf', z.max, 'WITHSCORES', 'LIMIT', z.off, z.n)
       z.buf, z.off, i = buf, z.off + #buf / 2, 1
       if #buf < 2 * z.n then z.done = true end
       z.n = BATCH

@@ -39,14 +39,25 @@ WALKS.fair_share = function(s)
   -- idle: idx:fair_idle merged with the due entries, by estimate then id
   local idle, di = zstream(K_FSI, nil), 1
   local iid, iest = zs_next(idle)
-  local busy = zstream(K_FSB, moved)
-  local bid, bkey = zs_next(busy)
+  -- busy: read first only as far as the idle side's head key (usually
+  -- nothing there: an idle worker's key is now + estimate, a busy one's
+  -- later), and on without a bound once the walk goes past that key
+  local busy, bid, bkey
   while true do
     -- the idle side's head
     local id0, est0, fromdue = iid, iest, false
     local d = due and due[di]
     if d and (not iid or d.est < iest or (d.est == iest and bytes_less(d.id, iid))) then
       id0, est0, fromdue = d.id, d.est, true
+    end
+    local upto
+    if id0 then upto = now + est0 end
+    if not busy then
+      busy = zstream(K_FSB, moved, upto)
+      bid, bkey = zs_next(busy)
+    elseif not bid and busy.upto and (not upto or upto > busy.upto) then
+      zs_unbound(busy)
+      bid, bkey = zs_next(busy)
     end
     local id
     if id0 and (not bid or now + est0 < bkey or (now + est0 == bkey and bytes_less(id0, bid))) then
