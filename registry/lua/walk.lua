@@ -114,10 +114,11 @@ end
 
 -- index_walk walks a sorted-set index in batches between min and max with
 -- cmd (ZRANGEBYSCORE or ZRANGEBYLEX); a member is a worker id, or, with
--- cut, holds it from byte cut on. Returns id, worker for the first usable
--- one, or nil, stopped (stopped: the scan budget ran out).
-local function index_walk(s, cmd, key, min, max, cut)
-  local off, n = 0, FIRST_BATCH
+-- cut, holds it from byte cut on. first (nil: FIRST_BATCH) is the size of
+-- the first read. Returns id, worker for the first usable one, or nil,
+-- stopped (stopped: the scan budget ran out).
+local function index_walk(s, cmd, key, min, max, cut, first)
+  local off, n = 0, first or FIRST_BATCH
   while true do
     local batch = redis.call(cmd, key, min, max, 'LIMIT', off, n)
     for _, m in ipairs(batch) do
