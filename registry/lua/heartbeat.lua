@@ -46,6 +46,9 @@ store(id, w)
 local cfg = load_cfg()
 -- back in the indexes (a raised limit): waiting claims may take it
 wake_if(reindex(id, w, cfg, now))
+-- hot figures missing, or counted again (the list or the window changed):
+-- store them, so the claims that follow need not count
+if w.hot == '' or w.fs_counted then store_hot(id, w, cfg.win) end
 if cfg.ml > 0 and w.lifetime >= cfg.ml and w.status == 'available' and not live_command(id, now)
     and (not cfg.stagger or restart_turn(id, now, cfg.stale)) then
   redis.call('HSET', K_CMD, id, 'shutdown|' .. fmt(now + tonumber(ARGV[8])))
