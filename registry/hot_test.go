@@ -165,7 +165,9 @@ func TestClaimAndReleaseLeaveTheRecord(t *testing.T) {
 	if _, err := r.Heartbeat(ctx, "p", "w", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	var rec struct{ SuspectUntil int64 `json:"suspect_until"` }
+	var rec struct {
+		SuspectUntil int64 `json:"suspect_until"`
+	}
 	raw, _ := rdb.HGet(ctx, recKey, "w").Result()
 	if err := json.Unmarshal([]byte(raw), &rec); err != nil || rec.SuspectUntil != toMS(info.Workers[0].SuspectUntil) {
 		t.Fatalf("record after a heartbeat: %s (%v), want suspect_until %d", raw, err, toMS(info.Workers[0].SuspectUntil))
