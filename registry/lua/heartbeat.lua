@@ -7,7 +7,9 @@
 -- drain, a lowered limit included: it sets the shutdown command (returned
 -- in this reply) unless StaggerDrains is stored and another fresh worker
 -- is restarting (restart_turn); then it waits in the retiring set for a
--- later heartbeat.
+-- later heartbeat. It rewrites the record (with copies of the hot figures,
+-- common.lua's "Hot figures") and stores the hot figures when the worker
+-- has none or its durations had to be counted again.
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id, 5 ttl ms,
