@@ -137,11 +137,10 @@ end
 -- record JSON changes only at registration, heartbeat and update (see
 -- "Hot figures"), a claim or release usually finds its worker's record
 -- here and skips cjson.decode and the checks (profile item 2: 4–5 µs per
--- read; a hit costs 0.4 µs, a copy). What is kept is a pure function of
--- the string, so every node decides the same: a bad record is never kept
--- and is checked at every read, as before. At most DECODED_MAX strings
--- (about 1 KB of Lua memory each), then all are forgotten at once.
-local decoded, decoded_n, DECODED_MAX = {}, 0, 2048
+-- read). What is kept is a pure function of the string, so every node
+-- decides the same: a bad record is never kept and is checked at every
+-- read, as before. At most DECODED_MAX strings, then all are forgotten.
+local decoded, decoded_n, DECODED_MAX = {}, 0, 4096
 
 -- worker_copy returns a new table with a decoded record's fields (a
 -- script changes its copy).
