@@ -131,36 +131,12 @@ local function bad_name(s)
   return s == '' or #s > 200 or string.find(s, '[%s%c]') ~= nil
 end
 
--- Records already found good, by their stored string: the library keeps
--- them between calls (a Function library's locals live until it is
--- loaded again; an EVAL of claimSource starts empty each call). Since the
--- record JSON changes only at registration, heartbeat and update (see
--- "Hot figures"), a claim or release usually finds its worker's record
--- here and skips cjson.decode and the checks (profile item 2: 4–5 µs per
--- read). What is kept is a pure function of the string, so every node
--- decides the same: a bad record is never kept and is checked at every
--- read, as before. At most DECODED_MAX strings, then all are forgotten.
-local decoded, decoded_n, DECODED_MAX = {}, 0, 4096
-
--- worker_copy returns a new table with a decoded record's fields (a
--- script changes its copy).
-local function worker_copy(t)
-  return {
-    id = t.id, browser = t.browser, addr = t.addr, path = t.path, status = t.status, gen = t.gen,
-    capacity = t.capacity, vnodes = t.vnodes, heartbeat = t.heartbeat, registered = t.registered,
-    expires = t.expires, suspect_until = t.suspect_until, predicted_end = t.predicted_end, sig = t.sig,
-  }
-end
-
 -- decode checks a raw record; returns the table or nil and why. It runs
--- for every worker a script reads, so a record seen good before comes
--- from decoded, and the usual new record (every field right) is checked
--- in one expression; only a bad one walks the fields in order to say
--- which is wrong (the same order and words as Go's decodeWorker).
+-- for every worker a script reads, so the usual record (every field right)
+-- is checked in one expression; only a bad one walks the fields in order
+-- to say which is wrong (the same order and words as Go's decodeWorker).
 local function decode(raw)
   if not raw then return nil, 'missing' end
-  local t = decoded[raw]
-  if t then return worker_copy(t) end
   local ok, w = pcall(cjson.decode, raw)
   if not ok or type(w) ~= 'table' then return nil, 'record is not a JSON object' end
   if is_count(w.capacity) and is_count(w.vnodes) and is_count(w.heartbeat) and is_count(w.registered)
@@ -169,9 +145,7 @@ local function decode(raw)
       and type(w.path) == 'string' and type(w.gen) == 'string'
       and (w.status == 'available' or w.status == 'draining')
       and not bad_name(w.id) and not bad_name(w.gen) then
-    if decoded_n >= DECODED_MAX then decoded, decoded_n = {}, 0 end
-    decoded[raw], decoded_n = w, decoded_n + 1
-    return worker_copy(w)
+    return w
   end
   for _, f in ipairs(NUM_FIELDS) do
     if w[f] == nil then return nil, 'field ' .. f .. ' is missing' end
