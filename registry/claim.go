@@ -237,7 +237,7 @@ func (r *Registry) decodeClaim(req ClaimRequest, dry bool, leaseID string, res [
 		cmd = string(CommandShutdown) + "|" + fmt.Sprint(now+ms(r.opts.CommandTTL))
 	}
 	raw := rawWorker{id: rep.str("id"), record: rep.str("record"), active: fmt.Sprint(rep.int("active")),
-		lifetime: fmt.Sprint(rep.int("lifetime")), durations: rep.str("durations"), command: cmd}
+		lifetime: fmt.Sprint(rep.int("lifetime")), durations: rep.str("durations"), command: cmd, hot: rep.str("hot")}
 	w, err := decodeWorker(req.Pool, raw, now)
 	if err != nil {
 		return o, fmt.Errorf("decoding the chosen worker %q: %w", raw.id, err)
@@ -256,7 +256,7 @@ func decodeReplay(pool string, res []any) (outcome, error) {
 	var o outcome
 	o.drain = rep.flag("drain")
 	raw := rawWorker{id: rep.str("id"), record: rep.str("record"), active: fmt.Sprint(rep.int("active")),
-		lifetime: fmt.Sprint(rep.int("lifetime")), durations: rep.str("durations")}
+		lifetime: fmt.Sprint(rep.int("lifetime")), durations: rep.str("durations"), hot: rep.str("hot")}
 	w, err := decodeWorker(pool, raw, rep.int("now"))
 	if err != nil {
 		return o, fmt.Errorf("decoding the claimed worker %q: %w", raw.id, err)

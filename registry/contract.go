@@ -44,6 +44,9 @@ var claimReply = []string{
 	// The limits in force and whether they are not the request's.
 	"overridden", "max_concurrent", "max_lifetime", "stagger", "fs_window", "fs_median", "fs_default_ms",
 	"epoch",
+	// The worker's hot figures (lua/common.lua, "Hot figures"): its
+	// predicted end and suspicion, which the record's copies may lag.
+	"hot",
 }
 
 // The codes of claim.lua's other replies (the reply's first item).
@@ -56,7 +59,7 @@ const (
 
 // claimReplayReply is the reply to a lease ID that already claimed: the
 // claim it made (built by common.lua's claim_replay).
-var claimReplayReply = []string{"code", "id", "record", "active", "lifetime", "durations", "drain", "now"}
+var claimReplayReply = []string{"code", "id", "record", "active", "lifetime", "durations", "drain", "now", "hot"}
 
 // readArgs are read.lua's ARGV after commonArgs.
 var readArgs = []string{"id", "cursor", "chunk"}
@@ -65,7 +68,7 @@ var readArgs = []string{"id", "cursor", "chunk"}
 var readReply = []string{"now", "leases", "config", "rows", "retiring", "cursor"}
 
 // readRow is one worker's figures in read.lua's rows.
-var readRow = []string{"id", "record", "active", "lifetime", "durations", "command"}
+var readRow = []string{"id", "record", "active", "lifetime", "durations", "command", "hot"}
 
 // layout is one ordered list of names, indexed.
 type layout struct {

@@ -38,6 +38,9 @@ const (
 	// group, like every index.
 	keyIdxIWRR = "idx:iwrr" // ZSET (lex, scores 0) "<weight, 6 digits>:<id>" per indexed worker
 	keyIWRR    = "iwrr"     // HASH id -> weight; ' round', ' cur': the cursor
+	// The figures claims and releases change, beside the record (see
+	// lua/common.lua, "Hot figures").
+	keyHot = "hot" // HASH id -> "<predicted end> <suspect until>[ <window> <count> <sum> <durations>]"
 )
 
 // poolWide names the keys a pool's version groups share with the pool
@@ -56,6 +59,7 @@ var poolKeyNames = []string{
 	keyLeaseOwner, keyCancelled,
 	keyLeaseClient,
 	keyIdxIWRR, keyIWRR,
+	keyHot,
 }
 
 // maxNameLen bounds pool names and worker IDs.

@@ -20,9 +20,10 @@ var (
 	recordStrings = []string{"id", "browser", "addr", "path", "gen", "status"}
 )
 
-// rawWorker is one worker's stored values as read.lua returns them.
+// rawWorker is one worker's stored values as read.lua returns them. hot
+// is its hot figures ("" when none: see parseHot).
 type rawWorker struct {
-	id, record, active, lifetime, durations, command string
+	id, record, active, lifetime, durations, command, hot string
 }
 
 // decodeWorker parses a worker's stored values; now (ms) decides whether its
@@ -65,6 +66,11 @@ func decodeWorker(pool string, raw rawWorker, now int64) (WorkerInfo, error) {
 	durs, err := parseDurations(raw.durations)
 	if err != nil {
 		return WorkerInfo{}, err
+	}
+	// The hot figures, when there are any, are the worker's predicted end
+	// and suspicion; the record's copies may be a heartbeat old.
+	if end, suspect, ok := parseHot(raw.hot); ok {
+		nums[5], nums[6] = suspect, end
 	}
 	// recordNumbers: capacity, vnodes, heartbeat, registered, expires,
 	// suspect_until, predicted_end; recordStrings: id, browser, addr, path,
@@ -381,6 +387,33 @@ func parseDurations(s string) ([]time.Duration, error) {
 		return nil, nil
 	}
 	return out, nil
+}
+
+// parseHot reads a worker's hot figures (the pool's hot hash, written by
+// lua/common.lua's store_hot): "<predicted end> <suspect until>", then
+// optionally " <window> <count> <window sum> <durations>". ok is false
+// for anything else, as load_worker's patterns and count() decide: the
+// record's copies of the two figures are used then.
+func parseHot(s string) (end, suspect int64, ok bool) {
+	parts := strings.SplitN(s, " ", 6)
+	if len(parts) != 2 && len(parts) != 6 {
+		return 0, 0, false
+	}
+	digits := parts
+	if len(parts) == 6 {
+		digits = parts[:5]
+	}
+	for _, p := range digits {
+		if p == "" || strings.TrimLeft(p, "0123456789") != "" {
+			return 0, 0, false
+		}
+	}
+	end, err1 := parseCount(parts[0])
+	suspect, err2 := parseCount(parts[1])
+	if err1 != nil || err2 != nil {
+		return 0, 0, false
+	}
+	return end, suspect, true
 }
 
 // liveCommand reads "name|expires ms"; "" once expired or malformed.

@@ -490,7 +490,7 @@ func (r *Registry) read(ctx context.Context, pool, id string) (now int64, leases
 			}
 			seen[id] = true
 			rows = append(rows, rawWorker{id: id, record: row.str("record"), active: row.str("active"),
-				lifetime: row.str("lifetime"), durations: row.str("durations"), command: row.str("command")})
+				lifetime: row.str("lifetime"), durations: row.str("durations"), command: row.str("command"), hot: row.str("hot")})
 		}
 		cursor = rep.str("cursor")
 		if cursor == "0" || cursor == "" {
@@ -575,7 +575,7 @@ const (
 )
 
 // reconcileKeys are the keys the scan stage walks, by reconcile.lua's names.
-var reconcileKeys = []string{"lf", "fsi", "fsb", "fsp", "ring", "iwrr", "active", "lifetime", "durations", "commands", "vnodes", "retiring"}
+var reconcileKeys = []string{"lf", "fsi", "fsb", "fsp", "ring", "iwrr", "active", "lifetime", "durations", "commands", "vnodes", "hot", "retiring"}
 
 // reconcile runs reconcile.lua's stages over the pool, each in bounded
 // calls (cursor passes). The pass is not atomic: what changes meanwhile is

@@ -182,16 +182,18 @@ if not dry then
 end
 
 local drain = 0
-local record, durations = '', ''
+local record, durations, hot = '', '', ''
 local active, lifetime = 0, 0
 if chosen then
   if not dry then
     cw.active = owner_add(chosen, cw.gen, lid)
     cw.lifetime = cw.lifetime + 1
     redis.call('HSET', K_LIFETIME, chosen, fmt(cw.lifetime))
-    local est = estimate(cw.durations, cfg)
+    -- the new predicted end goes in the hot figures: the record is left as
+    -- it is (see common.lua, "Hot figures")
+    local est = estimate(cw, cfg)
     cw.predicted_end = math.max(now, cw.predicted_end) + est
-    record = store(chosen, cw)
+    store_hot(chosen, cw, cfg.win)
     reindex(chosen, cw, cfg, now, true)
     if cfg.ml > 0 and cw.lifetime >= cfg.ml then
       drain = 1
@@ -206,10 +208,10 @@ if chosen then
     redis.call('ZADD', K_LEXP, fmt(now + tonumber(ARGV[REQ.lease_ttl_ms])), lid)
     client_add(client, lid)
   end
-  -- The reply's record and durations are what the script holds: the
-  -- record as store wrote it (a Pick's as read), the durations as read (a
-  -- claim leaves them).
-  if dry then record = cw.rec end
+  -- The reply's record, durations and hot figures are what the script
+  -- holds: the record and durations as read (a claim leaves them), the hot
+  -- figures as store_hot wrote them (a Pick's as read).
+  record, hot = cw.rec, cw.hot
   durations = cw.dur_raw
   active, lifetime = cw.active, cw.lifetime
 else
@@ -222,7 +224,7 @@ local function bit(b)
 end
 return reply {
   ok = bit(chosen ~= ''), id = chosen, record = record, active = active, lifetime = lifetime,
-  durations = durations, drain = drain, scanned = scanned, stale = stale_ids, bad = bad,
+  durations = durations, hot = hot, drain = drain, scanned = scanned, stale = stale_ids, bad = bad,
   wraps = stats.wraps, effective = stats.effective, dedupes = stats.dedupes, tied = stats.tied, now = now,
   retiring = bit(retiring), retired_stale = retired_stale,
   overridden = overridden, max_concurrent = cfg.mc, max_lifetime = cfg.ml, stagger = bit(cfg.stagger),

@@ -34,6 +34,9 @@
 --                    indexed worker (interleaved weighted round robin)
 --  20 iwrr           HASH id -> the worker's weight; and the round robin's
 --                    cursor in fields ' round' and ' cur' (no id has a space)
+--  21 hot            HASH id -> the figures claims and releases change (see
+--                    "Hot figures"): "<predicted end> <suspect until>", then
+--                    optionally " <window> <count> <window sum> <durations>"
 --
 -- ARGV common to every script: 1 now in ms (0: Redis TIME), 2 the pool's
 -- wakeup channel, 3 the pool name. Script-specific arguments follow.
@@ -63,6 +66,7 @@ local K_RET = KEYS[15]
 local K_OWNER, K_TOMB = KEYS[16], KEYS[17]
 local K_CLIENT = KEYS[18]
 local K_IWRR, K_IWRRW = KEYS[19], KEYS[20]
+local K_HOT = KEYS[21]
 
 -- Lifetime-first score: lifetime descending, then active ascending; members
 -- with equal scores sort by id bytes, which gives the ID ASC tiebreak.
@@ -168,23 +172,49 @@ local function count(s)
   return tonumber(s)
 end
 
--- load_durations returns a worker's durations (nil when one is not a
--- whole number) and the stored string ('' when none).
-local function load_durations(id)
-  local raw = redis.call('HGET', K_DUR, id)
+-- parse_durations returns the entries of a stored durations string (nil
+-- when one is not a whole number; empty entries are skipped).
+local function parse_durations(raw)
   local d = {}
-  if not raw or raw == '' then return d, '' end
+  if not raw or raw == '' then return d end
   for s in string.gmatch(raw, '[^,]+') do
     local n = count(s)
     if not n then return nil end
     d[#d + 1] = n
   end
-  return d, raw
+  return d
 end
 
--- load_worker reads a worker's record, counters and durations. Returns the
--- worker or nil and 'missing' / a reason the record is bad. w.rec and
--- w.dur_raw are the stored record and durations strings, for replies.
+-- load_durations returns a worker's durations (nil when one is not a
+-- whole number) and the stored string ('' when none).
+local function load_durations(id)
+  local raw = redis.call('HGET', K_DUR, id) or ''
+  return parse_durations(raw), raw
+end
+
+-- Hot figures (KEYS 21, hot). What claims and releases change lives
+-- beside the record, not in it, so that they never re-encode the record
+-- (the record's JSON changes only at registration, heartbeat and update):
+-- the predicted end and the end of a suspicion (ms), and the fair-share
+-- estimate's inputs as running figures, so that no claim or release
+-- parses the durations list in the usual case: the window they were
+-- counted for, the list's length and the sum of its last <window>
+-- entries (all of them for window 0), with a copy of the list they were
+-- counted from. The figures hold only while that copy is the stored list;
+-- a list Redis lost or an operator edited no longer matches, and the
+-- next read counts it again (and validates it: a bad list makes the
+-- worker bad, as before). A worker with no hot value (written by a
+-- version without it, or Redis lost it) uses the record's predicted_end
+-- and suspect_until, which every record write keeps as a copy (older
+-- versions read only those).
+
+-- load_worker reads a worker's record, counters, durations and hot
+-- figures. Returns the worker or nil and 'missing' / a reason the record
+-- is bad. w.rec, w.dur_raw and w.hot are the stored record, durations and
+-- hot strings, for replies ('' for no hot value). The durations are
+-- parsed only when the hot figures do not match the list (w.durations
+-- then holds them and w.fs_counted is set: a writing script stores the
+-- figures again, store_hot; otherwise durations_of parses on demand).
 local function load_worker(id)
   local rec = redis.call('HGET', K_WORKERS, id)
   local w, err = decode(rec)
@@ -194,14 +224,60 @@ local function load_worker(id)
   if not a then return nil, 'active count is missing or not a whole number' end
   local l = count(redis.call('HGET', K_LIFETIME, id))
   if not l then return nil, 'lifetime count is missing or not a whole number' end
-  local d, draw = load_durations(id)
-  if not d then return nil, 'durations are not whole numbers' end
-  w.active, w.lifetime, w.durations, w.dur_raw = a, l, d, draw
+  local draw = redis.call('HGET', K_DUR, id) or ''
+  w.active, w.lifetime, w.dur_raw, w.hot = a, l, draw, ''
+  local hot = redis.call('HGET', K_HOT, id)
+  if hot then
+    local pe, su, fw, fl, fs, fraw = string.match(hot, '^(%d+) (%d+) (%d+) (%d+) (%d+) (.*)$')
+    if not pe then pe, su = string.match(hot, '^(%d+) (%d+)$') end
+    pe, su = count(pe), count(su)
+    if pe and su then
+      w.predicted_end, w.suspect_until, w.hot = pe, su, hot
+      if fraw == draw then
+        fw, fl, fs = count(fw), count(fl), count(fs)
+        if fw and fl and fs then w.fs_win, w.fs_len, w.fs_sum = fw, fl, fs end
+      end
+    end
+  end
+  if not w.fs_len then
+    -- no figures for this list: count it (which also validates it)
+    local d = parse_durations(draw)
+    if not d then return nil, 'durations are not whole numbers' end
+    w.durations, w.fs_counted = d, true
+  end
   return w
 end
 
--- store writes the worker's record and returns it as stored (a claim
--- replies with it rather than reading it back).
+-- durations_of returns the worker's durations, oldest first (parsed from
+-- w.dur_raw once; an unparsable list, which load_worker refuses, as none).
+local function durations_of(w)
+  if not w.durations then w.durations = parse_durations(w.dur_raw) or {} end
+  return w.durations
+end
+
+-- fs_count sets the worker's hot figures for window win from its list.
+local function fs_count(w, win)
+  local d = durations_of(w)
+  local n, first, s = #d, 1, 0
+  if win > 0 and n > win then first = n - win + 1 end
+  for i = first, n do s = s + d[i] end
+  w.fs_win, w.fs_len, w.fs_sum, w.fs_counted = win, n, s, true
+end
+
+-- fs_figures returns the list's length and the sum of its last n entries
+-- under window win (n of them), counting only when the hot figures are
+-- missing or were counted for another window (a change of fs_window).
+local function fs_figures(w, win)
+  if not w.fs_len or w.fs_win ~= win then fs_count(w, win) end
+  local n = w.fs_len
+  if win > 0 and n > win then n = win end
+  return w.fs_len, n, w.fs_sum
+end
+
+-- store writes the worker's record and returns it as stored. Only
+-- registration, heartbeat and update write it; predicted_end and
+-- suspect_until go in as copies of the hot figures, for versions that
+-- read only the record.
 local function store(id, w)
   local raw = cjson.encode({
     id = w.id, browser = w.browser, addr = w.addr, path = w.path, status = w.status, gen = w.gen,
@@ -210,27 +286,43 @@ local function store(id, w)
     sig = w.sig,
   })
   redis.call('HSET', K_WORKERS, id, raw)
+  w.rec = raw
   return raw
 end
 
+-- store_hot writes the worker's hot figures (see "Hot figures") and
+-- returns them as stored; the fair-share ones under window win (counted
+-- first when missing). w.dur_raw must be a list that parses (load_worker
+-- refuses others; register.lua gives '' for one it keeps unparsed, which
+-- then matches no stored list).
+local function store_hot(id, w, win)
+  local len, _, sum = fs_figures(w, win)
+  local h = string.format('%d %d %d %d %d ', w.predicted_end, w.suspect_until, win, len, sum) .. w.dur_raw
+  redis.call('HSET', K_HOT, id, h)
+  w.hot = h
+  return h
+end
+
 -- Fair-share estimate (poolifier): moving mean (floor) or median of the
--- last cfg.win durations; cfg.def without history.
-local function estimate(d, cfg)
-  local n = #d
-  if n == 0 then return cfg.def end
-  local first = 1
-  if cfg.win > 0 and n > cfg.win then first = n - cfg.win + 1 end
-  local xs = {}
-  for i = first, n do xs[#xs + 1] = d[i] end
-  local m = #xs
+-- last cfg.win durations; cfg.def without history. The mean comes from
+-- the hot figures (no parse); the median sorts the window.
+local function estimate(w, cfg)
   if cfg.med then
+    local d = durations_of(w)
+    local n = #d
+    if n == 0 then return cfg.def end
+    local first = 1
+    if cfg.win > 0 and n > cfg.win then first = n - cfg.win + 1 end
+    local xs = {}
+    for i = first, n do xs[#xs + 1] = d[i] end
+    local m = #xs
     table.sort(xs)
     if m % 2 == 1 then return xs[(m + 1) / 2] end
     return math.floor((xs[m / 2] + xs[m / 2 + 1]) / 2)
   end
-  local s = 0
-  for _, x in ipairs(xs) do s = s + x end
-  return math.floor(s / m)
+  local _, n, s = fs_figures(w, cfg.win)
+  if n == 0 then return cfg.def end
+  return math.floor(s / n)
 end
 
 local function cap_of(w, cfg)
@@ -409,7 +501,7 @@ local function reindex(id, w, cfg, now, claimed)
     ring_add(id)
     redis.call('ZADD', K_IWRR, 0, iwrr_member(id))
   end
-  fs_place(id, w, estimate(w.durations, cfg), now)
+  fs_place(id, w, estimate(w, cfg), now)
   return new
 end
 
@@ -431,20 +523,28 @@ local function fs_migrate(now)
 end
 
 -- append_duration adds a session's duration (ms) to the worker's list,
--- keeping the last keep (0: all). The usual cases edit the stored string
--- (append; at the window, also drop the oldest) rather than rebuilding it:
--- that needs the string to hold exactly the list, one comma between
--- entries, which load_worker's w.dur_raw does unless it was written with
--- empty entries.
-local function append_duration(id, w, ms, keep)
-  local d = w.durations
-  d[#d + 1] = ms
+-- keeping the last keep (0: all), and moves its hot figures for window win
+-- along (the caller stores them: store_hot). The usual cases edit the
+-- stored string (append; at keep, also drop the oldest) and the window
+-- sum (add the new entry; at the window, take away the one leaving it,
+-- the list's first when the window is the whole list) without parsing
+-- the list. That needs the string to hold exactly the list, one comma
+-- between entries, which load_worker's w.dur_raw does unless it was
+-- written with empty entries; anything else (an untidy string, a list
+-- longer than keep, a window shorter than the list) is rebuilt or
+-- counted from the entries.
+local function append_duration(id, w, ms, keep, win)
+  local len, n, sum = fs_figures(w, win)
   local raw = w.dur_raw
-  local tidy = type(raw) == 'string' and raw ~= '' and not string.find(raw, ',,', 1, true)
+  local tidy = raw ~= '' and not string.find(raw, ',,', 1, true)
     and string.sub(raw, 1, 1) ~= ',' and string.sub(raw, -1) ~= ','
-  local out
-  if keep > 0 and #d > keep + 1 or (#d > 1 and not tidy) then
-    -- the window shrank, or the string is not tidy: rebuild
+  local out, nlen
+  if len == 0 then
+    out, nlen = fmt(ms), 1
+  elseif not tidy or (keep > 0 and len > keep) then
+    -- the window shrank, or the string is not tidy: rebuild and count
+    local d = durations_of(w)
+    d[#d + 1] = ms
     local first = 1
     if keep > 0 and #d > keep then first = #d - keep + 1 end
     local parts, nd = {}, {}
@@ -452,19 +552,33 @@ local function append_duration(id, w, ms, keep)
       parts[#parts + 1] = fmt(d[i])
       nd[#nd + 1] = d[i]
     end
-    w.durations = nd
-    out = table.concat(parts, ',')
-  elseif #d == 1 then
-    out = fmt(ms)
-  elseif keep > 0 and #d > keep then
-    -- at the window: the oldest goes
-    table.remove(d, 1)
-    local c = string.find(raw, ',', 1, true)
-    if c then out = string.sub(raw, c + 1) .. ',' .. fmt(ms) else out = fmt(ms) end
+    w.durations, w.dur_raw = nd, table.concat(parts, ',')
+    fs_count(w, win)
+    redis.call('HSET', K_DUR, id, w.dur_raw)
+    return
   else
-    out = raw .. ',' .. fmt(ms)
+    if keep > 0 and len == keep then
+      -- at keep: the oldest goes
+      local c = string.find(raw, ',', 1, true)
+      if c then out = string.sub(raw, c + 1) .. ',' .. fmt(ms) else out = fmt(ms) end
+      nlen = len
+    else
+      out, nlen = raw .. ',' .. fmt(ms), len + 1
+    end
   end
-  w.dur_raw = out
+  local nn = nlen
+  if win > 0 and nn > win then nn = win end
+  if nn == n + 1 then
+    sum = sum + ms
+  elseif n == len then
+    -- the window was the whole list: its first entry leaves it
+    local c = string.find(raw, ',', 1, true)
+    sum = sum + ms - tonumber(c and string.sub(raw, 1, c - 1) or raw)
+  else
+    sum = nil
+  end
+  w.durations, w.dur_raw = nil, out
+  if sum then w.fs_win, w.fs_len, w.fs_sum = win, nlen, sum else fs_count(w, win) end
   redis.call('HSET', K_DUR, id, out)
 end
 
@@ -647,7 +761,7 @@ local function claim_replay(lid, now)
   end
   local drain = 0
   if l.drain == 1 then drain = 1 end
-  return { -2, l.worker, w.rec, w.active, w.lifetime, w.dur_raw, drain, now }
+  return { -2, l.worker, w.rec, w.active, w.lifetime, w.dur_raw, drain, now, w.hot }
 end
 
 -- lease_free ends a lease: mode 'release' (duration recorded), 'undo'
@@ -679,7 +793,7 @@ local function lease_free(lid, now, mode, suspect_ms, keep)
     w.active = owner_count(id, w.gen)
     redis.call('HSET', K_ACTIVE, id, fmt(w.active))
   end
-  -- the record is rewritten only when a figure it holds changes
+  -- the hot figures are rewritten only when one changes (never the record)
   local dirty = false
   if mode == 'undo' then
     dirty = true
@@ -692,7 +806,8 @@ local function lease_free(lid, now, mode, suspect_ms, keep)
     end
   else
     if mode == 'release' and type(l.claimed) == 'number' then
-      append_duration(id, w, math.max(0, now - l.claimed), keep)
+      append_duration(id, w, math.max(0, now - l.claimed), keep, cfg.win)
+      dirty = true
     end
     -- An idle worker has no queue left: its predicted end is now at most.
     if w.active == 0 and w.predicted_end > now then
@@ -700,7 +815,7 @@ local function lease_free(lid, now, mode, suspect_ms, keep)
       dirty = true
     end
   end
-  if dirty then store(id, w) end
+  if dirty then store_hot(id, w, cfg.win) end
   return true, reindex(id, w, cfg, now)
 end
 
@@ -741,6 +856,7 @@ local function remove_worker(id)
   local n = redis.call('HDEL', K_WORKERS, id)
   n = n + redis.call('HDEL', K_ACTIVE, id) + redis.call('HDEL', K_LIFETIME, id)
   n = n + redis.call('HDEL', K_DUR, id) + redis.call('HDEL', K_CMD, id) + redis.call('HDEL', K_VPOS, id)
+  redis.call('HDEL', K_HOT, id)
   return n
 end
 

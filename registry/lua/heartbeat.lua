@@ -7,7 +7,9 @@
 -- drain, a lowered limit included: it sets the shutdown command (returned
 -- in this reply) unless StaggerDrains is stored and another fresh worker
 -- is restarting (restart_turn); then it waits in the retiring set for a
--- later heartbeat.
+-- later heartbeat. It rewrites the record (with copies of the hot figures,
+-- common.lua's "Hot figures") and stores the hot figures when the worker
+-- has none or its durations had to be counted again.
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id, 5 ttl ms,
@@ -46,6 +48,9 @@ store(id, w)
 local cfg = load_cfg()
 -- back in the indexes (a raised limit): waiting claims may take it
 wake_if(reindex(id, w, cfg, now))
+-- hot figures missing, or counted again (the list or the window changed):
+-- store them, so the claims that follow need not count
+if w.hot == '' or w.fs_counted then store_hot(id, w, cfg.win) end
 if cfg.ml > 0 and w.lifetime >= cfg.ml and w.status == 'available' and not live_command(id, now)
     and (not cfg.stagger or restart_turn(id, now, cfg.stale)) then
   redis.call('HSET', K_CMD, id, 'shutdown|' .. fmt(now + tonumber(ARGV[8])))

@@ -13,7 +13,8 @@
 -- Returns: reply{...} with contract.go's readReply fields: now, leases,
 --   config (flat HGETALL), rows, retiring, cursor, where rows is a flat
 --   list of readRow's fields per worker, added by add_row (id, record,
---   active, lifetime, durations, command; '' for a missing value), retiring the
+--   active, lifetime, durations, command, hot figures; '' for a missing
+--   value), retiring the
 --   members of the retiring set (first chunk of a pool only) and cursor
 --   the next one ('0': done).
 -- Complexity: O(1) for one worker; O(C) per chunk of C workers, plus O(R)
@@ -28,7 +29,7 @@ local function row(id, rec)
   add_row(rows, {
     id = id, record = s(rec), active = s(redis.call('HGET', K_ACTIVE, id)),
     lifetime = s(redis.call('HGET', K_LIFETIME, id)), durations = s(redis.call('HGET', K_DUR, id)),
-    command = s(redis.call('HGET', K_CMD, id)),
+    command = s(redis.call('HGET', K_CMD, id)), hot = s(redis.call('HGET', K_HOT, id)),
   })
 end
 local id, cursor, retiring = ARGV[REQ.id], '0', {}

@@ -22,7 +22,7 @@
 --              from lease_owner), then index entries (idx:*, ring) of no
 --              record or of a worker not indexed under the stored limits
 --              (debris after a change of limits), per-worker fields of no
---              record (active, lifetime, durations, commands, vnodes),
+--              record (active, lifetime, durations, commands, vnodes, hot),
 --              retiring-set members that no longer qualify.
 -- Bad records are reported, not touched (Expire removes them).
 --
@@ -32,7 +32,7 @@
 --   workers: 5 cursor, 6 count
 --   count:   5.. groups of: id, generation, lifetime, k, k lease ids
 --   scan:    5 key name (leases owner client lf fsi fsb fsp ring active lifetime durations
---            commands vnodes retiring), 6 cursor, 7 count
+--            commands vnodes hot retiring), 6 cursor, 7 count
 -- Returns: leases: {freed}; workers: {cursor, fixed, {bad id, reason, ...},
 --   {id, gen, lifetime, active, ...}}; count: {fixed}; scan: {cursor,
 --   fixed, orphans}.
@@ -149,7 +149,8 @@ end
 if stage == 'scan' then
   local which = ARGV[5]
   local zsets = { lf = K_LF, fsi = K_FSI, fsb = K_FSB, fsp = K_FSP, ring = K_RING, iwrr = K_IWRR }
-  local hashes = { active = K_ACTIVE, lifetime = K_LIFETIME, durations = K_DUR, commands = K_CMD, vnodes = K_VPOS }
+  local hashes = { active = K_ACTIVE, lifetime = K_LIFETIME, durations = K_DUR, commands = K_CMD, vnodes = K_VPOS,
+    hot = K_HOT }
   local fixed, orphans = 0, 0
   local cursor
   local ws = {}

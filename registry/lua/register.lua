@@ -24,6 +24,9 @@
 --       15 '1' to register as draining (an agent draining when its record was lost),
 --       16 signature (hex HMAC made by the agent; '' for none: the record has no sig),
 --       17 weight (interleaved weighted round robin, 1-10000).
+-- Writes the record, its counters and its hot figures (common.lua, "Hot
+-- figures": a new registration starts with no predicted end or suspicion;
+-- the same generation keeps its predicted end).
 -- Returns: {active, lifetime} as registered.
 -- Complexity: O(V log N) plus O(A log L) for A live leases of the worker.
 local now = now_ms(ARGV[1])
@@ -38,7 +41,7 @@ local w = {
   id = id, browser = ARGV[5], addr = ARGV[6], path = ARGV[7], status = 'available', gen = gen,
   capacity = tonumber(ARGV[8]), vnodes = tonumber(ARGV[9]), heartbeat = now, registered = now,
   expires = now + tonumber(ARGV[10]), suspect_until = 0, predicted_end = 0,
-  active = 0, lifetime = 0, durations = {},
+  active = 0, lifetime = 0, durations = {}, dur_raw = '',
 }
 if ARGV[15] == '1' then w.status = 'draining' end
 -- The generation's live leases are its sessions whatever was stored
@@ -52,11 +55,16 @@ if carry then
   w.lifetime = math.max(tonumber(ARGV[13]) or 0, w.active, owned_life(id, gen))
   if same then
     w.lifetime = math.max(w.lifetime, prev.lifetime)
-    w.durations = prev.durations
+    w.durations, w.dur_raw = prev.durations, prev.dur_raw
+    w.fs_win, w.fs_len, w.fs_sum = prev.fs_win, prev.fs_len, prev.fs_sum
     w.registered = prev.registered
     w.predicted_end = prev.predicted_end
   else
-    w.durations = load_durations(id) or {}
+    -- kept as stored; a list that does not parse is kept too, and counted
+    -- as empty until a read finds it (the hot figures, counted from '',
+    -- match no stored list)
+    local d, raw = load_durations(id)
+    if d then w.durations, w.dur_raw = d, raw end
   end
 end
 if ARGV[16] and ARGV[16] ~= '' then w.sig = ARGV[16] end
@@ -76,5 +84,6 @@ redis.call('HSET', K_IWRRW, id, ARGV[17])
 local cfg = load_cfg()
 if carry then command_if_spent(id, w, cfg, now, tonumber(ARGV[14]) or 0) end
 reindex(id, w, cfg, now)
+store_hot(id, w, cfg.win)
 wake()
 return { w.active, w.lifetime }

@@ -20,6 +20,9 @@ redis.call('HSET', K_LIFETIME, id, ARGV[7])
 if ARGV[8] == '' then redis.call('HDEL', K_DUR, id) else redis.call('HSET', K_DUR, id, ARGV[8]) end
 redis.call('HSET', K_VPOS, id, ARGV[9])
 redis.call('HSET', K_IWRRW, id, ARGV[10] or '1')
+-- no hot figures: the record's predicted_end and suspect_until stand (as
+-- for a record written by a version without them), and the list is counted
+redis.call('HDEL', K_HOT, id)
 local w = load_worker(id)
 if not w then return 0 end
 -- A worker's active count is its generation's leases (common.lua): write
