@@ -76,8 +76,8 @@ var (
 		{name: "expire_stale", body: luaExpireStale, allowOOM: true},
 		{name: "lease", body: luaLease, allowOOM: true},
 		// Claim writes; Pick runs the same body read-only (dry).
-		{name: "claim", prologue: contractLua("claim.lua", claimArgs, claimReply), body: claimBody(), ro: roAlso},
-		{name: "read", prologue: contractLua("read.lua", readArgs, readReply) + rowsLua("read.lua", readRow), body: luaRead, ro: roOnly},
+		{name: "claim", prologue: contractLua("claim.lua", claimArgs, claimReply), body: contractBody("claim.lua", claimArgs, claimReply, claimBody()), ro: roAlso},
+		{name: "read", prologue: contractLua("read.lua", readArgs, readReply) + rowsLua("read.lua", readRow), body: contractBody("read.lua", readArgs, readReply, luaRead), ro: roOnly},
 		{name: "reconcile", body: luaReconcile},
 		{name: "unlock", body: luaUnlock, allowOOM: true},
 	}
@@ -111,7 +111,7 @@ func claimBody() string {
 // claimSource is claim.lua as one EVAL script: common.lua, its contract
 // prologue and its body (what PickScript gives tools that time it).
 func claimSource() string {
-	return luaCommon + contractLua("claim.lua", claimArgs, claimReply) + claimBody()
+	return luaCommon + contractLua("claim.lua", claimArgs, claimReply) + contractBody("claim.lua", claimArgs, claimReply, claimBody())
 }
 
 // How a script is registered: FCALL_RO runs only functions flagged
