@@ -37,11 +37,23 @@ func TestTombstoneIsTheLeasesOwnEntry(t *testing.T) {
 	if err != nil {
 		t.Fatalf("tombstone %q: %v", tomb, err)
 	}
-	if exp, err := rdb.ZScore(ctx, r.Key("p", keyLeaseExpiry), c.LeaseID).Result(); err != nil || int64(exp) != at {
-		t.Fatalf("lease_expiry[%s] = %v %v; want the tombstone's forget time %d", c.LeaseID, exp, err, at)
-	}
 	if n, _ := rdb.Exists(ctx, r.Key("p", keyCancelled)).Result(); n != 0 {
 		t.Fatal("the release wrote the cancelled set")
+	}
+	// The lease's lease_expiry entry stays where it was; the sweep that
+	// meets it there (here: made due at once) moves it to the forget time.
+	lexp := r.Key("p", keyLeaseExpiry)
+	if exp, err := rdb.ZScore(ctx, lexp, c.LeaseID).Result(); err != nil || int64(exp) >= at {
+		t.Fatalf("lease_expiry[%s] = %v %v after the release; want the lease's expiry, before %d", c.LeaseID, exp, err, at)
+	}
+	if err := rdb.ZAddXX(ctx, lexp, redis.Z{Score: 1, Member: c.LeaseID}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.ExpireLeases(ctx, "p", 10); err != nil || n != 0 {
+		t.Fatalf("sweep: %d leases freed, %v; want none (a tombstone is no lease)", n, err)
+	}
+	if exp, err := rdb.ZScore(ctx, lexp, c.LeaseID).Result(); err != nil || int64(exp) != at {
+		t.Fatalf("lease_expiry[%s] = %v %v after the sweep; want the tombstone's forget time %d", c.LeaseID, exp, err, at)
 	}
 
 	if again, err := claimP(t, r, c.LeaseID); !errors.Is(err, ErrClaimCancelled) {
@@ -59,6 +71,16 @@ func TestTombstoneIsTheLeasesOwnEntry(t *testing.T) {
 	}
 	if a, l, _ := figures(t, r, "w"); a != 0 || l != 1 {
 		t.Fatalf("after the release, its replays and retries: active %d lifetime %d; want 0 and 1", a, l)
+	}
+	// A lease id cancelled before its claim ran has no lease_expiry entry
+	// yet: its tombstone's is written with it.
+	if err := r.Cancel(ctx, "p", "never-ran"); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := rdb.HGet(ctx, r.Key("p", keyLeases), "never-ran").Result()
+	if exp, err := rdb.ZScore(ctx, lexp, "never-ran").Result(); err != nil || !isTombstone(v) ||
+		strconv.FormatInt(int64(exp), 10) != strings.TrimPrefix(v, tombPrefix) {
+		t.Fatalf("cancel before the claim: leases %q, lease_expiry %v %v; want a tombstone scored by its forget time", v, exp, err)
 	}
 
 	// A live lease beside the tombstone: both count right.
@@ -91,6 +113,10 @@ func TestTombstoneForgottenByTheLeaseSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	// (the lease's entry, due at once, as if it had lapsed meanwhile)
+	if err := rdb.ZAddXX(ctx, r.Key("p", keyLeaseExpiry), redis.Z{Score: 1, Member: c.LeaseID}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 5*time.Second, "the tombstone forgotten", func() bool {

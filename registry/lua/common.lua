@@ -483,10 +483,11 @@ end
 -- tombstone for a while, so that a claim run late (after its caller gave
 -- up and cancelled it) claims nothing, and a renewal racing a release does
 -- not bring the lease back. The tombstone is the lease's own entry in
--- leases, rewritten to 'ended:<forget at ms>', with its lease_expiry score
--- moved to the forget time: one record per lease id, one HGET tells a
--- live lease, a tombstone and a new id apart, and one sweep
--- (expire_leases) both expires leases and forgets tombstones. Everything
+-- leases, rewritten to 'ended:<forget at ms>', its lease_expiry entry
+-- moved to the forget time (by the sweep, see tombstone): one record per
+-- lease id, one HGET tells a live lease, a tombstone and a new id apart,
+-- and one sweep (expire_leases) both expires leases and forgets
+-- tombstones. Everything
 -- that reads leases tells the two apart (tomb_until; Go: isTombstone).
 
 local function owner_member(id, gen, lid)
@@ -549,13 +550,16 @@ local function tomb_until(raw)
 end
 
 -- tombstone ends lease lid in place (see "Leases"): its entry becomes the
--- tombstone, its lease_expiry score the forget time. ttl <= 0 keeps no
--- tombstone: both entries go.
-local function tombstone(lid, now, ttl)
+-- tombstone. Its lease_expiry score becomes the forget time, except for a
+-- lease that existed (scored: its entry is there, at the lease's expiry):
+-- the sweep that meets it then moves it to the forget time (expire_leases),
+-- which spares the release a command. ttl <= 0 keeps no tombstone: both
+-- entries go.
+local function tombstone(lid, now, ttl, scored)
   if ttl and ttl > 0 then
     local at = fmt(now + ttl)
     redis.call('HSET', K_LEASES, lid, TOMB .. at)
-    redis.call('ZADD', K_LEXP, at, lid)
+    if not scored then redis.call('ZADD', K_LEXP, at, lid) end
   else
     redis.call('HDEL', K_LEASES, lid)
     redis.call('ZREM', K_LEXP, lid)
@@ -726,26 +730,37 @@ end
 
 -- expire_leases handles up to max entries of lease_expiry that are due:
 -- a lease whose expiry passed is freed and deleted (no tombstone: its
--- holder may renew it, and renewal re-creates it), a tombstone whose time
--- passed is forgotten; max 0 does nothing (a claim that does not sweep
--- this time: the caller chooses, see claimSweep in Go). Returns how many
--- leases it freed, whether a worker re-entered the indexes, and how many
--- entries it handled (max: there may be more).
+-- holder may renew it, and renewal re-creates it); a tombstone whose time
+-- passed is forgotten, one met at its lease's old expiry (see tombstone)
+-- moves to its forget time; max 0 does nothing (a claim that does not
+-- sweep this time: the caller chooses, see claimSweep in Go). Returns how
+-- many leases it freed, whether a worker re-entered the indexes, and how
+-- many entries it handled (max: there may be more).
 local function expire_leases(now, max, keep)
   if not max or max <= 0 then return 0, false, 0 end
   local ids = redis.call('ZRANGEBYSCORE', K_LEXP, '-inf', '(' .. fmt(now), 'LIMIT', 0, max)
   if #ids == 0 then return 0, false, 0 end
-  local n, back = 0, false
+  local n, back, gone, later = 0, false, {}, {}
   for _, lid in ipairs(ids) do
     local raw = redis.call('HGET', K_LEASES, lid)
-    if raw and not tomb_until(raw) then
-      n = n + 1
-      local _, entered = lease_free(lid, raw, now, 'expire', 0, keep)
-      if entered then back = true end
+    local till = raw and tomb_until(raw)
+    if till and till >= now then
+      later[#later + 1] = fmt(till)
+      later[#later + 1] = lid
+    else
+      gone[#gone + 1] = lid
+      if raw and not till then
+        n = n + 1
+        local _, entered = lease_free(lid, raw, now, 'expire', 0, keep)
+        if entered then back = true end
+      end
     end
   end
-  redis.call('HDEL', K_LEASES, unpack(ids))
-  redis.call('ZREM', K_LEXP, unpack(ids))
+  if #gone > 0 then
+    redis.call('HDEL', K_LEASES, unpack(gone))
+    redis.call('ZREM', K_LEXP, unpack(gone))
+  end
+  if #later > 0 then redis.call('ZADD', K_LEXP, unpack(later)) end
   return n, back, #ids
 end
 

@@ -11,9 +11,10 @@
 -- existed, so both are safe to retry, a claim that runs after its caller
 -- cancelled it claims nothing, and a renewal racing a release does not
 -- bring the lease back. The tombstone is the lease's own entry, rewritten
--- in place ('ended:<forget at ms>' in leases, the forget time in
--- lease_expiry: common.lua, "Leases"), so a release writes two entries
--- rather than deleting two and adding a third. Wakes the pool's waiters when a freed slot puts
+-- in place ('ended:<forget at ms>' in leases; its lease_expiry entry
+-- moves to the forget time when the sweep meets it: common.lua, "Leases"),
+-- so a release writes one entry rather than deleting two and adding a
+-- third. Wakes the pool's waiters when a freed slot puts
 -- its worker back in the indexes (wake_if).
 --
 -- Renewal re-asserts what Redis lost: each lease comes with what its
@@ -54,7 +55,7 @@ if op == 'release' or op == 'undo' then
     existed, entered = lease_free(lid, raw, now, op, tonumber(ARGV[7]) or 0, keep)
   end
   -- ended in place: the lease's entry becomes its tombstone
-  tombstone(lid, now, tonumber(ARGV[8]))
+  tombstone(lid, now, tonumber(ARGV[8]), existed)
   wake_if(entered)
   if existed then return 1 end
   return 0
