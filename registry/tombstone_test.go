@@ -151,3 +151,25 @@ func TestReconcileForgetsTheOldCancelledSet(t *testing.T) {
 		t.Fatalf("cancelled after reconcile: %v; want only the entry not yet due", left)
 	}
 }
+
+// A tombstone whose lease_expiry entry was lost (a partial loss) would
+// never be forgotten: reconcile puts the entry back.
+func TestReconcileRestoresATombstonesExpiry(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	if err := r.Cancel(ctx, "p", "lost"); err != nil {
+		t.Fatal(err)
+	}
+	lexp := r.Key("p", keyLeaseExpiry)
+	want, err := rdb.ZScore(ctx, lexp, "lost").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb.ZRem(ctx, lexp, "lost")
+	if _, err := r.Reconcile(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rdb.ZScore(ctx, lexp, "lost").Result(); err != nil || got != want {
+		t.Fatalf("lease_expiry[lost] after reconcile: %v %v; want %v", got, err, want)
+	}
+}

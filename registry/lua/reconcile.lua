@@ -17,7 +17,8 @@
 --              generation's entries in lease_owner, which is exact at that
 --              moment; a worker whose generation changed is left alone.
 --   'scan'     one chunk of one key: lease_owner made to match the
---              leases ('leases': missing entries added; 'owner': entries
+--              leases ('leases': missing entries added, and a tombstone
+--              missing from lease_expiry put back there; 'owner': entries
 --              of no lease removed; likewise lease_client: 'leases' adds
 --              missing entries, 'client' removes those of no lease of
 --              that client; the pass runs these first, so the
@@ -223,7 +224,19 @@ if stage == 'scan' then
     cursor = res[1]
     local kv = res[2]
     for i = 1, #kv, 2 do
-      local ok, l = pcall(cjson.decode, kv[i + 1])
+      local till = tomb_until(kv[i + 1])
+      local ok, l = false, nil
+      if till then
+        -- a tombstone: it has no owner or client entry, and its
+        -- lease_expiry entry is what forgets it (lost with a partial loss:
+        -- written again, else it would stay for ever)
+        if not redis.call('ZSCORE', K_LEXP, kv[i]) then
+          redis.call('ZADD', K_LEXP, fmt(till), kv[i])
+          fixed = fixed + 1
+        end
+      else
+        ok, l = pcall(cjson.decode, kv[i + 1])
+      end
       if ok and type(l) == 'table' and type(l.worker) == 'string' and type(l.gen) == 'string' then
         local m = owner_member(l.worker, l.gen, kv[i])
         if not redis.call('ZSCORE', K_OWNER, m) then
