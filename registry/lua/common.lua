@@ -487,8 +487,8 @@ end
 -- moved to the forget time (by the sweep, see tombstone): one record per
 -- lease id, one HGET tells a live lease, a tombstone and a new id apart,
 -- and one sweep (expire_leases) both expires leases and forgets
--- tombstones. Everything
--- that reads leases tells the two apart (tomb_until; Go: isTombstone).
+-- tombstones. Everything that reads leases tells the two apart
+-- (tomb_until; Go: isTombstone).
 
 local function owner_member(id, gen, lid)
   return id .. ' ' .. gen .. ' ' .. lid
