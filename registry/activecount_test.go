@@ -60,6 +60,9 @@ func activeDrift(ctx context.Context, r *Registry, rdb redis.UniversalClient, po
 	}
 	want := map[string]bool{}
 	for lid, raw := range leases {
+		if isTombstone(raw) {
+			continue
+		}
 		var l struct{ Worker, Gen string }
 		if err := json.Unmarshal([]byte(raw), &l); err != nil {
 			return nil, fmt.Errorf("lease %s: %w", lid, err)

@@ -223,7 +223,9 @@ type PoolInfo struct {
 	Pool       string
 	Workers    []WorkerInfo
 	BadRecords []BadRecord
-	Leases     int
+	// Leases is the pool's live leases (lease_owner's entries; ended
+	// leases' tombstones do not count).
+	Leases int
 	// Limits last written by a claim for this pool (Retiring is false:
 	// see Retiring below).
 	Limits selection.Limits
@@ -519,8 +521,10 @@ func (r *Registry) ExpireStale(ctx context.Context, pool string, ids []string, s
 	return r.expireStale(ctx, pool, ids, staleAfter)
 }
 
-// ExpireLeases removes up to max expired leases of a pool and gives their
-// slots back; it returns how many it removed.
+// ExpireLeases handles up to max due entries of a pool's lease expiry
+// set: expired leases are removed and their slots given back, ended
+// leases' tombstones past their time forgotten. It returns how many
+// leases it removed.
 func (r *Registry) ExpireLeases(ctx context.Context, pool string, max int) (int, error) {
 	return r.expireLeases(ctx, pool, max)
 }

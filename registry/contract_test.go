@@ -138,3 +138,35 @@ func TestContractArgvUnset(t *testing.T) {
 		t.Fatalf("list with chunk unset: %v, want an error naming chunk", err)
 	}
 }
+
+// contractBody turns names into positions when the library is built: the
+// reply in the contract's order whatever the source's, comments and
+// nested brackets kept apart, the source's line count kept, and any name
+// the contract does not have (or a field missing or set twice) refused.
+func TestContractBodyCompiles(t *testing.T) {
+	args, rep := []string{"a", "b"}, []string{"x", "y", "z"}
+	src := "local v = ARGV[REQ.b]\nreturn reply {\n  z = f(1, {2, 3}), -- a comment, with a comma\n  x = 'a,}', y = ARGV[REQ.a],\n}\nlocal after = 1\n"
+	got := contractBody("t.lua", args, rep, src)
+	if !strings.Contains(got, "local v = ARGV[5]\n") || !strings.Contains(got, "return {'a,}', ARGV[4], f(1, {2, 3})}") {
+		t.Fatalf("compiled:\n%s", got)
+	}
+	if strings.Count(got, "\n") != strings.Count(src, "\n") || !strings.HasSuffix(got, "\nlocal after = 1\n") {
+		t.Fatalf("line count %d, source's %d:\n%s", strings.Count(got, "\n"), strings.Count(src, "\n"), got)
+	}
+	for name, bad := range map[string]string{
+		"unknown argument": "return ARGV[REQ.c]",
+		"missing field":    "return reply { x = 1, y = 2 }",
+		"unknown field":    "return reply { x = 1, y = 2, z = 3, w = 4 }",
+		"field twice":      "return reply { x = 1, y = 2, z = 3, x = 4 }",
+		"not closed":       "return reply { x = 1, y = 2, z = 3",
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: %q compiled", name, bad)
+				}
+			}()
+			contractBody("t.lua", args, rep, bad)
+		}()
+	}
+}

@@ -17,8 +17,8 @@ const (
 	keyDurations   = "durations"     // HASH id -> "ms,ms,..." oldest first
 	keyCommands    = "commands"      // HASH id -> "shutdown|<expires ms>"
 	keyVnodes      = "vnodes"        // HASH id -> ring positions
-	keyLeases      = "leases"        // HASH lease id -> lease (JSON)
-	keyLeaseExpiry = "lease_expiry"  // ZSET lease id by expiry ms
+	keyLeases      = "leases"        // HASH lease id -> lease (JSON), or its tombstone (tombPrefix + forget at ms)
+	keyLeaseExpiry = "lease_expiry"  // ZSET lease id by expiry ms (a tombstone's: forget at)
 	keyConfig      = "config"        // HASH the pool's limits
 	keyIdxLifetime = "idx:lifetime"  // ZSET lifetime-first index
 	keyIdxRing     = "idx:ring"      // ZSET (lex) "<pos hex>:<id>"
@@ -30,7 +30,10 @@ const (
 	keyReaperLock  = "reaper_lock"   // STRING held while a reaper works on the pool
 	// Lease ownership and tombstones (see lua/common.lua, "Leases").
 	keyLeaseOwner = "lease_owner" // ZSET (lex, scores 0) "<worker id> <gen> <lease id>" per lease
-	keyCancelled  = "cancelled"   // ZSET lease id of an ended or cancelled lease, score = forget at (ms)
+	// An older version's tombstones (lease id by forget at, ms): read by
+	// nobody now, forgotten by reconcile as they come due (docs/redis.md,
+	// upgrading). Tombstones live in leases (tombPrefix).
+	keyCancelled = "cancelled"
 	// Per-client live sessions (see lua/common.lua, "Clients").
 	keyLeaseClient = "lease_client" // ZSET (lex, scores 0) "<client hash> <lease id>" per lease with a client
 	// Interleaved weighted round robin (see lua/common.lua, KEYS 19-20):
@@ -42,6 +45,15 @@ const (
 	// lua/common.lua, "Hot figures").
 	keyHot = "hot" // HASH id -> "<predicted end> <suspect until>[ <window> <count> <sum> <durations>]"
 )
+
+// tombPrefix starts the value of a lease id in leases once the lease
+// ended (released, undone or cancelled): "ended:<forget at, Unix ms>". A
+// live lease is a JSON object. Keep in step with lua/common.lua's TOMB.
+const tombPrefix = "ended:"
+
+// isTombstone reports whether v, a value of leases, is an ended lease's
+// tombstone rather than a lease.
+func isTombstone(v string) bool { return strings.HasPrefix(v, tombPrefix) }
 
 // poolWide names the keys a pool's version groups share with the pool
 // (Key gives a group the pool's own): its config (limits, epoch) and its

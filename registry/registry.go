@@ -592,11 +592,13 @@ func (r *Registry) reconcile(ctx context.Context, pool string) (ReconcileResult,
 	n := func(v any) int { x, _ := v.(int64); return int(x) }
 	for {
 		res, err := r.run(ctx, scriptReconcile, pool, 0, "leases", r.opts.DurationWindow, reconcileLeases).Slice()
-		if err != nil || len(res) != 1 {
+		if err != nil || len(res) != 2 {
 			return fail("freeing expired leases", replyErr(err, res))
 		}
 		out.LeasesFreed += n(res[0])
-		if n(res[0]) < reconcileLeases {
+		// (tombstones share lease_expiry: a call may free fewer leases
+		// than it handled entries)
+		if n(res[1]) == 0 {
 			break
 		}
 	}
@@ -641,6 +643,9 @@ func (r *Registry) reconcile(ctx context.Context, pool string) (ReconcileResult,
 			return fail("reading leases", err)
 		}
 		for i := 0; i+1 < len(kv); i += 2 {
+			if isTombstone(kv[i+1]) {
+				continue
+			}
 			var l struct {
 				Worker string `json:"worker"`
 				Gen    string `json:"gen"`

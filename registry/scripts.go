@@ -79,8 +79,8 @@ var (
 		{name: "lease", body: luaLease, allowOOM: true},
 		// Claim writes; Pick runs the same body read-only (dry). The walks
 		// are made once, at load (claimWalks).
-		{name: "claim", prologue: contractLua("claim.lua", claimArgs, claimReply) + claimWalks(), body: luaClaim, ro: roAlso},
-		{name: "read", prologue: contractLua("read.lua", readArgs, readReply) + rowsLua("read.lua", readRow), body: luaRead, ro: roOnly},
+		{name: "claim", prologue: contractLua("claim.lua", claimArgs, claimReply) + claimWalks(), body: contractBody("claim.lua", claimArgs, claimReply, luaClaim), ro: roAlso},
+		{name: "read", prologue: contractLua("read.lua", readArgs, readReply) + rowsLua("read.lua", readRow), body: contractBody("read.lua", readArgs, readReply, luaRead), ro: roOnly},
 		{name: "reconcile", body: luaReconcile},
 		{name: "unlock", body: luaUnlock, allowOOM: true},
 	}
@@ -116,7 +116,7 @@ func claimWalks() string {
 // prologue, its walks and its body (what PickScript gives tools that time
 // it).
 func claimSource() string {
-	return luaCommon + contractLua("claim.lua", claimArgs, claimReply) + claimWalks() + luaClaim
+	return luaCommon + contractLua("claim.lua", claimArgs, claimReply) + claimWalks() + contractBody("claim.lua", claimArgs, claimReply, luaClaim)
 }
 
 // How a script is registered: FCALL_RO runs only functions flagged

@@ -4,7 +4,8 @@ import "sync/atomic"
 
 // claimSweepEvery is how often a claim frees expired leases and forgets
 // old tombstones before it walks (1 in this many claims of a Registry).
-// The sweep is two range reads at the top of the claim script; on the
+// The sweep is one range read of lease_expiry (expired leases and due
+// tombstones both) at the top of the claim script; on the
 // other claims the script skips it (it receives 0 as its sweep size).
 // No answer depends on it: a claim that skipped the sweep and found no
 // worker, or found its client at its limit, runs once more with the sweep

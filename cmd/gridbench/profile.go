@@ -291,7 +291,8 @@ return { 1, 'w00001', ARGV[24], 1, 2, '', 0, 1, {}, {}, 0, 1, 0, 0, now, 0, {}, 
 `
 
 // profNamed reads the claim's arguments by name and builds its reply by
-// name, through the prologue registry/contract.go generates: what the
+// name, through the prologue registry/contract.go generates and its
+// compilation into positions (ClaimContractBody): what the
 // named contract costs over profPositional.
 func profNamed() string {
 	lua, args, reply := registry.ClaimContractLua()
@@ -301,12 +302,14 @@ func profNamed() string {
 	for i, a := range args {
 		fmt.Fprintf(&b, "local v%d = ARGV[REQ.%s]\n", i, a)
 	}
-	b.WriteString("return reply {\n")
+	var body strings.Builder
+	body.WriteString("return reply {\n")
 	for i, f := range reply {
-		fmt.Fprintf(&b, "  %s = v%d,\n", f, i%len(args))
+		fmt.Fprintf(&body, "  %s = v%d,\n", f, i%len(args))
 	}
-	b.WriteString("}\n")
-	return b.String()
+	body.WriteString("}\n")
+	// the names compiled into positions, as the registry's library does
+	return registry.ClaimContractBody(b.String() + body.String())
 }
 
 // profJSON decodes a claim request of the same fields from one cjson

@@ -480,10 +480,11 @@ func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int) ([]t
 	}
 	cad1 := tgtProcCPU(cad.cmd.Process.Pid)
 	// Releases run in Caddy after the client's close: wait until every
-	// lease has ended before reading the counters.
-	leases := "{grid:" + pool + "}:leases"
+	// lease has ended before reading the counters (lease_owner holds one
+	// entry per live lease; leases also holds ended ones' tombstones).
+	owners := "{grid:" + pool + "}:lease_owner"
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		l, err := rdb.HLen(ctx, leases).Result()
+		l, err := rdb.ZCard(ctx, owners).Result()
 		if err != nil {
 			return nil, err
 		}

@@ -10,8 +10,11 @@
 --   4 durations      HASH id -> recent session durations in ms, "d1,d2,..." oldest first
 --   5 commands       HASH id -> "shutdown|<expires ms>"
 --   6 vnodes         HASH id -> the worker's ring positions, 32 hex chars each, space separated
---   7 leases         HASH lease id -> lease (JSON object)
---   8 lease_expiry   ZSET lease id, score = expiry (ms)
+--   7 leases         HASH lease id -> lease (JSON object), or the lease's tombstone
+--                    'ended:<forget at ms>' once it was released, undone or
+--                    cancelled (see "Leases")
+--   8 lease_expiry   ZSET lease id, score = expiry (ms) of a lease, or when to
+--                    forget a tombstone
 --   9 config         HASH the pool's limits in force: max_concurrent, max_lifetime,
 --                    stagger_drains, fs_window, fs_median, fs_default_ms, set_at
 --                    (ms, the time of the configuration that brought them; the
@@ -26,8 +29,9 @@
 --                    limit, or with a shutdown command (see retire_sync)
 --  16 lease_owner    ZSET (lex, all scores 0) "<worker id> <gen> <lease id>" for
 --                    every lease: who owns it, by worker and registration generation
---  17 cancelled      ZSET lease ids that were ended or cancelled (tombstones),
---                    score = when to forget them (ms)
+--  17 cancelled      ZSET tombstones of a version before tombstones moved into
+--                    leases (lease id, score = when to forget it, ms): nothing
+--                    reads it; reconcile forgets its due entries (rolling upgrade)
 --  18 lease_client   ZSET (lex, all scores 0) "<client hash> <lease id>" for
 --                    every lease claimed with a client key (see "Clients")
 --  19 idx:iwrr       ZSET (lex, all scores 0) "<weight, 6 digits>:<id>" for every
@@ -590,9 +594,15 @@ end
 -- leases (owner_count); every script that adds or removes a lease sets
 -- the active hash from it, so readers and the indexes keep reading one
 -- field. A lease that was released, undone or cancelled leaves a
--- tombstone (cancelled) for a while, so that a claim run late (after its
--- caller gave up and cancelled it) claims nothing, and a renewal racing a
--- release does not bring the lease back.
+-- tombstone for a while, so that a claim run late (after its caller gave
+-- up and cancelled it) claims nothing, and a renewal racing a release does
+-- not bring the lease back. The tombstone is the lease's own entry in
+-- leases, rewritten to 'ended:<forget at ms>', its lease_expiry entry
+-- moved to the forget time (by the sweep, see tombstone): one record per
+-- lease id, one HGET tells a live lease, a tombstone and a new id apart,
+-- and one sweep (expire_leases) both expires leases and forgets
+-- tombstones. Everything that reads leases tells the two apart
+-- (tomb_until; Go: isTombstone).
 
 local function owner_member(id, gen, lid)
   return id .. ' ' .. gen .. ' ' .. lid
@@ -641,21 +651,33 @@ local function owned_life(id, gen)
   return best
 end
 
--- tombstoned: the lease was ended or cancelled, and not long enough ago to
--- be forgotten.
-local function tombstoned(lid, now)
-  local s = redis.call('ZSCORE', K_TOMB, lid)
-  return s and tonumber(s) >= now
+-- TOMB prefixes a tombstone's value in leases (a lease is a JSON object,
+-- '{...'); keys.go's tombPrefix is the same.
+local TOMB = 'ended:'
+
+-- tomb_until returns when the tombstone raw (a value of leases) is to be
+-- forgotten (ms), or nil when raw is a lease. A lease costs one byte test.
+local function tomb_until(raw)
+  if string.byte(raw, 1) ~= 101 then return nil end -- 'e'
+  local at = string.match(raw, '^ended:(%d+)$')
+  return at and tonumber(at)
 end
 
-local function tombstone(lid, now, ttl)
-  if ttl and ttl > 0 then redis.call('ZADD', K_TOMB, fmt(now + ttl), lid) end
-end
-
--- sweep_tombstones forgets up to max tombstones whose time has passed.
-local function sweep_tombstones(now, max)
-  local ids = redis.call('ZRANGEBYSCORE', K_TOMB, '-inf', '(' .. fmt(now), 'LIMIT', 0, max)
-  if #ids > 0 then redis.call('ZREM', K_TOMB, unpack(ids)) end
+-- tombstone ends lease lid in place (see "Leases"): its entry becomes the
+-- tombstone. Its lease_expiry score becomes the forget time, except for a
+-- lease that existed (scored: its entry is there, at the lease's expiry):
+-- the sweep that meets it then moves it to the forget time (expire_leases),
+-- which spares the release a command. ttl <= 0 keeps no tombstone: both
+-- entries go.
+local function tombstone(lid, now, ttl, scored)
+  if ttl and ttl > 0 then
+    local at = fmt(now + ttl)
+    redis.call('HSET', K_LEASES, lid, TOMB .. at)
+    if not scored then redis.call('ZADD', K_LEXP, at, lid) end
+  else
+    redis.call('HDEL', K_LEASES, lid)
+    redis.call('ZREM', K_LEXP, lid)
+  end
 end
 
 -- command_if_spent sets the shutdown command of a worker at or past the
@@ -738,13 +760,16 @@ end
 
 -- claim_replay answers a claim whose lease id was used before: the same
 -- claim again while its lease lives ({-2, ...}, see claim.lua), or
--- {-1, 'cancelled'} when the lease was ended or cancelled. A lease whose
--- worker is gone or registered anew is dropped and the claim runs afresh.
--- nil: a new lease id.
+-- {-1, 'cancelled'} when the lease was ended or cancelled (its tombstone is
+-- not yet due). A lease whose worker is gone or registered anew is dropped
+-- and the claim runs afresh. nil: a new lease id (or a tombstone past its
+-- time, which the claim overwrites). One HGET for a new id.
 local function claim_replay(lid, now)
   local raw = redis.call('HGET', K_LEASES, lid)
-  if not raw then
-    if tombstoned(lid, now) then return { -1, 'cancelled' } end
+  if not raw then return nil end
+  local till = tomb_until(raw)
+  if till then
+    if till >= now then return { -1, 'cancelled' } end
     return nil
   end
   local ok, l = pcall(cjson.decode, raw)
@@ -764,17 +789,16 @@ local function claim_replay(lid, now)
   return { -2, l.worker, w.rec, w.active, w.lifetime, w.dur_raw, drain, now, w.hot }
 end
 
--- lease_free ends a lease: mode 'release' (duration recorded), 'undo'
+-- lease_free gives back what lease lid (raw: its value in leases, a lease
+-- and not a tombstone) held: mode 'release' (duration recorded), 'undo'
 -- (lifetime given back, shutdown withdrawn, worker suspect) or 'expire'
--- (the holder stopped renewing). Counters move only when the lease belongs
--- to the worker's current registration. Returns true when the lease existed.
--- The second result is true when the worker re-entered the indexes (a
--- waiting claim may take it: see wake_if).
-local function lease_free(lid, now, mode, suspect_ms, keep)
-  local raw = redis.call('HGET', K_LEASES, lid)
-  redis.call('ZREM', K_LEXP, lid)
-  if not raw then return false, false end
-  redis.call('HDEL', K_LEASES, lid)
+-- (the holder stopped renewing). Its entries in leases and lease_expiry
+-- are the caller's (tombstone, or deleted by expire_leases). Counters
+-- move only when the lease belongs to the worker's current registration.
+-- Returns true when the lease existed (always: raw is one). The second
+-- result is true when the worker re-entered the indexes (a waiting claim
+-- may take it: see wake_if).
+local function lease_free(lid, raw, now, mode, suspect_ms, keep)
   local ok, l = pcall(cjson.decode, raw)
   if ok then client_drop(l, lid) end
   if not ok or type(l) ~= 'table' or type(l.worker) ~= 'string' then return true, false end
@@ -819,21 +843,40 @@ local function lease_free(lid, now, mode, suspect_ms, keep)
   return true, reindex(id, w, cfg, now)
 end
 
--- expire_leases frees up to max leases whose expiry has passed (and
--- forgets as many old tombstones); max 0 does nothing (a claim that does
--- not sweep this time: the caller chooses, see claimSweep in Go). Returns
--- how many it freed and whether a worker re-entered the indexes.
+-- expire_leases handles up to max entries of lease_expiry that are due:
+-- a lease whose expiry passed is freed and deleted (no tombstone: its
+-- holder may renew it, and renewal re-creates it); a tombstone whose time
+-- passed is forgotten, one met at its lease's old expiry (see tombstone)
+-- moves to its forget time; max 0 does nothing (a claim that does not
+-- sweep this time: the caller chooses, see claimSweep in Go). Returns how
+-- many leases it freed, whether a worker re-entered the indexes, and how
+-- many entries it handled (max: there may be more).
 local function expire_leases(now, max, keep)
-  if not max or max <= 0 then return 0, false end
-  sweep_tombstones(now, max)
+  if not max or max <= 0 then return 0, false, 0 end
   local ids = redis.call('ZRANGEBYSCORE', K_LEXP, '-inf', '(' .. fmt(now), 'LIMIT', 0, max)
-  local n, back = 0, false
+  if #ids == 0 then return 0, false, 0 end
+  local n, back, gone, later = 0, false, {}, {}
   for _, lid in ipairs(ids) do
-    local existed, entered = lease_free(lid, now, 'expire', 0, keep)
-    if existed then n = n + 1 end
-    if entered then back = true end
+    local raw = redis.call('HGET', K_LEASES, lid)
+    local till = raw and tomb_until(raw)
+    if till and till >= now then
+      later[#later + 1] = fmt(till)
+      later[#later + 1] = lid
+    else
+      gone[#gone + 1] = lid
+      if raw and not till then
+        n = n + 1
+        local _, entered = lease_free(lid, raw, now, 'expire', 0, keep)
+        if entered then back = true end
+      end
+    end
   end
-  return n, back
+  if #gone > 0 then
+    redis.call('HDEL', K_LEASES, unpack(gone))
+    redis.call('ZREM', K_LEXP, unpack(gone))
+  end
+  if #later > 0 then redis.call('ZADD', K_LEXP, unpack(later)) end
+  return n, back, #ids
 end
 
 local function wake()

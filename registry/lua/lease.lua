@@ -10,7 +10,11 @@
 -- (generation). Release and undo leave a tombstone whether or not the lease
 -- existed, so both are safe to retry, a claim that runs after its caller
 -- cancelled it claims nothing, and a renewal racing a release does not
--- bring the lease back. Wakes the pool's waiters when a freed slot puts
+-- bring the lease back. The tombstone is the lease's own entry, rewritten
+-- in place ('ended:<forget at ms>' in leases; its lease_expiry entry
+-- moves to the forget time when the sweep meets it: common.lua, "Leases"),
+-- so a release writes one entry rather than deleting two and adding a
+-- third. Wakes the pool's waiters when a freed slot puts
 -- its worker back in the indexes (wake_if).
 --
 -- Renewal re-asserts what Redis lost: each lease comes with what its
@@ -29,10 +33,12 @@
 --            lease id, worker id, generation, claimed ms, lifetime, client hash
 --            ('' none: a re-created lease counts for its client again)
 --   expire:  6 max leases
--- Returns: release/undo: 1 when the lease existed, else 0; renew:
+-- Returns: release/undo: 1 when the lease existed, else 0 (missing, or
+--   ended already: a retry leaves its tombstone as it is); renew:
 --   {{re-created lease ids}, {ended (tombstoned) lease ids}}; expire: how
 --   many leases were freed.
--- Complexity: O(V log N) per lease freed (V only when a worker re-enters the
+-- Complexity: release/undo O(log L) for the lease's own entries plus
+--   O(V log N) per lease freed (V only when a worker re-enters the
 --   indexes); renew O(M log L) for M leases, plus O(V log N) per worker
 --   whose leases were re-created.
 local now = now_ms(ARGV[1])
@@ -40,10 +46,18 @@ local op = ARGV[4]
 local keep = tonumber(ARGV[5])
 if op == 'release' or op == 'undo' then
   local lid = ARGV[6]
-  local ok, entered = lease_free(lid, now, op, tonumber(ARGV[7]) or 0, keep)
-  tombstone(lid, now, tonumber(ARGV[8]))
+  local raw = redis.call('HGET', K_LEASES, lid)
+  local till = raw and tomb_until(raw)
+  -- already ended (a retry): nothing moves, the tombstone stays as it is
+  if till and till >= now then return 0 end
+  local existed, entered = false, false
+  if raw and not till then
+    existed, entered = lease_free(lid, raw, now, op, tonumber(ARGV[7]) or 0, keep)
+  end
+  -- ended in place: the lease's entry becomes its tombstone
+  tombstone(lid, now, tonumber(ARGV[8]), existed)
   wake_if(entered)
-  if ok then return 1 end
+  if existed then return 1 end
   return 0
 elseif op == 'renew' then
   local exp = fmt(now + tonumber(ARGV[6]))
@@ -56,11 +70,14 @@ elseif op == 'renew' then
     local client = ARGV[i + 5]
     local claimed, life = tonumber(ARGV[i + 3]) or 0, tonumber(ARGV[i + 4]) or 0
     if claimed <= 0 or claimed > now then claimed = now end
-    if redis.call('HEXISTS', K_LEASES, lid) == 1 then
+    local raw = redis.call('HGET', K_LEASES, lid)
+    local till = raw and tomb_until(raw)
+    if raw and not till then
       redis.call('ZADD', K_LEXP, exp, lid)
-    elseif tombstoned(lid, now) then
+    elseif till and till >= now then
       ended[#ended + 1] = lid
     else
+      -- missing, or a tombstone past its time (overwritten)
       local lease = { worker = wid, gen = gen, claimed = claimed, est = 0, drain = 0, holder = holder, life = life }
       if client ~= '' then lease.client = client end
       redis.call('HSET', K_LEASES, lid, cjson.encode(lease))

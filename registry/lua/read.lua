@@ -10,8 +10,9 @@
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: the common three, then registry/contract.go's readArgs: id ('' =
 --   the pool), cursor ('0' to start), chunk (HSCAN COUNT).
--- Returns: reply{...} with contract.go's readReply fields: now, leases,
---   config (flat HGETALL), rows, retiring, cursor, where rows is a flat
+-- Returns: reply{...} with contract.go's readReply fields: now, leases
+--   (live leases: lease_owner's entries, one per lease; leases also holds
+--   tombstones), config (flat HGETALL), rows, retiring, cursor, where rows is a flat
 --   list of readRow's fields per worker, added by add_row (id, record,
 --   active, lifetime, durations, command, hot figures; '' for a missing
 --   value), retiring the
@@ -44,6 +45,6 @@ else
   if ARGV[REQ.cursor] == '0' then retiring = redis.call('SMEMBERS', K_RET) end
 end
 return reply {
-  now = now, leases = redis.call('HLEN', K_LEASES), config = redis.call('HGETALL', K_CFG), rows = rows,
+  now = now, leases = redis.call('ZCARD', K_OWNER), config = redis.call('HGETALL', K_CFG), rows = rows,
   retiring = retiring, cursor = cursor,
 }

@@ -2,7 +2,10 @@
 -- pool. The pass (reconcile in registry.go) runs these stages, each in
 -- calls of a bounded size, so that no call blocks Redis for long at any
 -- pool size (cursor passes: HSCAN / ZSCAN / SSCAN with a COUNT):
---   'leases'   frees up to ARGV 6 expired leases.
+--   'leases'   handles up to ARGV 6 due entries of lease_expiry (expired
+--              leases freed, tombstones forgotten; see common.lua,
+--              "Leases") and forgets up to as many due entries of the
+--              cancelled set an older version wrote.
 --   'workers'  one chunk of workers (HSCAN): each is put in exactly the
 --              indexes its figures call for under the stored limits (ring
 --              positions included), in the retiring set when draining, at
@@ -14,7 +17,8 @@
 --              generation's entries in lease_owner, which is exact at that
 --              moment; a worker whose generation changed is left alone.
 --   'scan'     one chunk of one key: lease_owner made to match the
---              leases ('leases': missing entries added; 'owner': entries
+--              leases ('leases': missing entries added, and a tombstone
+--              missing from lease_expiry put back there; 'owner': entries
 --              of no lease removed; likewise lease_client: 'leases' adds
 --              missing entries, 'client' removes those of no lease of
 --              that client; the pass runs these first, so the
@@ -33,7 +37,8 @@
 --   count:   5.. groups of: id, generation, lifetime, k, k lease ids
 --   scan:    5 key name (leases owner client lf fsi fsb fsp ring active lifetime durations
 --            commands vnodes hot retiring), 6 cursor, 7 count
--- Returns: leases: {freed}; workers: {cursor, fixed, {bad id, reason, ...},
+-- Returns: leases: {leases freed, 1 when either key may hold more due
+--   entries (Go calls again), else 0}; workers: {cursor, fixed, {bad id, reason, ...},
 --   {id, gen, lifetime, active, ...}}; count: {fixed}; scan: {cursor,
 --   fixed, orphans}.
 -- Complexity: leases O(M V log N) for M <= max; workers O(C V log N) for a
@@ -63,9 +68,18 @@ local now = now_ms(ARGV[1])
 local stage = ARGV[4]
 
 if stage == 'leases' then
-  local freed = expire_leases(now, tonumber(ARGV[6]), tonumber(ARGV[5]))
+  local max = tonumber(ARGV[6])
+  local freed, _, handled = expire_leases(now, max, tonumber(ARGV[5]))
   if freed > 0 then wake() end
-  return { freed }
+  -- Rolling upgrade: a version before tombstones moved into leases kept
+  -- them in cancelled, which nothing reads now (a lease id is only ever
+  -- ended by the Caddy that claimed it, which runs one version); forget
+  -- its due entries, so the key empties and goes once that version is gone.
+  local old = redis.call('ZRANGEBYSCORE', K_TOMB, '-inf', '(' .. fmt(now), 'LIMIT', 0, max)
+  if #old > 0 then redis.call('ZREM', K_TOMB, unpack(old)) end
+  local more = 0
+  if handled >= max or #old >= max then more = 1 end
+  return { freed, more }
 end
 
 local cfg = load_cfg()
@@ -211,7 +225,19 @@ if stage == 'scan' then
     cursor = res[1]
     local kv = res[2]
     for i = 1, #kv, 2 do
-      local ok, l = pcall(cjson.decode, kv[i + 1])
+      local till = tomb_until(kv[i + 1])
+      local ok, l = false, nil
+      if till then
+        -- a tombstone: it has no owner or client entry, and its
+        -- lease_expiry entry is what forgets it (lost with a partial loss:
+        -- written again, else it would stay for ever)
+        if not redis.call('ZSCORE', K_LEXP, kv[i]) then
+          redis.call('ZADD', K_LEXP, fmt(till), kv[i])
+          fixed = fixed + 1
+        end
+      else
+        ok, l = pcall(cjson.decode, kv[i + 1])
+      end
       if ok and type(l) == 'table' and type(l.worker) == 'string' and type(l.gen) == 'string' then
         local m = owner_member(l.worker, l.gen, kv[i])
         if not redis.call('ZSCORE', K_OWNER, m) then
