@@ -657,10 +657,13 @@ local TOMB = 'ended:'
 
 -- tomb_until returns when the tombstone raw (a value of leases) is to be
 -- forgotten (ms), or nil when raw is a lease. A lease costs one byte test.
+-- Every value with the prefix is a tombstone (as keys.go's isTombstone
+-- says); one whose time is not a count (count: at most 15 digits) is due
+-- at once, 0: a time past 2^63 would be written back by fmt as no number
+-- (a negative score), due again at every sweep.
 local function tomb_until(raw)
-  if string.byte(raw, 1) ~= 101 then return nil end -- 'e'
-  local at = string.match(raw, '^ended:(%d+)$')
-  return at and tonumber(at)
+  if string.byte(raw, 1) ~= 101 or string.sub(raw, 1, 6) ~= TOMB then return nil end -- 'e'
+  return count(string.sub(raw, 7)) or 0
 end
 
 -- tombstone ends lease lid in place (see "Leases"): its entry becomes the
