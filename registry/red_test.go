@@ -2,6 +2,8 @@ package registry
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -37,5 +39,49 @@ func TestTombstoneHostileForgetTimeIsForgotten(t *testing.T) {
 	due, err := rdb.ZCount(ctx, lexp, "-inf", strconv.FormatInt(time.Now().UnixMilli(), 10)).Result()
 	if err != nil || due != 0 {
 		t.Fatalf("%d lease_expiry entries still due after reconcile (%v); want none", due, err)
+	}
+}
+
+// A worker marked suspect in its record only (by a version without hot
+// figures: its Undo and Cancel write suspect_until into the record, during
+// a rolling upgrade; or by hand) stays suspect for this version too, hot
+// figures or not: a suspicion only ever grows until the worker registers
+// anew, which writes both, so the later of the two is the one in force.
+func TestRecordSuspicionWinsOverOlderHotFigures(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	mustRegister(t, r, capReg("w", "gen-1", 2))
+	c, err := claimP(t, r, "lease-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := rdb.HExists(ctx, r.Key("p", keyHot), "w").Result(); !n {
+		t.Fatal("no hot figures after a claim and a release")
+	}
+	// an older version's undo: the record's suspect_until, not hot
+	recKey := r.Key("p", keyWorkers)
+	raw, err := rdb.HGet(ctx, recKey, "w").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+		t.Fatal(err)
+	}
+	until := time.Now().Add(time.Hour).UnixMilli()
+	rec["suspect_until"] = until
+	b, _ := json.Marshal(rec)
+	if err := rdb.HSet(ctx, recKey, "w", string(b)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := r.Worker(ctx, "p", "w")
+	if err != nil || w.SuspectUntil.UnixMilli() != until {
+		t.Fatalf("Worker: suspect until %v (%v), want %d", w.SuspectUntil, err, until)
+	}
+	if c, err := claimP(t, r, "lease-2"); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("claim of a worker suspect by its record: %+v %v; want ErrNoWorker", c, err)
 	}
 }

@@ -236,7 +236,9 @@ local function load_worker(id)
     if not pe then pe, su = string.match(hot, '^(%d+) (%d+)$') end
     pe, su = count(pe), count(su)
     if pe and su then
-      w.predicted_end, w.suspect_until, w.hot = pe, su, hot
+      -- the later suspicion: an older version's undo (or a hand edit)
+      -- writes the record's only, and only registration lowers one (both)
+      w.predicted_end, w.suspect_until, w.hot = pe, math.max(su, w.suspect_until), hot
       if fraw == draw then
         fw, fl, fs = count(fw), count(fl), count(fs)
         if fw and fl and fs then w.fs_win, w.fs_len, w.fs_sum = fw, fl, fs end
