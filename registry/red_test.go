@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/browsergrid/caddy-browser-grid/selection"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -83,5 +85,131 @@ func TestRecordSuspicionWinsOverOlderHotFigures(t *testing.T) {
 	}
 	if c, err := claimP(t, r, "lease-2"); !errors.Is(err, ErrNoWorker) {
 		t.Fatalf("claim of a worker suspect by its record: %+v %v; want ErrNoWorker", c, err)
+	}
+}
+
+// Releases racing renewals, claim replays, undos and sweeps of the same
+// lease ids: whatever the order, every lease ends as its tombstone (no
+// renewal or replay brings one back), the active counts match lease_owner
+// and no lease_client entry is left.
+func TestReleaseRacingRenewalReplayAndSweep(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	const workers, rounds = 4, 60
+	for i := range workers {
+		mustRegister(t, r, capReg("w"+strconv.Itoa(i), "gen-1", 1000))
+	}
+	resurrected, replayed := 0, 0
+	for round := range rounds {
+		var claims []*Claim
+		for i := range 8 {
+			c, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: selection.Limits{MaxLifetime: 100000, StaleAfter: time.Minute},
+				LeaseTTL: time.Minute, LeaseID: "r" + strconv.Itoa(round) + "-" + strconv.Itoa(i), ClientKey: "c" + strconv.Itoa(i%3)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			claims = append(claims, c)
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 100)
+		for i, c := range claims {
+			wg.Add(4)
+			go func() {
+				defer wg.Done()
+				if i%2 == 0 {
+					errs <- r.Release(ctx, "p", c.LeaseID)
+				} else {
+					errs <- r.Undo(ctx, "p", c.LeaseID, time.Millisecond)
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				_, err := r.RenewLeases(ctx, "p", []LeaseRenewal{rn(c)}, time.Minute)
+				errs <- err
+			}()
+			go func() {
+				defer wg.Done()
+				_, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: selection.Limits{MaxLifetime: 100000, StaleAfter: time.Minute},
+					LeaseTTL: time.Minute, LeaseID: c.LeaseID, ClientKey: "c" + strconv.Itoa(i%3)})
+				if err != nil && !errors.Is(err, ErrClaimCancelled) {
+					errs <- err
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				_, err := r.ExpireLeases(ctx, "p", 100)
+				errs <- err
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, c := range claims {
+			v, err := rdb.HGet(ctx, r.Key("p", keyLeases), c.LeaseID).Result()
+			if err != nil || !isTombstone(v) {
+				resurrected++
+				t.Errorf("lease %s after its release raced: %q %v; want its tombstone", c.LeaseID, v, err)
+			}
+			// a renewal after the race: still ended
+			res, err := r.RenewLeases(ctx, "p", []LeaseRenewal{rn(c)}, time.Minute)
+			if err != nil || len(res.Recreated) != 0 {
+				resurrected++
+				t.Errorf("renewal of %s after its release: %+v %v", c.LeaseID, res, err)
+			}
+			if _, err := claimP(t, r, c.LeaseID); !errors.Is(err, ErrClaimCancelled) {
+				replayed++
+				t.Errorf("claim replay of %s after its release: %v", c.LeaseID, err)
+			}
+		}
+	}
+	drift, err := activeDrift(ctx, r, rdb, "p")
+	if err != nil || len(drift) != 0 {
+		t.Fatalf("active counts after the races: %v %v", drift, err)
+	}
+	if n, _ := rdb.ZCard(ctx, r.Key("p", keyLeaseOwner)).Result(); n != 0 {
+		t.Fatalf("%d lease_owner entries left", n)
+	}
+	if n, _ := rdb.ZCard(ctx, r.Key("p", keyLeaseClient)).Result(); n != 0 {
+		t.Fatalf("%d lease_client entries left", n)
+	}
+	info, err := r.Inspect(ctx, "p")
+	if err != nil || info.Leases != 0 {
+		t.Fatalf("Inspect: %d leases, %v; want 0", info.Leases, err)
+	}
+	t.Logf("%d leases raced (release or undo, renewal, replay, sweep): %d resurrected, %d replayed", rounds*8, resurrected, replayed)
+}
+
+// rn is c's renewal, with its client.
+func rn(c *Claim) LeaseRenewal {
+	l := renewal(c)
+	l.Client = c.Client
+	return l
+}
+
+// A compiled reply is one value per field whatever the field's value: in
+// a positional constructor a call in the last field would spread all its
+// results (a longer reply, or a shorter one for none), where the named
+// reply{} took one. The compiled reply must read like the named one.
+func TestCompiledReplyTakesOneValuePerField(t *testing.T) {
+	ctx := context.Background()
+	_, rdb := startRegistry(t, Options{})
+	body := `local function two() return 'x', 'y' end
+local function none() end
+local v = none()
+if v == nil then v = 'n' end
+return reply { a = v, b = two() }
+`
+	for _, script := range []string{
+		contractLua("t.lua", nil, []string{"a", "b"}) + body,
+		contractLua("t.lua", nil, []string{"a", "b"}) + contractBody("t.lua", nil, []string{"a", "b"}, body),
+	} {
+		res, err := rdb.Eval(ctx, script, nil).Slice()
+		if err != nil || len(res) != 2 || res[1] != "x" {
+			t.Errorf("reply %v %v, want [n x]\n%s", res, err, script)
+		}
 	}
 }
