@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -210,6 +211,46 @@ return reply { a = v, b = two() }
 		res, err := rdb.Eval(ctx, script, nil).Slice()
 		if err != nil || len(res) != 2 || res[1] != "x" {
 			t.Errorf("reply %v %v, want [n x]\n%s", res, err, script)
+		}
+	}
+}
+
+// Hostile or garbage hot values (an attacker or an operator with write
+// access to Redis) never make a claim, a release or a read fail: the
+// worker is claimed and released, its figures stay whole numbers, and the
+// durations list stays the stored one plus the new entry.
+func TestHostileHotFigures(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	mustRegister(t, r, capReg("w", "gen-1", 1000))
+	hot, dur := r.Key("p", keyHot), r.Key("p", keyDurations)
+	fs := func(i int) ClaimRequest {
+		return ClaimRequest{Pool: "p", Policy: FairShare, Limits: capLimits, LeaseTTL: time.Minute,
+			FairShare: selection.FairShare{Window: 3, Median: i%2 == 1, Default: time.Second}}
+	}
+	for i, v := range []string{
+		"0 0 3 999999999999999 999999999999999 1,2,3", "0 0 0 0 999999999999999 1,2,3", "0 0 3 0 5 1,2,3",
+		"999999999999999 0 3 3 6 1,2,3", "0 0 999999999999999 3 6 1,2,3", "0 0 3 3 6 1,2,3x", "0 0 3 3 6 1,2,3 ",
+		"0 0 3 3 6 ", "1 2 3 4 5 6 7 8 9", "99999999999999999999 0", "0 0 3 1 2", strings.Repeat("9 ", 5000),
+	} {
+		rdb.HSet(ctx, dur, "w", "1,2,3")
+		rdb.HSet(ctx, hot, "w", v)
+		c, err := r.Claim(ctx, fs(i))
+		if err != nil {
+			// a hostile predicted end may hold the worker back; never an error other than no worker
+			if !errors.Is(err, ErrNoWorker) {
+				t.Fatalf("hot %q: claim: %v", v, err)
+			}
+			continue
+		}
+		if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+			t.Fatalf("hot %q: release: %v", v, err)
+		}
+		if _, err := r.Worker(ctx, "p", "w"); err != nil {
+			t.Fatalf("hot %q: Worker: %v", v, err)
+		}
+		if d, _ := rdb.HGet(ctx, dur, "w").Result(); !strings.HasPrefix(d, "1,2,3,") && !strings.HasPrefix(d, "2,3,") {
+			t.Errorf("hot %q: durations after a release %q, want 1,2,3 and the new one", v, d)
 		}
 	}
 }

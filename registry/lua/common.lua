@@ -189,6 +189,14 @@ local function parse_durations(raw)
   return d
 end
 
+-- list_len returns the number of entries of a durations string written
+-- with one comma between entries (O(length), no parse).
+local function list_len(raw)
+  if raw == '' then return 0 end
+  local _, commas = string.gsub(raw, ',', ',')
+  return commas + 1
+end
+
 -- load_durations returns a worker's durations (nil when one is not a
 -- whole number) and the stored string ('' when none).
 local function load_durations(id)
@@ -241,7 +249,10 @@ local function load_worker(id)
       w.predicted_end, w.suspect_until, w.hot = pe, math.max(su, w.suspect_until), hot
       if fraw == draw then
         fw, fl, fs = count(fw), count(fl), count(fs)
-        if fw and fl and fs then w.fs_win, w.fs_len, w.fs_sum = fw, fl, fs end
+        -- the count must be the list's (one comma between entries): a
+        -- release trusts it to cut the list (a count of 0 would replace
+        -- a list written by hand or by an attacker with one entry)
+        if fw and fl and fs and fl == list_len(draw) then w.fs_win, w.fs_len, w.fs_sum = fw, fl, fs end
       end
     end
   end
