@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/selection"
 	"github.com/redis/go-redis/v9"
 )
@@ -252,5 +253,47 @@ func TestHostileHotFigures(t *testing.T) {
 		if d, _ := rdb.HGet(ctx, dur, "w").Result(); !strings.HasPrefix(d, "1,2,3,") && !strings.HasPrefix(d, "2,3,") {
 			t.Errorf("hot %q: durations after a release %q, want 1,2,3 and the new one", v, d)
 		}
+	}
+}
+
+// A lease id used again once its tombstone is due (forgotten or not yet
+// swept) claims afresh, once: the counts follow, and its release leaves a
+// tombstone again.
+func TestLeaseIDReusedAfterItsTombstone(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{TombstoneTTL: 20 * time.Millisecond})
+	mustRegister(t, r, capReg("w", "gen-1", 5))
+	for i := range 3 {
+		c, err := claimP(t, r, "again")
+		if err != nil {
+			t.Fatalf("claim %d of a reused id: %v", i, err)
+		}
+		if a, _, _ := figures(t, r, "w"); a != 1 {
+			t.Fatalf("claim %d: active %d, want 1", i, a)
+		}
+		if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := claimP(t, r, "again"); !errors.Is(err, ErrClaimCancelled) {
+			t.Fatalf("claim right after the release: %v, want ErrClaimCancelled", err)
+		}
+		testenv.Eventually(t, 5*time.Second, "the tombstone due", func() bool {
+			v, _ := rdb.HGet(ctx, r.Key("p", keyLeases), "again").Result()
+			at, err := strconv.ParseInt(strings.TrimPrefix(v, tombPrefix), 10, 64)
+			return err == nil && time.Now().UnixMilli() > at
+		})
+		if i == 1 {
+			// forgotten by a sweep this time, rather than overwritten
+			if _, err := r.ExpireLeases(ctx, "p", 10); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if a, l, _ := figures(t, r, "w"); a != 0 || l != 3 {
+		t.Fatalf("active %d lifetime %d, want 0 and 3", a, l)
+	}
+	drift, err := activeDrift(ctx, r, rdb, "p")
+	if err != nil || len(drift) != 0 {
+		t.Fatalf("drift: %v %v", drift, err)
 	}
 }
