@@ -282,7 +282,9 @@ func contractBody(script string, args, rep []string, body string) string {
 			if j > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString(v)
+			// parenthesised: one value, as the named reply{} took (a call
+			// last in a positional constructor would spread its results)
+			b.WriteString("(" + v + ")")
 		}
 		for name := range vals {
 			panic(fmt.Sprintf("registry contract: %s's reply sets %s, which contract.go does not list", script, name))

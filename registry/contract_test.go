@@ -147,7 +147,7 @@ func TestContractBodyCompiles(t *testing.T) {
 	args, rep := []string{"a", "b"}, []string{"x", "y", "z"}
 	src := "local v = ARGV[REQ.b]\nreturn reply {\n  z = f(1, {2, 3}), -- a comment, with a comma\n  x = 'a,}', y = ARGV[REQ.a],\n}\nlocal after = 1\n"
 	got := contractBody("t.lua", args, rep, src)
-	if !strings.Contains(got, "local v = ARGV[5]\n") || !strings.Contains(got, "return {'a,}', ARGV[4], f(1, {2, 3})}") {
+	if !strings.Contains(got, "local v = ARGV[5]\n") || !strings.Contains(got, "return {('a,}'), (ARGV[4]), (f(1, {2, 3}))}") {
 		t.Fatalf("compiled:\n%s", got)
 	}
 	if strings.Count(got, "\n") != strings.Count(src, "\n") || !strings.HasSuffix(got, "\nlocal after = 1\n") {

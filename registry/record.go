@@ -68,9 +68,11 @@ func decodeWorker(pool string, raw rawWorker, now int64) (WorkerInfo, error) {
 		return WorkerInfo{}, err
 	}
 	// The hot figures, when there are any, are the worker's predicted end
-	// and suspicion; the record's copies may be a heartbeat old.
+	// and suspicion; the record's copies may be a heartbeat old. The later
+	// suspicion holds, as in load_worker: an older version's undo (or a
+	// hand edit) writes only the record's.
 	if end, suspect, ok := parseHot(raw.hot); ok {
-		nums[5], nums[6] = suspect, end
+		nums[5], nums[6] = max(suspect, nums[5]), end
 	}
 	// recordNumbers: capacity, vnodes, heartbeat, registered, expires,
 	// suspect_until, predicted_end; recordStrings: id, browser, addr, path,

@@ -189,6 +189,14 @@ local function parse_durations(raw)
   return d
 end
 
+-- list_len returns the number of entries of a durations string written
+-- with one comma between entries (O(length), no parse).
+local function list_len(raw)
+  if raw == '' then return 0 end
+  local _, commas = string.gsub(raw, ',', ',')
+  return commas + 1
+end
+
 -- load_durations returns a worker's durations (nil when one is not a
 -- whole number) and the stored string ('' when none).
 local function load_durations(id)
@@ -236,10 +244,15 @@ local function load_worker(id)
     if not pe then pe, su = string.match(hot, '^(%d+) (%d+)$') end
     pe, su = count(pe), count(su)
     if pe and su then
-      w.predicted_end, w.suspect_until, w.hot = pe, su, hot
+      -- the later suspicion: an older version's undo (or a hand edit)
+      -- writes the record's only, and only registration lowers one (both)
+      w.predicted_end, w.suspect_until, w.hot = pe, math.max(su, w.suspect_until), hot
       if fraw == draw then
         fw, fl, fs = count(fw), count(fl), count(fs)
-        if fw and fl and fs then w.fs_win, w.fs_len, w.fs_sum = fw, fl, fs end
+        -- the count must be the list's (one comma between entries): a
+        -- release trusts it to cut the list (a count of 0 would replace
+        -- a list written by hand or by an attacker with one entry)
+        if fw and fl and fs and fl == list_len(draw) then w.fs_win, w.fs_len, w.fs_sum = fw, fl, fs end
       end
     end
   end
@@ -657,10 +670,13 @@ local TOMB = 'ended:'
 
 -- tomb_until returns when the tombstone raw (a value of leases) is to be
 -- forgotten (ms), or nil when raw is a lease. A lease costs one byte test.
+-- Every value with the prefix is a tombstone (as keys.go's isTombstone
+-- says); one whose time is not a count (count: at most 15 digits) is due
+-- at once, 0: a time past 2^63 would be written back by fmt as no number
+-- (a negative score), due again at every sweep.
 local function tomb_until(raw)
-  if string.byte(raw, 1) ~= 101 then return nil end -- 'e'
-  local at = string.match(raw, '^ended:(%d+)$')
-  return at and tonumber(at)
+  if string.byte(raw, 1) ~= 101 or string.sub(raw, 1, 6) ~= TOMB then return nil end -- 'e'
+  return count(string.sub(raw, 7)) or 0
 end
 
 -- tombstone ends lease lid in place (see "Leases"): its entry becomes the
