@@ -51,31 +51,19 @@ local function walk_get(s, id)
   return c
 end
 
--- walk_stale records id for expiry, once.
-local function walk_stale(s, id)
-  local seen = s.stale_seen
+-- walk_note adds id to one of the walk's reports, once: list is
+-- s.stale_ids (ids for expiry) or s.bad (each bad id followed by why), and
+-- seen_key names the set of ids already in it (made on first use).
+local function walk_note(s, list, seen_key, id, why)
+  local seen = s[seen_key]
   if not seen then
     seen = {}
-    s.stale_seen = seen
+    s[seen_key] = seen
   end
-  if not seen[id] then
-    seen[id] = true
-    s.stale_ids[#s.stale_ids + 1] = id
-  end
-end
-
--- walk_bad records a bad record (and why), once.
-local function walk_bad(s, id, why)
-  local seen = s.bad_seen
-  if not seen then
-    seen = {}
-    s.bad_seen = seen
-  end
-  if not seen[id] then
-    seen[id] = true
-    s.bad[#s.bad + 1] = id
-    s.bad[#s.bad + 1] = why
-  end
+  if seen[id] then return end
+  seen[id] = true
+  list[#list + 1] = id
+  if why then list[#list + 1] = why end
 end
 
 -- examine returns the worker when it is eligible; otherwise charges the
@@ -86,12 +74,12 @@ local function examine(s, id)
   local now = s.now
   if not w then
     if err == 'missing' then
-      walk_stale(s, id)
+      walk_note(s, s.stale_ids, 'stale_seen', id)
     else
-      walk_bad(s, id, err)
+      walk_note(s, s.bad, 'bad_seen', id, err)
     end
   elseif not fresh(w, now, s.stale) then
-    walk_stale(s, id)
+    walk_note(s, s.stale_ids, 'stale_seen', id)
   elseif not indexed(w, s.cfg) then
     s.debris[#s.debris + 1] = id
     return nil
