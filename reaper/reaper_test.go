@@ -92,9 +92,10 @@ func TestTwoReapersAndAKilledWorker(t *testing.T) {
 	defer cancel()
 
 	// A session on each worker (one slot each): the victim dies holding one.
+	// (vnode claims, so the pool keeps its ring: the check below reads it)
 	var lease, survivorLease string
 	for range 2 {
-		c, err := reg.Claim(ctx, registry.ClaimRequest{Pool: "p", Policy: registry.LifetimeFirst, LeaseTTL: time.Hour,
+		c, err := reg.Claim(ctx, registry.ClaimRequest{Pool: "p", Policy: registry.Vnode, LeaseTTL: time.Hour,
 			Limits: selection.Limits{MaxConcurrent: 1}})
 		if err != nil {
 			t.Fatal(err)

@@ -389,6 +389,11 @@ type Claim struct {
 	Epoch string
 	// Client is ClientHash(ClaimRequest.ClientKey) (for LeaseRenewal).
 	Client string
+	// IndexBuilding is true when the index the policy walks was still
+	// being built (the first claims with a policy on a pool of more than
+	// a few hundred workers, or after an hour unused), so this claim
+	// chose as lifetime_first does. See docs/redis.md, "Kept indexes".
+	IndexBuilding bool
 }
 
 // EpochError is returned by Claim when the dataset epoch the caller saw
@@ -413,6 +418,8 @@ type NoWorkerError struct {
 	PoolLimits       PoolLimits
 	LimitsOverridden bool
 	Epoch            string
+	// IndexBuilding: as in Claim.
+	IndexBuilding bool
 }
 
 func (e *NoWorkerError) Error() string { return ErrNoWorker.Error() }

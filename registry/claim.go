@@ -39,6 +39,9 @@ type outcome struct {
 	limits     PoolLimits
 	overridden bool
 	epoch      string
+	// building: the policy's index was being built; the claim walked
+	// lifetime_first's.
+	building bool
 }
 
 // checkRequest checks the request and fills its defaults; it returns the
@@ -208,6 +211,7 @@ func (r *Registry) decodeClaim(req ClaimRequest, dry bool, leaseID string, res [
 	o.retiring = rep.flag("retiring")
 	o.overridden = rep.flag("overridden")
 	o.epoch = rep.str("epoch")
+	o.building = rep.flag("building")
 	o.limits = PoolLimits{Limits: req.Limits, Window: int(rep.int("fs_window")), Median: rep.flag("fs_median"),
 		Default: time.Duration(rep.int("fs_default_ms")) * time.Millisecond}
 	o.limits.MaxConcurrent, o.limits.MaxLifetime = int(rep.int("max_concurrent")), int(rep.int("max_lifetime"))
@@ -226,7 +230,8 @@ func (r *Registry) decodeClaim(req ClaimRequest, dry bool, leaseID string, res [
 		}
 	}
 	if !rep.flag("ok") {
-		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring, PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch}
+		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring, PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch,
+			IndexBuilding: o.building}
 	}
 	o.decision.OK = true
 	o.decision.ID = rep.str("id")
@@ -281,7 +286,8 @@ func (r *Registry) claim(ctx context.Context, req ClaimRequest) (*Claim, error) 
 		return nil, fmt.Errorf("claiming a worker in pool %q: %w", req.Pool, err)
 	}
 	return &Claim{LeaseID: lease, Pool: req.Pool, Worker: o.worker, Gen: o.worker.gen, Drain: o.drain, Decision: o.decision,
-		PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch, Client: ClientHash(req.ClientKey)}, nil
+		PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch, Client: ClientHash(req.ClientKey),
+		IndexBuilding: o.building}, nil
 }
 
 func (r *Registry) pick(ctx context.Context, req ClaimRequest) (WorkerInfo, selection.Decision, error) {

@@ -49,6 +49,9 @@ var claimReply = []string{
 	// The worker's hot figures (lua/common.lua, "Hot figures"): its
 	// predicted end and suspicion, which the record's copies may lag.
 	"hot",
+	// 1: the policy's index was being built, so the claim walked
+	// idx:lifetime instead (lua/common.lua, "Kept indexes").
+	"building",
 }
 
 // The codes of claim.lua's other replies (the reply's first item).

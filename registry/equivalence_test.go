@@ -403,8 +403,22 @@ func TestEquivalenceWithSelection(t *testing.T) {
 		if set, err := r.rdb.SMembers(ctx, r.Key("eq", keyRetiring)).Result(); err != nil || !slices.Equal(sorted(set), st.retiringSet()) {
 			t.Fatalf("state %d: retiring set %v (%v), want %v\n%s", i, sorted(set), err, st.retiringSet(), describe(st, now))
 		}
-		// Claim with one policy and check its effects.
+		// Claim with one policy and check its effects. In every other
+		// state the pool keeps no index but idx:lifetime (a lifetime_first
+		// pool's), so the claim builds its policy's index first (these
+		// pools are smaller than one build step) and must decide the same.
 		p := policies[i%len(policies)]
+		if name, keys := optIndex(p); name != "" && i/len(policies)%2 == 0 {
+			for _, k := range keys {
+				if err := r.rdb.Del(ctx, r.Key("eq", k)).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := r.rdb.HSet(ctx, r.Key("eq", keyConfig), "ix", "1").Err(); err != nil {
+				t.Fatal(err)
+			}
+			tally["claims building their index"]++
+		}
 		seed := rng.Uint64()
 		want := st.expected(p, now, seed)
 		c, err := r.Claim(ctx, st.request("eq", p, now, seed))
@@ -416,6 +430,9 @@ func TestEquivalenceWithSelection(t *testing.T) {
 				t.Fatalf("state %d %s: claim error %v, want ErrNoWorker\n%s", i, p, err, describe(st, now))
 			}
 			continue
+		}
+		if err == nil && c.IndexBuilding {
+			t.Fatalf("state %d %s: the claim reported its index still building (%d workers)", i, p, len(st.ws))
 		}
 		if err != nil || !sameDecision(c.Decision, want) {
 			t.Fatalf("state %d %s: claim %+v %v, selection %+v\n%s", i, p, c, err, want, describe(st, now))
@@ -457,6 +474,7 @@ func TestEquivalenceWithSelection(t *testing.T) {
 		"interleaved_weighted_round_robin ok=true", "interleaved_weighted_round_robin ok=false", "iwrr cursor checked",
 		"interleaved_weighted_round_robin held back", "lifetime_first stale reported", "claims checked",
 		"lifetime_first held back", "vnode held back", "fair_share held back", "dead retiring ignored",
+		"claims building their index",
 		"chosen as its suspicion ends"} {
 		if tally[k] == 0 {
 			t.Errorf("the random states never produced %q: the test does not cover it", k)

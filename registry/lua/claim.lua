@@ -128,6 +128,14 @@ mc, ml, stagger = cfg.mc, cfg.ml, cfg.stagger
 if not dry and (cfg.stale ~= stale or cfg.scan ~= maxscan) then
   redis.call('HSET', K_CFG, 'stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
 end
+local walk = WALKS[policy]
+if not walk then return redis.error_reply('unknown policy ' .. tostring(policy)) end
+-- The index the policy walks: kept, or built a step further (common.lua,
+-- "Kept indexes"); until it is complete the claim walks idx:lifetime.
+local building = 0
+if not ix_settle(cfg, WALK_INDEX[policy], now, dry) then
+  walk, building = WALKS.lifetime_first, 1
+end
 -- The walk's state (lua/walk.lua): budget, what it finds, workers read.
 local ws = walk_state(now, stale, maxscan, dry, cfg)
 
@@ -168,8 +176,6 @@ if stagger and ml > 0 then
 end
 ws.retiring = retiring
 
-local walk = WALKS[policy]
-if not walk then return redis.error_reply('unknown policy ' .. tostring(policy)) end
 local chosen, cw = walk(ws)
 -- What the walk found, for the upkeep and the reply.
 local scanned, stale_ids, bad, debris, stats = ws.scanned, ws.stale_ids, ws.bad, ws.debris, ws
@@ -228,5 +234,5 @@ return reply {
   wraps = stats.wraps, effective = stats.effective, dedupes = stats.dedupes, tied = stats.tied, now = now,
   retiring = bit(retiring), retired_stale = retired_stale,
   overridden = overridden, max_concurrent = cfg.mc, max_lifetime = cfg.ml, stagger = bit(cfg.stagger),
-  fs_window = cfg.win, fs_median = bit(cfg.med), fs_default_ms = cfg.def, epoch = epoch,
+  fs_window = cfg.win, fs_median = bit(cfg.med), fs_default_ms = cfg.def, epoch = epoch, building = building,
 }

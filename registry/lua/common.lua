@@ -109,7 +109,13 @@ end
 -- HMGET: a claim reads the whole config once (profile item 7).
 local function load_cfg()
   local v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms',
-    'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch')
+    'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch', 'ix', 'ix:ring', 'ix:fair', 'ix:iwrr')
+  -- the kept indexes (see "Kept indexes"): all of them until a claim
+  -- settled which ('ix' unset)
+  local settled = v[11] ~= false
+  local ix = { ring = v[12] or nil, fair = v[13] or nil, iwrr = v[14] or nil }
+  local keep = { ring = not settled or ix.ring ~= nil, fair = not settled or ix.fair ~= nil,
+    iwrr = not settled or ix.iwrr ~= nil }
   return {
     mc = tonumber(v[1]) or 0,
     ml = tonumber(v[2]) or 0,
@@ -122,6 +128,7 @@ local function load_cfg()
     scan = tonumber(v[9]),
     -- HMGET gives false for a missing field
     epoch = v[10] or nil,
+    settled = settled, ix = ix, keep = keep,
   }
 end
 
@@ -500,25 +507,28 @@ local function reindex(id, w, cfg, now, claimed)
   elseif may_retire(w, cfg) then
     redis.call('SADD', K_RET, id)
   end
+  local keep = cfg.keep
   if not indexed(w, cfg) then
     -- ZREM's count says whether it was indexed (its ring positions go too);
     -- the fair-share entries may linger either way
     if redis.call('ZREM', K_LF, id) == 1 then
-      ring_rem(id)
-      redis.call('ZREM', K_IWRR, iwrr_member(id))
+      if keep.ring then ring_rem(id) end
+      if keep.iwrr then redis.call('ZREM', K_IWRR, iwrr_member(id)) end
     end
-    redis.call('ZREM', K_FSI, id)
-    redis.call('ZREM', K_FSB, id)
-    redis.call('ZREM', K_FSP, id)
+    if keep.fair then
+      redis.call('ZREM', K_FSI, id)
+      redis.call('ZREM', K_FSB, id)
+      redis.call('ZREM', K_FSP, id)
+    end
     return false
   end
   -- ZADD's count says whether it is new to the index
   local new = redis.call('ZADD', K_LF, fmt(lf_score(w)), id) == 1
   if new then
-    ring_add(id)
-    redis.call('ZADD', K_IWRR, 0, iwrr_member(id))
+    if keep.ring then ring_add(id) end
+    if keep.iwrr then redis.call('ZADD', K_IWRR, 0, iwrr_member(id)) end
   end
-  fs_place(id, w, estimate(w, cfg), now)
+  if keep.fair then fs_place(id, w, estimate(w, cfg), now) end
   return new
 end
 
@@ -537,6 +547,125 @@ local function fs_migrate(now)
     redis.call('ZREM', K_FSB, id)
     redis.call('ZADD', K_FSI, fmt(key - pend), id)
   end
+end
+
+-- Kept indexes (profile item 1). idx:lifetime is every policy's: it says
+-- which workers are indexed. The others (OPT_NAMES: the ring, the three
+-- fair-share sets, idx:iwrr) are kept only while a policy that walks them
+-- claims the pool, so a pool claimed with lifetime_first does not move a
+-- worker's ring positions each time it fills up and frees a slot. The
+-- config hash says which are kept: field 'ix' once a claim settled it (a
+-- pool no claim has settled, and one an older version wrote, keeps them
+-- all, as every version before this one did), and per index 'ix:<name>' =
+-- '<state> <last claim that walked it, ms>', state 'on' (complete) or
+-- 'b<cursor>' (being built); no field: not kept (the keys do not exist).
+-- While an index is kept, built or not, every script keeps it for the
+-- workers it touches (reindex), as before.
+-- A claim whose policy walks an index that is not kept starts building
+-- it: up to IX_STEP members of idx:lifetime per claim (ZSCAN, so a worker
+-- present throughout is met; one that comes or goes meanwhile is kept by
+-- reindex). Until it is complete such a claim (and a Pick) walks
+-- idx:lifetime instead, and says so (reply field 'building'). An index no
+-- claim has walked for IX_RETAIN ms is dropped by the next claim (UNLINK,
+-- so freeing it does not block Redis).
+local OPT_NAMES = { 'ring', 'fair', 'iwrr' }
+-- (the K_* locals are bound at each call: a function, not a table)
+local function opt_keys(n)
+  if n == 'ring' then return { K_RING } end
+  if n == 'fair' then return { K_FSI, K_FSB, K_FSP } end
+  return { K_IWRR }
+end
+local IX_STEP = 256
+local IX_RETAIN = 3600000
+
+-- ix_parse splits an 'ix:<name>' value: state and when last walked (ms).
+-- A value that is not one (a Redis writer's) means 'build it again'.
+local function ix_parse(v)
+  if not v then return nil, 0 end
+  local st, used = string.match(v, '^(%S+) (%d+)$')
+  used = tonumber(used) or 0
+  if st == 'on' or (st and string.match(st, '^b%d+$')) then return st, used end
+  return 'b0', used
+end
+
+-- ix_drop stops keeping index n and frees its keys.
+local function ix_drop(cfg, n)
+  redis.call('UNLINK', unpack(opt_keys(n)))
+  redis.call('HDEL', K_CFG, 'ix:' .. n)
+  cfg.ix[n], cfg.keep[n] = nil, false
+end
+
+-- ix_step adds up to IX_STEP members of idx:lifetime to index n from
+-- cursor cur (as reindex would have); returns the next cursor ('0': done).
+local function ix_step(n, cur, cfg, now)
+  local done = 0
+  repeat
+    local res = redis.pcall('ZSCAN', K_LF, cur, 'COUNT', 128)
+    -- a cursor Redis refuses (a Redis writer's) starts the build again
+    if res.err then res = redis.call('ZSCAN', K_LF, '0', 'COUNT', 128) end
+    cur = res[1]
+    local ms = res[2]
+    for i = 1, #ms, 2 do
+      local id = ms[i]
+      if n == 'ring' then
+        ring_add(id)
+      elseif n == 'iwrr' then
+        redis.call('ZADD', K_IWRR, 0, iwrr_member(id))
+      else
+        local w = load_worker(id)
+        if w then fs_place(id, w, estimate(w, cfg), now) end
+      end
+      done = done + 1
+    end
+  until cur == '0' or done >= IX_STEP
+  return cur
+end
+
+-- ix_settle is a claim's upkeep of the kept indexes (after its limits are
+-- settled, before it walks): need is the index its policy walks (nil:
+-- idx:lifetime's only). It takes one build step of need when that is not
+-- complete, notes that need was walked (at most every IX_RETAIN / 4), and
+-- drops indexes no claim walked for IX_RETAIN. A dry claim (Pick) writes
+-- nothing. Returns whether need is complete, so the claim may walk it.
+local function ix_settle(cfg, need, now, dry)
+  if dry then return need == nil or not cfg.settled or ix_parse(cfg.ix[need]) == 'on' end
+  if not cfg.settled then
+    -- every index was kept until now: keep need's, drop the rest
+    redis.call('HSET', K_CFG, 'ix', '1')
+    cfg.settled = true
+    for _, n in ipairs(OPT_NAMES) do
+      if n == need then
+        cfg.ix[n], cfg.keep[n] = 'on ' .. fmt(now), true
+        redis.call('HSET', K_CFG, 'ix:' .. n, cfg.ix[n])
+      else
+        ix_drop(cfg, n)
+      end
+    end
+    return true
+  end
+  for _, n in ipairs(OPT_NAMES) do
+    if n ~= need and cfg.ix[n] then
+      local _, used = ix_parse(cfg.ix[n])
+      if now - used > IX_RETAIN then ix_drop(cfg, n) end
+    end
+  end
+  if not need then return true end
+  local st, used = ix_parse(cfg.ix[need])
+  if st == 'on' then
+    if now - used > IX_RETAIN / 4 then redis.call('HSET', K_CFG, 'ix:' .. need, 'on ' .. fmt(now)) end
+    return true
+  end
+  if not st then
+    -- not kept: whatever the keys hold (an older version's writes) goes
+    redis.call('UNLINK', unpack(opt_keys(need)))
+    st = 'b0'
+  end
+  cfg.keep[need] = true
+  local cur = ix_step(need, string.sub(st, 2), cfg, now)
+  if cur == '0' then st = 'on' else st = 'b' .. cur end
+  cfg.ix[need] = st .. ' ' .. fmt(now)
+  redis.call('HSET', K_CFG, 'ix:' .. need, cfg.ix[need])
+  return st == 'on'
 end
 
 -- append_duration adds a session's duration (ms) to the worker's list,

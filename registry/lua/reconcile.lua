@@ -7,8 +7,8 @@
 --              "Leases") and forgets up to as many due entries of the
 --              cancelled set an older version wrote.
 --   'workers'  one chunk of workers (HSCAN): each is put in exactly the
---              indexes its figures call for under the stored limits (ring
---              positions included), in the retiring set when draining, at
+--              kept indexes its figures call for under the stored limits
+--              (ring positions included), in the retiring set when draining, at
 --              the lifetime limit or holding a command, and an expired
 --              command is dropped. Returns each worker's generation,
 --              lifetime and active count, for the count stage.
@@ -103,13 +103,16 @@ if stage == 'workers' then
         if not in_lf then
           fix = true
         else
-          for _, m in ipairs(ring_members(id)) do
-            if not redis.call('ZSCORE', K_RING, m) then
-              fix = true
-              break
+          -- (only the kept indexes: common.lua, "Kept indexes")
+          if cfg.keep.ring then
+            for _, m in ipairs(ring_members(id)) do
+              if not redis.call('ZSCORE', K_RING, m) then
+                fix = true
+                break
+              end
             end
           end
-          if not redis.call('ZSCORE', K_IWRR, iwrr_member(id)) then fix = true end
+          if cfg.keep.iwrr and not redis.call('ZSCORE', K_IWRR, iwrr_member(id)) then fix = true end
         end
       elseif in_lf then
         fix = true
@@ -119,8 +122,8 @@ if stage == 'workers' then
       if fix then
         fixed = fixed + 1
         if ix and in_lf then
-          ring_add(id)
-          redis.call('ZADD', K_IWRR, 0, iwrr_member(id))
+          if cfg.keep.ring then ring_add(id) end
+          if cfg.keep.iwrr then redis.call('ZADD', K_IWRR, 0, iwrr_member(id)) end
         end
         reindex(id, w, cfg, now)
         if want_ret then redis.call('SADD', K_RET, id) end

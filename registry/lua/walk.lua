@@ -155,4 +155,8 @@ local function zs_next(z)
 end
 
 local WALKS = {}
+-- WALK_INDEX names the index a policy's walk reads, when it is not
+-- idx:lifetime (every policy's): one of common.lua's OPT_NAMES, kept while
+-- the policy claims the pool (common.lua, "Kept indexes").
+local WALK_INDEX = {}
 -- @walks

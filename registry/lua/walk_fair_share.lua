@@ -28,6 +28,8 @@ local function fs_due(now)
   return due, moved
 end
 
+WALK_INDEX.fair_share = 'fair'
+
 WALKS.fair_share = function(s)
   local now = s.now
   local due, moved

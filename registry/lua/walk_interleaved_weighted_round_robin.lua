@@ -36,6 +36,8 @@ end
 -- iwrr_from is the lex bound where round r starts.
 local function iwrr_from(r) return '[' .. string.format('%06d', r) end
 
+WALK_INDEX.interleaved_weighted_round_robin = 'iwrr'
+
 WALKS.interleaved_weighted_round_robin = function(s)
   local top = redis.call('ZREVRANGEBYLEX', K_IWRR, '+', '-', 'LIMIT', 0, 1)
   if #top == 0 then return nil end

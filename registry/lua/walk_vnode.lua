@@ -13,6 +13,8 @@ local function ring_walk(s, min, max)
   return index_walk(s, 'ZRANGEBYLEX', K_RING, min, max, 34, 1)
 end
 
+WALK_INDEX.vnode = 'ring'
+
 WALKS.vnode = function(s)
   local k = tonumber(PARG(1))
   -- candidates in order: ids, workers and slots (active + jitter)
