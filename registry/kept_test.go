@@ -368,3 +368,40 @@ func TestBadKeptIndexStateIsRebuilt(t *testing.T) {
 		}
 	}
 }
+
+// The config hash is the pool's, the indexes each version group's: which
+// indexes a group keeps is its own. A group claimed with lifetime_first
+// and another claimed with vnode each keep their own, and a vnode claim
+// in the first builds that group's ring rather than trusting the other's.
+func TestVersionGroupsKeepTheirOwnIndexes(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	p64, p65 := GroupPool("p", "1.64"), GroupPool("p", "1.65")
+	for i := range 5 {
+		register(t, r, p64, fmt.Sprintf("a%d", i), 4)
+		register(t, r, p65, fmt.Sprintf("b%d", i), 4)
+		register(t, r, "p", fmt.Sprintf("c%d", i), 4)
+	}
+	claim := func(pool string, p Policy) {
+		t.Helper()
+		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: p})
+		if err != nil || c.IndexBuilding {
+			t.Fatalf("%s in %s: %v (building %v)", p, pool, err, err == nil && c.IndexBuilding)
+		}
+	}
+	claim(p65, LifetimeFirst)
+	claim(p64, Vnode)
+	claim("p", FairShare)
+	if keptMembers(t, r, p65, "ring") != -1 || keptMembers(t, r, "p", "ring") != -1 {
+		t.Fatal("a group claimed with lifetime_first, or the pool claimed with fair_share, keeps a ring")
+	}
+	checkIndexExact(t, r, p64, "ring")
+	checkIndexExact(t, r, "p", "fair")
+	claim(p65, Vnode)
+	claim(p65, Vnode)
+	checkIndexExact(t, r, p65, "ring")
+	checkIndexExact(t, r, p64, "ring")
+	if keptMembers(t, r, p64, "fair") != -1 || keptMembers(t, r, p65, "iwrr") != -1 {
+		t.Fatal("a group keeps an index no claim in it walks")
+	}
+}

@@ -45,11 +45,13 @@
 -- ARGV common to every script: 1 now in ms (0: Redis TIME), 2 the pool's
 -- wakeup channel, 3 the pool name. Script-specific arguments follow.
 --
--- Invariant kept by every script: a worker is in idx:lifetime, in idx:ring
--- (all V positions) and in exactly one of idx:fair_idle / idx:fair_busy
--- exactly when it is "indexed" (status available, below its cap, below the
--- lifetime limit) under the pool's stored config, as of the last script
--- that touched the worker. When the stored limits change nothing rebuilds
+-- Invariant kept by every script: a worker is in idx:lifetime, and in each
+-- kept one of idx:ring (all V positions), idx:fair_idle / idx:fair_busy
+-- (exactly one of the two) and idx:iwrr, exactly when it is "indexed"
+-- (status available, below its cap, below the lifetime limit) under the
+-- pool's stored config, as of the last script that touched the worker;
+-- an index being built holds that for the workers it has met (see "Kept
+-- indexes"). When the stored limits change nothing rebuilds
 -- the indexes (that would be O(N) in one script): they converge worker by
 -- worker. A claim treats an entry whose worker is not indexed under the
 -- current limits as debris and removes it; every heartbeat, claim and
@@ -108,8 +110,12 @@ end
 -- kept from the last claim, and the dataset's epoch (nil: none yet). One
 -- HMGET: a claim reads the whole config once (profile item 7).
 local function load_cfg()
+  -- the config hash is the pool's, the indexes are the version group's:
+  -- a group's fields are named after it ('v=1.65:ix', ...; see keys.go)
+  local ixf = string.sub(K_LF, #K_CFG - #'config' + 1, #K_LF - #'idx:lifetime') .. 'ix'
   local v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms',
-    'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch', 'ix', 'ix:ring', 'ix:fair', 'ix:iwrr')
+    'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch', ixf, ixf .. ':ring', ixf .. ':fair',
+    ixf .. ':iwrr')
   -- the kept indexes (see "Kept indexes"): all of them until a claim
   -- settled which ('ix' unset)
   local settled = v[11] ~= false
@@ -128,7 +134,7 @@ local function load_cfg()
     scan = tonumber(v[9]),
     -- HMGET gives false for a missing field
     epoch = v[10] or nil,
-    settled = settled, ix = ix, keep = keep,
+    settled = settled, ix = ix, keep = keep, ixf = ixf,
   }
 end
 
@@ -559,6 +565,8 @@ end
 -- all, as every version before this one did), and per index 'ix:<name>' =
 -- '<state> <last claim that walked it, ms>', state 'on' (complete) or
 -- 'b<cursor>' (being built); no field: not kept (the keys do not exist).
+-- A version group's fields start with its key prefix ('v=1.65:ix', ...):
+-- the config hash is the pool's, the indexes are each group's.
 -- While an index is kept, built or not, every script keeps it for the
 -- workers it touches (reindex), as before.
 -- A claim whose policy walks an index that is not kept starts building
@@ -591,7 +599,7 @@ end
 -- ix_drop stops keeping index n and frees its keys.
 local function ix_drop(cfg, n)
   redis.call('UNLINK', unpack(opt_keys(n)))
-  redis.call('HDEL', K_CFG, 'ix:' .. n)
+  redis.call('HDEL', K_CFG, cfg.ixf .. ':' .. n)
   cfg.ix[n], cfg.keep[n] = nil, false
 end
 
@@ -631,12 +639,12 @@ local function ix_settle(cfg, need, now, dry)
   if dry then return need == nil or not cfg.settled or ix_parse(cfg.ix[need]) == 'on' end
   if not cfg.settled then
     -- every index was kept until now: keep need's, drop the rest
-    redis.call('HSET', K_CFG, 'ix', '1')
+    redis.call('HSET', K_CFG, cfg.ixf, '1')
     cfg.settled = true
     for _, n in ipairs(OPT_NAMES) do
       if n == need then
         cfg.ix[n], cfg.keep[n] = 'on ' .. fmt(now), true
-        redis.call('HSET', K_CFG, 'ix:' .. n, cfg.ix[n])
+        redis.call('HSET', K_CFG, cfg.ixf .. ':' .. n, cfg.ix[n])
       else
         ix_drop(cfg, n)
       end
@@ -652,7 +660,7 @@ local function ix_settle(cfg, need, now, dry)
   if not need then return true end
   local st, used = ix_parse(cfg.ix[need])
   if st == 'on' then
-    if now - used > IX_RETAIN / 4 then redis.call('HSET', K_CFG, 'ix:' .. need, 'on ' .. fmt(now)) end
+    if now - used > IX_RETAIN / 4 then redis.call('HSET', K_CFG, cfg.ixf .. ':' .. need, 'on ' .. fmt(now)) end
     return true
   end
   if not st then
@@ -664,7 +672,7 @@ local function ix_settle(cfg, need, now, dry)
   local cur = ix_step(need, string.sub(st, 2), cfg, now)
   if cur == '0' then st = 'on' else st = 'b' .. cur end
   cfg.ix[need] = st .. ' ' .. fmt(now)
-  redis.call('HSET', K_CFG, 'ix:' .. need, cfg.ix[need])
+  redis.call('HSET', K_CFG, cfg.ixf .. ':' .. need, cfg.ix[need])
   return st == 'on'
 end
 
