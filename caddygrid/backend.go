@@ -274,6 +274,9 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 	case errors.As(err, &nw) && nw.LimitsOverridden:
 		b.limitsOverridden(req, nw.PoolLimits)
 	}
+	if (err == nil && c.IndexBuilding) || (errors.As(err, &nw) && nw.IndexBuilding) {
+		b.indexBuilding(req)
+	}
 	switch {
 	case err == nil:
 		b.setEpoch(req.Pool, c.Epoch)

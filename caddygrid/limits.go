@@ -100,3 +100,15 @@ func (b *backend) limitsOverridden(req registry.ClaimRequest, inForce registry.P
 	}
 	b.logger.Warn("this config's limits differ from the pool's, which a newer configuration set; claims use the pool's", fields...)
 }
+
+// indexBuilding logs, at most once a minute per pool and policy, that the
+// pool's index for the policy is being built (the first claims with a
+// policy on a pool of more than 256 workers, or after an hour unused:
+// docs/redis.md, "Kept indexes"), so its claims choose as lifetime_first.
+func (b *backend) indexBuilding(req registry.ClaimRequest) {
+	if !b.firstReport("index", req.Pool, string(req.Policy)) {
+		return
+	}
+	b.logger.Info("building the pool's index for this policy; until it is complete claims choose as lifetime_first",
+		zap.String("pool", req.Pool), zap.String("policy", string(req.Policy)))
+}
