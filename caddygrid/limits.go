@@ -103,7 +103,7 @@ func (b *backend) limitsOverridden(req registry.ClaimRequest, inForce registry.P
 
 // indexBuilding logs, at most once a minute per pool and policy, that the
 // pool's index for the policy is being built (the first claims with a
-// policy on a pool of more than 256 workers, or after an hour unused:
+// policy on a pool of more than about 200 workers, or after an hour unused:
 // docs/redis.md, "Kept indexes"), so its claims choose as lifetime_first.
 func (b *backend) indexBuilding(req registry.ClaimRequest) {
 	if !b.firstReport("index", req.Pool, string(req.Policy)) {

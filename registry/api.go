@@ -345,6 +345,10 @@ type ClaimRequest struct {
 	// pool. 0: no limit (a session with a ClientKey still counts toward
 	// other claims' limits). Default: 0.
 	ClientLimit int
+
+	// fallbackScan is lifetime_first's max_scan for this request (set by
+	// checkRequest): a claim's budget while its policy's index is being built.
+	fallbackScan int
 }
 
 // DefaultMaxScan is the max_scan budget of a lifetime_first or fair_share

@@ -61,6 +61,14 @@ func (r *Registry) checkRequest(req *ClaimRequest) (PolicySpec, error) {
 	if err := req.Limits.Validate(); err != nil {
 		return spec, err
 	}
+	// lifetime_first's budget for this request, before the policy's
+	// defaults: a claim walks as lifetime_first while its policy's index
+	// is being built
+	req.fallbackScan = req.Limits.MaxScan
+	if req.fallbackScan == 0 {
+		lf, _ := LookupPolicy(string(LifetimeFirst))
+		req.fallbackScan = lf.DefaultMaxScan
+	}
 	if req.Limits.MaxScan == 0 {
 		req.Limits.MaxScan = spec.DefaultMaxScan
 	}
@@ -134,7 +142,7 @@ func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, lease
 		set("policy", string(req.Policy)).set("dry", bit(dry)).
 		set("max_concurrent", req.Limits.MaxConcurrent).set("max_lifetime", req.Limits.MaxLifetime).
 		set("stale_after_ms", ms(req.Limits.StaleAfter)).set("max_scan", req.Limits.MaxScan).
-		set("stagger", bit(req.Limits.StaggerDrains)).
+		set("stagger", bit(req.Limits.StaggerDrains)).set("fallback_max_scan", req.fallbackScan).
 		set("fs_window", req.FairShare.Window).set("fs_median", bit(req.FairShare.Median)).
 		set("fs_default_ms", ms(req.FairShare.Default)).
 		set("lease_id", leaseID).set("lease_ttl_ms", ms(req.LeaseTTL)).set("holder", req.Holder).

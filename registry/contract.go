@@ -26,6 +26,10 @@ var claimArgs = []string{
 	"policy", "dry",
 	// The limits the claim brings (see ClaimRequest.Limits).
 	"max_concurrent", "max_lifetime", "stale_after_ms", "max_scan", "stagger",
+	// The max_scan a lifetime_first claim with this request would have:
+	// the budget while the policy's index is being built (the claim then
+	// walks idx:lifetime; lua/common.lua, "Kept indexes").
+	"fallback_max_scan",
 	// FairShare's, stored only by fair_share claims.
 	"fs_window", "fs_median", "fs_default_ms",
 	"lease_id", "lease_ttl_ms", "holder", "command_ttl_ms",

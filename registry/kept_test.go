@@ -201,7 +201,7 @@ func TestLifetimeFirstKeepsOnlyItsIndex(t *testing.T) {
 func TestIndexBuiltInStepsOnALivePool(t *testing.T) {
 	ctx := context.Background()
 	r, _ := startRegistry(t, Options{NoStaleExpiry: true})
-	const n = 700
+	const n = 2200
 	for i := range n {
 		if err := r.Register(ctx, Registration{Pool: "p", ID: fmt.Sprintf("w%04d", i), Addr: "127.0.0.1:1",
 			Capacity: 2, Weight: 1 + i%3, TTL: time.Hour}); err != nil {
@@ -227,7 +227,7 @@ func TestIndexBuiltInStepsOnALivePool(t *testing.T) {
 		req := ClaimRequest{Pool: "p", Policy: o.policy}
 		building := 0
 		for i := 0; ; i++ {
-			if i > n/256+3 {
+			if i > n/150+3 {
 				t.Fatalf("%s: index %s still building after %d claims", o.policy, o.name, i)
 			}
 			want, _, err := r.Pick(ctx, lfReq)

@@ -131,10 +131,12 @@ end
 local walk = WALKS[policy]
 if not walk then return redis.error_reply('unknown policy ' .. tostring(policy)) end
 -- The index the policy walks: kept, or built a step further (common.lua,
--- "Kept indexes"); until it is complete the claim walks idx:lifetime.
+-- "Kept indexes"); until it is complete the claim walks idx:lifetime as
+-- lifetime_first does, with lifetime_first's scan budget.
 local building = 0
 if not ix_settle(cfg, WALK_INDEX[policy], now, dry) then
   walk, building = WALKS.lifetime_first, 1
+  maxscan = tonumber(ARGV[REQ.fallback_max_scan])
 end
 -- The walk's state (lua/walk.lua): budget, what it finds, workers read.
 local ws = walk_state(now, stale, maxscan, dry, cfg)

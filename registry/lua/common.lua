@@ -117,9 +117,10 @@ local function load_cfg()
     'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch', ixf, ixf .. ':ring', ixf .. ':fair',
     ixf .. ':iwrr')
   -- the kept indexes (see "Kept indexes"): all of them until a claim
-  -- settled which ('ix' unset)
-  local settled = v[11] ~= false
+  -- settled which ('ix' unset, and no 'ix:<name>' either: one without
+  -- the other is a hand edit, not a pool every index was kept for)
   local ix = { ring = v[12] or nil, fair = v[13] or nil, iwrr = v[14] or nil }
+  local settled = v[11] ~= false or ix.ring ~= nil or ix.fair ~= nil or ix.iwrr ~= nil
   local keep = { ring = not settled or ix.ring ~= nil, fair = not settled or ix.fair ~= nil,
     iwrr = not settled or ix.iwrr ~= nil }
   return {
@@ -134,7 +135,7 @@ local function load_cfg()
     scan = tonumber(v[9]),
     -- HMGET gives false for a missing field
     epoch = v[10] or nil,
-    settled = settled, ix = ix, keep = keep, ixf = ixf,
+    settled = settled, ix = ix, keep = keep, ixf = ixf, cleared = tonumber(v[11]) or 0,
   }
 end
 
@@ -450,15 +451,17 @@ local function ring_members(id)
   return t
 end
 
+-- ring_add puts the worker's ring positions in idx:ring; returns how many.
 local function ring_add(id)
   local ms = ring_members(id)
-  if #ms == 0 then return end
+  if #ms == 0 then return 0 end
   local args = {}
   for _, m in ipairs(ms) do
     args[#args + 1] = 0
     args[#args + 1] = m
   end
   redis.call('ZADD', K_RING, unpack(args))
+  return #ms
 end
 
 local function ring_rem(id)
@@ -562,20 +565,23 @@ end
 -- worker's ring positions each time it fills up and frees a slot. The
 -- config hash says which are kept: field 'ix' once a claim settled it (a
 -- pool no claim has settled, and one an older version wrote, keeps them
--- all, as every version before this one did), and per index 'ix:<name>' =
--- '<state> <last claim that walked it, ms>', state 'on' (complete) or
--- 'b<cursor>' (being built); no field: not kept (the keys do not exist).
--- A version group's fields start with its key prefix ('v=1.65:ix', ...):
--- the config hash is the pool's, the indexes are each group's.
--- While an index is kept, built or not, every script keeps it for the
--- workers it touches (reindex), as before.
+-- all, as every version before this one did; 'ix' holds when the keys of
+-- the indexes not kept were last cleared, see ix_settle), and per index
+-- 'ix:<name>' = '<state> <last claim that walked it, ms>', state 'on'
+-- (complete) or 'b<cursor>@<server run_id>' (being built: a ZSCAN cursor
+-- means something only to the server process that gave it); no field:
+-- not kept. A version group's fields start with its key prefix
+-- ('v=1.65:ix', ...): the config hash is the pool's, the indexes each
+-- group's. While an index is kept, built or not, every script keeps it
+-- for the workers it touches (reindex), as before.
 -- A claim whose policy walks an index that is not kept starts building
--- it: up to IX_STEP members of idx:lifetime per claim (ZSCAN, so a worker
--- present throughout is met; one that comes or goes meanwhile is kept by
--- reindex). Until it is complete such a claim (and a Pick) walks
--- idx:lifetime instead, and says so (reply field 'building'). An index no
--- claim has walked for IX_RETAIN ms is dropped by the next claim (UNLINK,
--- so freeing it does not block Redis).
+-- it: each claim adds members of idx:lifetime (ZSCAN, so a worker present
+-- throughout is met; one that comes or goes meanwhile is kept by reindex)
+-- for about IX_STEP units of work (see ix_step). Until it is complete such
+-- a claim (and a Pick) walks idx:lifetime as lifetime_first does, and
+-- says so (reply field 'building'). An index no claim has walked for
+-- IX_RETAIN ms is dropped by the next claim (UNLINK, so freeing it does
+-- not block Redis).
 local OPT_NAMES = { 'ring', 'fair', 'iwrr' }
 -- (the K_* locals are bound at each call: a function, not a table)
 local function opt_keys(n)
@@ -583,17 +589,27 @@ local function opt_keys(n)
   if n == 'fair' then return { K_FSI, K_FSB, K_FSP } end
   return { K_IWRR }
 end
-local IX_STEP = 256
+local IX_STEP = 2048
 local IX_RETAIN = 3600000
 
--- ix_parse splits an 'ix:<name>' value: state and when last walked (ms).
--- A value that is not one (a Redis writer's) means 'build it again'.
+-- ix_parse splits an 'ix:<name>' value: state ('on' or 'b'), when last
+-- walked (ms), and for 'b' the cursor and the server it belongs to. A
+-- value that is not one (a Redis writer's) means 'build it from the
+-- start' ('b', cursor '0').
 local function ix_parse(v)
   if not v then return nil, 0 end
   local st, used = string.match(v, '^(%S+) (%d+)$')
   used = tonumber(used) or 0
-  if st == 'on' or (st and string.match(st, '^b%d+$')) then return st, used end
-  return 'b0', used
+  if st == 'on' then return 'on', used end
+  local cur, rid = string.match(st or '', '^b(%d+)@(%x+)$')
+  if cur then return 'b', used, cur, rid end
+  return 'b', used, '0', ''
+end
+
+-- server_id is this Redis process's run_id (another after a restart or on
+-- a promoted replica).
+local function server_id()
+  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
 end
 
 -- ix_drop stops keeping index n and frees its keys.
@@ -603,29 +619,33 @@ local function ix_drop(cfg, n)
   cfg.ix[n], cfg.keep[n] = nil, false
 end
 
--- ix_step adds up to IX_STEP members of idx:lifetime to index n from
--- cursor cur (as reindex would have); returns the next cursor ('0': done).
+-- ix_step adds members of idx:lifetime to index n from cursor cur (as
+-- reindex would have) until it has done IX_STEP units of work: a ring
+-- position or a command is one, a worker's fair-share read eight (so a
+-- step adds about 200 workers' 8 ring positions, 256 workers to the
+-- fair-share sets, 1,000 to idx:iwrr). Returns the next cursor ('0': done).
 local function ix_step(n, cur, cfg, now)
-  local done = 0
+  local work = 0
   repeat
-    local res = redis.pcall('ZSCAN', K_LF, cur, 'COUNT', 128)
+    local res = redis.pcall('ZSCAN', K_LF, cur, 'COUNT', 32)
     -- a cursor Redis refuses (a Redis writer's) starts the build again
-    if res.err then res = redis.call('ZSCAN', K_LF, '0', 'COUNT', 128) end
+    if res.err then res = redis.call('ZSCAN', K_LF, '0', 'COUNT', 32) end
     cur = res[1]
     local ms = res[2]
     for i = 1, #ms, 2 do
       local id = ms[i]
       if n == 'ring' then
-        ring_add(id)
+        work = work + 1 + ring_add(id)
       elseif n == 'iwrr' then
         redis.call('ZADD', K_IWRR, 0, iwrr_member(id))
+        work = work + 2
       else
         local w = load_worker(id)
         if w then fs_place(id, w, estimate(w, cfg), now) end
+        work = work + 8
       end
-      done = done + 1
     end
-  until cur == '0' or done >= IX_STEP
+  until cur == '0' or work >= IX_STEP
   return cur
 end
 
@@ -633,13 +653,15 @@ end
 -- settled, before it walks): need is the index its policy walks (nil:
 -- idx:lifetime's only). It takes one build step of need when that is not
 -- complete, notes that need was walked (at most every IX_RETAIN / 4), and
--- drops indexes no claim walked for IX_RETAIN. A dry claim (Pick) writes
--- nothing. Returns whether need is complete, so the claim may walk it.
+-- drops indexes no claim walked for IX_RETAIN. Every IX_RETAIN / 4 it
+-- also clears the keys of indexes not kept (an older version, still
+-- running, writes every index). A dry claim (Pick) writes nothing.
+-- Returns whether need is complete, so the claim may walk it.
 local function ix_settle(cfg, need, now, dry)
   if dry then return need == nil or not cfg.settled or ix_parse(cfg.ix[need]) == 'on' end
   if not cfg.settled then
     -- every index was kept until now: keep need's, drop the rest
-    redis.call('HSET', K_CFG, cfg.ixf, '1')
+    redis.call('HSET', K_CFG, cfg.ixf, fmt(now))
     cfg.settled = true
     for _, n in ipairs(OPT_NAMES) do
       if n == need then
@@ -651,14 +673,18 @@ local function ix_settle(cfg, need, now, dry)
     end
     return true
   end
+  local clear = now - cfg.cleared > IX_RETAIN / 4
   for _, n in ipairs(OPT_NAMES) do
     if n ~= need and cfg.ix[n] then
       local _, used = ix_parse(cfg.ix[n])
       if now - used > IX_RETAIN then ix_drop(cfg, n) end
+    elseif n ~= need and clear then
+      redis.call('UNLINK', unpack(opt_keys(n)))
     end
   end
+  if clear then redis.call('HSET', K_CFG, cfg.ixf, fmt(now)) end
   if not need then return true end
-  local st, used = ix_parse(cfg.ix[need])
+  local st, used, cur, rid = ix_parse(cfg.ix[need])
   if st == 'on' then
     if now - used > IX_RETAIN / 4 then redis.call('HSET', K_CFG, cfg.ixf .. ':' .. need, 'on ' .. fmt(now)) end
     return true
@@ -666,11 +692,15 @@ local function ix_settle(cfg, need, now, dry)
   if not st then
     -- not kept: whatever the keys hold (an older version's writes) goes
     redis.call('UNLINK', unpack(opt_keys(need)))
-    st = 'b0'
+    cur = '0'
   end
+  local sid = server_id()
+  -- a cursor of another server process (a restart, a failover) would
+  -- skip members: start again (what was added stays right)
+  if rid ~= sid then cur = '0' end
   cfg.keep[need] = true
-  local cur = ix_step(need, string.sub(st, 2), cfg, now)
-  if cur == '0' then st = 'on' else st = 'b' .. cur end
+  cur = ix_step(need, cur, cfg, now)
+  if cur == '0' then st = 'on' else st = 'b' .. cur .. '@' .. sid end
   cfg.ix[need] = st .. ' ' .. fmt(now)
   redis.call('HSET', K_CFG, cfg.ixf .. ':' .. need, cfg.ix[need])
   return st == 'on'

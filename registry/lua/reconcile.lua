@@ -113,6 +113,9 @@ if stage == 'workers' then
             end
           end
           if cfg.keep.iwrr and not redis.call('ZSCORE', K_IWRR, iwrr_member(id)) then fix = true end
+          if cfg.keep.fair and not redis.call('ZSCORE', K_FSI, id) and not redis.call('ZSCORE', K_FSB, id) then
+            fix = true
+          end
         end
       elseif in_lf then
         fix = true
