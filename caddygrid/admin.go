@@ -100,6 +100,22 @@ type PoolDetail struct {
 	MaxLifetime    int            `json:"max_lifetime"`
 	WorkerStatuses []WorkerStatus `json:"workers"`
 	BadRecords     []BadRecordOut `json:"bad_records,omitempty"`
+	// Indexes are the optional indexes the pool and its version groups
+	// keep (docs/redis.md, "Kept indexes").
+	Indexes []IndexOut `json:"indexes,omitempty"`
+}
+
+// IndexOut is one optional index a pool keeps: its pool or version
+// group, name, the policy that walks it, its state ("complete",
+// "building": that policy's claims choose as lifetime_first until it is
+// complete, "kept": no claim of this version settled the pool yet) and
+// when a claim last walked it (RFC 3339, noted every 15 minutes at most).
+type IndexOut struct {
+	Pool       string `json:"pool"`
+	Name       string `json:"name"`
+	Policy     string `json:"policy"`
+	State      string `json:"state"`
+	LastWalked string `json:"last_walked,omitempty"`
 }
 
 // BadRecordOut is a worker record that does not parse.
@@ -269,6 +285,13 @@ func (a *App) adminPool(ctx context.Context, b *backend, w http.ResponseWriter, 
 		MaxConcurrent:  info.Limits.MaxConcurrent,
 		MaxLifetime:    info.Limits.MaxLifetime,
 		WorkerStatuses: make([]WorkerStatus, 0, len(info.Workers)),
+	}
+	for _, ix := range info.Indexes {
+		out := IndexOut{Pool: ix.Pool, Name: ix.Name, Policy: string(ix.Policy), State: ix.State}
+		if !ix.LastWalked.IsZero() {
+			out.LastWalked = ix.LastWalked.UTC().Format(time.RFC3339)
+		}
+		d.Indexes = append(d.Indexes, out)
 	}
 	for _, wi := range info.Workers {
 		d.WorkerStatuses = append(d.WorkerStatuses, workerStatus(wi, now))

@@ -233,6 +233,28 @@ type PoolInfo struct {
 	// workers draining, at the lifetime limit or told to shut down. A
 	// member whose heartbeat is stale is dead and holds nothing back.
 	Retiring []string
+	// Indexes are the optional indexes the pool keeps (docs/redis.md,
+	// "Kept indexes"), for the pool and, from InspectGroups, each of its
+	// version groups; idx:lifetime, kept for every pool, is not listed.
+	Indexes []IndexState
+}
+
+// IndexState is one optional index a pool (or version group) keeps.
+type IndexState struct {
+	// Pool is the pool or version group (GroupPool) the index is of.
+	Pool string
+	// Name is the index as the config hash names it: "ring", "fair" or
+	// "iwrr"; Policy is the policy that walks it.
+	Name   string
+	Policy Policy
+	// State is "complete", "building" (its policy's claims choose as
+	// lifetime_first until it is complete), or "kept" (no claim of this
+	// version has settled the pool yet: every index is kept, as older
+	// versions did).
+	State string
+	// LastWalked is when a claim last walked it, noted at most every 15
+	// minutes (zero for "kept"); an index not walked for an hour is dropped.
+	LastWalked time.Time
 }
 
 // Register writes (or rewrites) a worker's record, status available, its

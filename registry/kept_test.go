@@ -405,3 +405,60 @@ func TestVersionGroupsKeepTheirOwnIndexes(t *testing.T) {
 		t.Fatal("a group keeps an index no claim in it walks")
 	}
 }
+
+// Inspect says which optional indexes a pool and its version groups keep,
+// and in which state: every one ("kept") before a claim settled the pool,
+// none on a lifetime_first pool, "building" then "complete" for a policy
+// that starts on a live pool.
+func TestInspectReportsKeptIndexes(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	g := GroupPool("p", "1.65")
+	for i := range 600 {
+		register(t, r, "p", fmt.Sprintf("w%03d", i), 4)
+	}
+	register(t, r, g, "v1", 4)
+	states := func() string {
+		t.Helper()
+		info, _, _, err := r.InspectGroups(ctx, "p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, ix := range info.Indexes {
+			out = append(out, fmt.Sprintf("%s %s %s %s", ix.Pool, ix.Name, ix.Policy, ix.State))
+			if ix.State != "kept" && ix.LastWalked.IsZero() {
+				t.Fatalf("%s %s: %s without a last walk", ix.Pool, ix.Name, ix.State)
+			}
+		}
+		return strings.Join(out, "; ")
+	}
+	want := "p ring vnode kept; p fair fair_share kept; p iwrr interleaved_weighted_round_robin kept; " +
+		"p@1.65 ring vnode kept; p@1.65 fair fair_share kept; p@1.65 iwrr interleaved_weighted_round_robin kept"
+	if got := states(); got != want {
+		t.Fatalf("before any claim: %q, want %q", got, want)
+	}
+	if _, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Claim(ctx, ClaimRequest{Pool: g, Policy: FairShare}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := states(), "p@1.65 fair fair_share complete"; got != want {
+		t.Fatalf("after a lifetime_first claim in p and a fair_share claim in p@1.65: %q, want %q", got, want)
+	}
+	if c, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: Vnode}); err != nil || !c.IndexBuilding {
+		t.Fatalf("first vnode claim on 600 workers: %v, want its ring building", err)
+	}
+	if got, want := states(), "p ring vnode building; p@1.65 fair fair_share complete"; got != want {
+		t.Fatalf("while the ring is built: %q, want %q", got, want)
+	}
+	for range 6 {
+		if _, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: Vnode}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := states(), "p ring vnode complete; p@1.65 fair fair_share complete"; got != want {
+		t.Fatalf("once built: %q, want %q", got, want)
+	}
+}

@@ -537,6 +537,7 @@ func (r *Registry) inspect(ctx context.Context, pool string) (PoolInfo, error) {
 		MaxScan:       atoi("max_scan"),
 		StaggerDrains: cfg["stagger_drains"] == "1",
 	}
+	info.Indexes = indexStates(pool, cfg)
 	slices.SortFunc(rows, func(a, b rawWorker) int { return strings.Compare(a.id, b.id) })
 	for _, row := range rows {
 		w, err := decodeWorker(pool, row, now)
@@ -782,4 +783,45 @@ func newToken(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// indexWalkers are the optional indexes by the name the config hash uses
+// (lua/common.lua, "Kept indexes") and the policy that walks each.
+var indexWalkers = []struct {
+	name   string
+	policy Policy
+}{{"ring", Vnode}, {"fair", FairShare}, {"iwrr", InterleavedWeightedRoundRobin}}
+
+// indexStates reads which optional indexes pool (or a version group)
+// keeps from the pool's config hash: fields 'ix' and 'ix:<name>', a
+// group's prefixed with 'v=<version>:'.
+func indexStates(pool string, cfg map[string]string) []IndexState {
+	field := "ix"
+	if _, v := SplitGroup(pool); v != "" {
+		field = "v=" + v + ":ix"
+	}
+	settled := cfg[field] != ""
+	for _, ix := range indexWalkers {
+		settled = settled || cfg[field+":"+ix.name] != ""
+	}
+	var out []IndexState
+	for _, ix := range indexWalkers {
+		st := IndexState{Pool: pool, Name: ix.name, Policy: ix.policy, State: "kept"}
+		if settled {
+			v := cfg[field+":"+ix.name]
+			if v == "" {
+				continue
+			}
+			state, used, _ := strings.Cut(v, " ")
+			st.State = "building"
+			if state == "on" {
+				st.State = "complete"
+			}
+			if ms, err := strconv.ParseInt(used, 10, 64); err == nil {
+				st.LastWalked = time.UnixMilli(ms)
+			}
+		}
+		out = append(out, st)
+	}
+	return out
 }

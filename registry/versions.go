@@ -228,6 +228,7 @@ func (r *Registry) InspectGroups(ctx context.Context, pool string) (PoolInfo, Po
 		info.Workers = append(info.Workers, gi.Workers...)
 		info.BadRecords = append(info.BadRecords, gi.BadRecords...)
 		info.Retiring = append(info.Retiring, gi.Retiring...)
+		info.Indexes = append(info.Indexes, gi.Indexes...)
 		info.Leases += gi.Leases
 	}
 	return info, vs, groups, nil
