@@ -88,9 +88,15 @@ func (p *VnodeSelection) Validate() error {
 
 // Select claims a worker (see policyCore.selectWorker).
 func (p *VnodeSelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	req := registry.ClaimRequest{Policy: registry.Vnode, Vnode: p.vnode}
-	req.Limits.MaxScan = p.vnode.MaxScan
-	return p.selectWorker(pool, r, w, p.ClaimOptions, req, p.vnode.Samples)
+	return p.selectWorker(pool, r, w, p.ClaimOptions, p.request(), p.vnode.Samples)
+}
+
+// request is the policy's part of a claim. Limits.MaxScan stays the
+// configured max_scan (0: none): selectWorker and the registry default
+// it, and the registry's lifetime_first fallback, while the pool's ring
+// is being built, uses lifetime_first's default rather than vnode's 16.
+func (p *VnodeSelection) request() registry.ClaimRequest {
+	return registry.ClaimRequest{Policy: registry.Vnode, Vnode: p.vnode}
 }
 
 func (p *VnodeSelection) claimOptions() *ClaimOptions { return &p.ClaimOptions }

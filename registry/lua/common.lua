@@ -607,9 +607,13 @@ local function ix_parse(v)
 end
 
 -- server_id is this Redis process's run_id (another after a restart or on
--- a promoted replica).
+-- a promoted replica), or '0' when the ACL user may not run INFO (it is
+-- in @dangerous): then a build resumed on another server can miss
+-- workers until the reaper's reconcile puts them back.
 local function server_id()
-  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+  local info = redis.pcall('INFO', 'server')
+  if type(info) ~= 'string' then return '0' end
+  return string.match(info, 'run_id:(%x+)') or '0'
 end
 
 -- ix_drop stops keeping index n and frees its keys.
@@ -632,6 +636,8 @@ local function ix_step(n, cur, cfg, now)
     if res.err then res = redis.call('ZSCAN', K_LF, '0', 'COUNT', 32) end
     cur = res[1]
     local ms = res[2]
+    -- a call counts too: on a sparse table ZSCAN may return nothing
+    work = work + 4
     for i = 1, #ms, 2 do
       local id = ms[i]
       if n == 'ring' then
