@@ -108,3 +108,36 @@ func sorted(ss []string) []string {
 	slices.Sort(out)
 	return out
 }
+
+// startReplica starts a redis-server replicating r's and returns a
+// registry on it (and its client): reads may go there, writes are refused.
+func startReplica(t testing.TB, r *Registry) (*Registry, redis.UniversalClient) {
+	t.Helper()
+	addr := strings.TrimSuffix(strings.TrimPrefix(redisURL(r), "redis://"), "/0")
+	host, port, _ := strings.Cut(addr, ":")
+	replica := testenv.StartRedis(t, "--replicaof", host, port)
+	rc, err := NewClient(replica.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rc.Close() })
+	return New(rc, Options{NoStaleExpiry: true}), rc
+}
+
+// suspectHead puts 30 suspect workers with 50 sessions behind them at the
+// head of pool p's idx:lifetime, 600 free ones behind them, and settles
+// the pool on lifetime_first (so it keeps no other index).
+func suspectHead(t testing.TB, r *Registry, now time.Time) {
+	t.Helper()
+	for i := range 30 {
+		put(t, r, "p", selection.Worker{ID: fmt.Sprintf("s%02d", i), Status: selection.Available, Capacity: 2,
+			Lifetime: 50, LastHeartbeat: now, SuspectUntil: now.Add(time.Hour)}, 0, time.Time{})
+	}
+	for i := range 600 {
+		put(t, r, "p", selection.Worker{ID: fmt.Sprintf("f%03d", i), Status: selection.Available, Capacity: 2,
+			LastHeartbeat: now}, 0, time.Time{})
+	}
+	if _, err := r.Claim(context.Background(), ClaimRequest{Pool: "p", Policy: LifetimeFirst, Now: now, LeaseTTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -664,15 +664,7 @@ func TestRedPickOnReplicaDuringBuild(t *testing.T) {
 	if c, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: Vnode}); err != nil || !c.IndexBuilding {
 		t.Fatalf("want a building vnode claim: %v", err)
 	}
-	addr := strings.TrimSuffix(strings.TrimPrefix(redisURL(r), "redis://"), "/0")
-	host, port, _ := strings.Cut(addr, ":")
-	replica := testenv.StartRedis(t, "--replicaof", host, port)
-	rc, err := NewClient(replica.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rc.Close() })
-	ro := New(rc, Options{NoStaleExpiry: true})
+	ro, rc := startReplica(t, r)
 	want := redState(t, r, "p", "ring")
 	testenv.Eventually(t, 60*time.Second, "the replica to hold the build state", func() bool {
 		v, _ := rc.HGet(ctx, ro.Key("p", keyConfig), "ix:ring").Result()
@@ -702,17 +694,7 @@ func TestRedBuildingClaimKeepsVnodeScanBudget(t *testing.T) {
 	ctx := context.Background()
 	r, _ := startRegistry(t, Options{NoStaleExpiry: true})
 	now := time.Now()
-	for i := range 30 {
-		put(t, r, "p", selection.Worker{ID: fmt.Sprintf("s%02d", i), Status: selection.Available, Capacity: 2,
-			Lifetime: 50, LastHeartbeat: now, SuspectUntil: now.Add(time.Hour)}, 0, time.Time{})
-	}
-	for i := range 600 {
-		put(t, r, "p", selection.Worker{ID: fmt.Sprintf("f%03d", i), Status: selection.Available, Capacity: 2,
-			LastHeartbeat: now}, 0, time.Time{})
-	}
-	if _, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, Now: now, LeaseTTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
+	suspectHead(t, r, now)
 	refused, building := 0, 0
 	for range 6 {
 		want, _, err := r.Pick(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, Now: now})
@@ -769,15 +751,7 @@ func TestRedBuildResumedAfterFailover(t *testing.T) {
 		}
 	}
 	ringState, iwrrState := redState(t, r, "p", "ring"), redState(t, r, "p", "iwrr")
-	addr := strings.TrimSuffix(strings.TrimPrefix(redisURL(r), "redis://"), "/0")
-	host, port, _ := strings.Cut(addr, ":")
-	replica := testenv.StartRedis(t, "--replicaof", host, port)
-	rc, err := NewClient(replica.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rc.Close() })
-	nr := New(rc, Options{NoStaleExpiry: true})
+	nr, rc := startReplica(t, r)
 	testenv.Eventually(t, 60*time.Second, "the replica to hold the build state", func() bool {
 		a, _ := rc.HGet(ctx, nr.Key("p", keyConfig), "ix:ring").Result()
 		b, _ := rc.HGet(ctx, nr.Key("p", keyConfig), "ix:iwrr").Result()

@@ -85,15 +85,7 @@ func TestReadsOnAReplica(t *testing.T) {
 	if _, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, LeaseTTL: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	addr := strings.TrimSuffix(strings.TrimPrefix(redisURL(r), "redis://"), "/0")
-	host, port, _ := strings.Cut(addr, ":")
-	replica := testenv.StartRedis(t, "--replicaof", host, port)
-	rc, err := NewClient(replica.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rc.Close() })
-	ro := New(rc, Options{NoStaleExpiry: true})
+	ro, rc := startReplica(t, r)
 	testenv.Eventually(t, 30*time.Second, "the replica to hold the pool", func() bool {
 		n, _ := rc.HLen(ctx, ro.Key("p", keyWorkers)).Result()
 		return n == 2

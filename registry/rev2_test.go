@@ -61,17 +61,7 @@ func TestRev2CaddyVnodeBuildingClaimScanBudget(t *testing.T) {
 	ctx := context.Background()
 	r, _ := startRegistry(t, Options{NoStaleExpiry: true})
 	now := time.Now()
-	for i := range 30 {
-		put(t, r, "p", selection.Worker{ID: fmt.Sprintf("s%02d", i), Status: selection.Available, Capacity: 2,
-			Lifetime: 50, LastHeartbeat: now, SuspectUntil: now.Add(time.Hour)}, 0, time.Time{})
-	}
-	for i := range 600 {
-		put(t, r, "p", selection.Worker{ID: fmt.Sprintf("f%03d", i), Status: selection.Available, Capacity: 2,
-			LastHeartbeat: now}, 0, time.Time{})
-	}
-	if _, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, Now: now, LeaseTTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
+	suspectHead(t, r, now)
 	// caddygrid: VnodeSelection.Provision and Select
 	v := selection.Vnode{}
 	v.SetDefaults()
