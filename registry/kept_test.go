@@ -462,3 +462,21 @@ func TestInspectReportsKeptIndexes(t *testing.T) {
 		t.Fatalf("once built: %q, want %q", got, want)
 	}
 }
+
+// The policy table's index (what Inspect reports) is the one the walk
+// declares it reads (WALK_INDEX, what claims keep and build).
+func TestPolicyTableNamesTheWalkIndex(t *testing.T) {
+	for _, p := range Policies() {
+		decl := "WALK_INDEX." + string(p.Name) + " = "
+		has := strings.Contains(p.walk, decl)
+		switch {
+		case p.index == "" && has:
+			t.Errorf("%s: its walk declares %s… but the table names no index", p.Name, decl)
+		case p.index != "" && !strings.Contains(p.walk, decl+"'"+p.index+"'"):
+			t.Errorf("%s: the table names index %q, its walk does not declare %s'%s'", p.Name, p.index, decl, p.index)
+		}
+		if name, _ := optIndex(p.Name); name != p.index {
+			t.Errorf("%s: the table names index %q, the tests' optKeys %q", p.Name, p.index, name)
+		}
+	}
+}

@@ -33,6 +33,10 @@ type PolicySpec struct {
 	// walk is the policy's Lua walk (lua/walk_<Name>.lua), inserted into
 	// claim.lua.
 	walk string
+	// index names the optional index the walk reads (its WALK_INDEX in
+	// the walk file; "" when it reads idx:lifetime only), kept while the
+	// policy claims the pool (docs/redis.md, "Kept indexes").
+	index string
 }
 
 // policies is the policy table. Order is the order names are listed in
@@ -44,15 +48,15 @@ var policies = []PolicySpec{
 	},
 	{
 		Name: Vnode, Summary: "a ring of virtual nodes with power-of-K choices on live sessions",
-		prepare: prepareVnode, args: vnodeArgs, walk: luaWalkVnode,
+		prepare: prepareVnode, args: vnodeArgs, walk: luaWalkVnode, index: "ring",
 	},
 	{
 		Name: FairShare, Summary: "the worker whose queue of sessions ends first (poolifier's fair share)",
-		DefaultMaxScan: DefaultMaxScan, prepare: prepareFairShare, walk: luaWalkFairShare,
+		DefaultMaxScan: DefaultMaxScan, prepare: prepareFairShare, walk: luaWalkFairShare, index: "fair",
 	},
 	{
 		Name: InterleavedWeightedRoundRobin, Summary: "turns dealt in rounds by the workers' weights (poolifier's interleaved weighted round robin)",
-		DefaultMaxScan: DefaultMaxScan, walk: luaWalkIWRR,
+		DefaultMaxScan: DefaultMaxScan, walk: luaWalkIWRR, index: "iwrr",
 	},
 }
 

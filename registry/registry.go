@@ -785,13 +785,6 @@ func newToken(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// indexWalkers are the optional indexes by the name the config hash uses
-// (lua/common.lua, "Kept indexes") and the policy that walks each.
-var indexWalkers = []struct {
-	name   string
-	policy Policy
-}{{"ring", Vnode}, {"fair", FairShare}, {"iwrr", InterleavedWeightedRoundRobin}}
-
 // indexStates reads which optional indexes pool (or a version group)
 // keeps from the pool's config hash: fields 'ix' and 'ix:<name>', a
 // group's prefixed with 'v=<version>:'.
@@ -800,15 +793,21 @@ func indexStates(pool string, cfg map[string]string) []IndexState {
 	if _, v := SplitGroup(pool); v != "" {
 		field = "v=" + v + ":ix"
 	}
+	// the optional indexes, by the name the config hash uses, from the
+	// policy table
+	var walkers []PolicySpec
 	settled := cfg[field] != ""
-	for _, ix := range indexWalkers {
-		settled = settled || cfg[field+":"+ix.name] != ""
+	for _, p := range policies {
+		if p.index != "" {
+			walkers = append(walkers, p)
+			settled = settled || cfg[field+":"+p.index] != ""
+		}
 	}
 	var out []IndexState
-	for _, ix := range indexWalkers {
-		st := IndexState{Pool: pool, Name: ix.name, Policy: ix.policy, State: "kept"}
+	for _, p := range walkers {
+		st := IndexState{Pool: pool, Name: p.index, Policy: p.Name, State: "kept"}
 		if settled {
-			v := cfg[field+":"+ix.name]
+			v := cfg[field+":"+p.index]
 			if v == "" {
 				continue
 			}
