@@ -121,8 +121,6 @@ local function load_cfg()
   -- the other is a hand edit, not a pool every index was kept for)
   local ix = { ring = v[12] or nil, fair = v[13] or nil, iwrr = v[14] or nil }
   local settled = v[11] ~= false or ix.ring ~= nil or ix.fair ~= nil or ix.iwrr ~= nil
-  local keep = { ring = not settled or ix.ring ~= nil, fair = not settled or ix.fair ~= nil,
-    iwrr = not settled or ix.iwrr ~= nil }
   return {
     mc = tonumber(v[1]) or 0,
     ml = tonumber(v[2]) or 0,
@@ -135,8 +133,15 @@ local function load_cfg()
     scan = tonumber(v[9]),
     -- HMGET gives false for a missing field
     epoch = v[10] or nil,
-    settled = settled, ix = ix, keep = keep, ixf = ixf, cleared = tonumber(v[11]) or 0,
+    settled = settled, ix = ix, ixf = ixf, cleared = tonumber(v[11]) or 0,
   }
+end
+
+-- kept reports whether the pool keeps optional index n (see "Kept
+-- indexes"): every one until a claim settled which, then those with an
+-- 'ix:<name>' state (complete or being built).
+local function kept(cfg, n)
+  return not cfg.settled or cfg.ix[n] ~= nil
 end
 
 local NUM_FIELDS = { 'capacity', 'vnodes', 'heartbeat', 'registered', 'expires', 'suspect_until', 'predicted_end' }
@@ -516,15 +521,14 @@ local function reindex(id, w, cfg, now, claimed)
   elseif may_retire(w, cfg) then
     redis.call('SADD', K_RET, id)
   end
-  local keep = cfg.keep
   if not indexed(w, cfg) then
     -- ZREM's count says whether it was indexed (its ring positions go too);
     -- the fair-share entries may linger either way
     if redis.call('ZREM', K_LF, id) == 1 then
-      if keep.ring then ring_rem(id) end
-      if keep.iwrr then redis.call('ZREM', K_IWRR, iwrr_member(id)) end
+      if kept(cfg, 'ring') then ring_rem(id) end
+      if kept(cfg, 'iwrr') then redis.call('ZREM', K_IWRR, iwrr_member(id)) end
     end
-    if keep.fair then
+    if kept(cfg, 'fair') then
       redis.call('ZREM', K_FSI, id)
       redis.call('ZREM', K_FSB, id)
       redis.call('ZREM', K_FSP, id)
@@ -534,10 +538,10 @@ local function reindex(id, w, cfg, now, claimed)
   -- ZADD's count says whether it is new to the index
   local new = redis.call('ZADD', K_LF, fmt(lf_score(w)), id) == 1
   if new then
-    if keep.ring then ring_add(id) end
-    if keep.iwrr then redis.call('ZADD', K_IWRR, 0, iwrr_member(id)) end
+    if kept(cfg, 'ring') then ring_add(id) end
+    if kept(cfg, 'iwrr') then redis.call('ZADD', K_IWRR, 0, iwrr_member(id)) end
   end
-  if keep.fair then fs_place(id, w, estimate(w, cfg), now) end
+  if kept(cfg, 'fair') then fs_place(id, w, estimate(w, cfg), now) end
   return new
 end
 
@@ -620,7 +624,7 @@ end
 local function ix_drop(cfg, n)
   redis.call('UNLINK', unpack(opt_keys(n)))
   redis.call('HDEL', K_CFG, cfg.ixf .. ':' .. n)
-  cfg.ix[n], cfg.keep[n] = nil, false
+  cfg.ix[n] = nil
 end
 
 -- ix_step adds members of idx:lifetime to index n from cursor cur (as
@@ -671,7 +675,7 @@ local function ix_settle(cfg, need, now, dry)
     cfg.settled = true
     for _, n in ipairs(OPT_NAMES) do
       if n == need then
-        cfg.ix[n], cfg.keep[n] = 'on ' .. fmt(now), true
+        cfg.ix[n] = 'on ' .. fmt(now)
         redis.call('HSET', K_CFG, cfg.ixf .. ':' .. n, cfg.ix[n])
       else
         ix_drop(cfg, n)
@@ -681,10 +685,12 @@ local function ix_settle(cfg, need, now, dry)
   end
   local clear = now - cfg.cleared > IX_RETAIN / 4
   for _, n in ipairs(OPT_NAMES) do
-    if n ~= need and cfg.ix[n] then
+    if n == need then
+      -- below
+    elseif cfg.ix[n] then
       local _, used = ix_parse(cfg.ix[n])
       if now - used > IX_RETAIN then ix_drop(cfg, n) end
-    elseif n ~= need and clear then
+    elseif clear then
       redis.call('UNLINK', unpack(opt_keys(n)))
     end
   end
@@ -704,7 +710,6 @@ local function ix_settle(cfg, need, now, dry)
   -- a cursor of another server process (a restart, a failover) would
   -- skip members: start again (what was added stays right)
   if rid ~= sid then cur = '0' end
-  cfg.keep[need] = true
   cur = ix_step(need, cur, cfg, now)
   if cur == '0' then st = 'on' else st = 'b' .. cur .. '@' .. sid end
   cfg.ix[need] = st .. ' ' .. fmt(now)

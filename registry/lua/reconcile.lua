@@ -104,7 +104,7 @@ if stage == 'workers' then
           fix = true
         else
           -- (only the kept indexes: common.lua, "Kept indexes")
-          if cfg.keep.ring then
+          if kept(cfg, 'ring') then
             for _, m in ipairs(ring_members(id)) do
               if not redis.call('ZSCORE', K_RING, m) then
                 fix = true
@@ -112,8 +112,8 @@ if stage == 'workers' then
               end
             end
           end
-          if cfg.keep.iwrr and not redis.call('ZSCORE', K_IWRR, iwrr_member(id)) then fix = true end
-          if cfg.keep.fair and not redis.call('ZSCORE', K_FSI, id) and not redis.call('ZSCORE', K_FSB, id) then
+          if kept(cfg, 'iwrr') and not redis.call('ZSCORE', K_IWRR, iwrr_member(id)) then fix = true end
+          if kept(cfg, 'fair') and not redis.call('ZSCORE', K_FSI, id) and not redis.call('ZSCORE', K_FSB, id) then
             fix = true
           end
         end
@@ -125,8 +125,8 @@ if stage == 'workers' then
       if fix then
         fixed = fixed + 1
         if ix and in_lf then
-          if cfg.keep.ring then ring_add(id) end
-          if cfg.keep.iwrr then redis.call('ZADD', K_IWRR, 0, iwrr_member(id)) end
+          if kept(cfg, 'ring') then ring_add(id) end
+          if kept(cfg, 'iwrr') then redis.call('ZADD', K_IWRR, 0, iwrr_member(id)) end
         end
         reindex(id, w, cfg, now)
         if want_ret then redis.call('SADD', K_RET, id) end
