@@ -28,8 +28,8 @@ type rawWorker struct {
 
 // decodeWorker parses a worker's stored values; now (ms) decides whether its
 // command has expired. Every claim decodes its worker, so the usual record
-// (what the scripts' cjson.encode writes: lower-case ASCII keys, no escapes,
-// no bytes above 0x7f, one flat object) takes a fast path, a scan of the
+// (what the scripts' cjson.encode writes: lower-case ASCII keys, no escape
+// but "\/", no bytes above 0x7f, one flat object) takes a fast path, a scan of the
 // string that allocates nothing; any other record takes the map path
 // (encoding/json), whose rules are the definition. FuzzDecodeWorkerPaths
 // checks they agree.
@@ -136,9 +136,11 @@ func decodeRecordMap(record string, nums *[7]int64, strs *[6]string, sig *string
 }
 
 // plainRecord reports whether a record can take the fast path: no
-// upper-case ASCII letter, no escape and no byte above 0x7f anywhere, so
-// that every key matches a struct field exactly or not at all, and every
-// string is its bytes between the quotes; and, outside strings, no number
+// upper-case ASCII letter, no byte above 0x7f and no escape but "\/"
+// anywhere, so that every key matches a struct field exactly or not at
+// all, and every string is its bytes between the quotes with "\/" read as
+// "/" (Redis's cjson writes every "/" that way: every path, so a record
+// the scripts wrote has one); and, outside strings, no number
 // with an exponent or of 300 digits or more, the only numbers that can
 // fall outside float64's range (encoding/json refuses a record holding one
 // under any key, which the fast path, skipping unknown keys, would not see).
@@ -146,8 +148,15 @@ func plainRecord(record string) bool {
 	inString, digits := false, 0
 	for i := 0; i < len(record); i++ {
 		c := record[i]
-		if c >= 0x80 || c == '\\' || (c >= 'A' && c <= 'Z') {
+		if c >= 0x80 || (c >= 'A' && c <= 'Z') {
 			return false
+		}
+		if c == '\\' {
+			if !inString || i+1 == len(record) || record[i+1] != '/' {
+				return false
+			}
+			i++
+			continue
 		}
 		switch {
 		case c == '"':
@@ -183,11 +192,17 @@ func scanFlatRecord(s string, vals *[14]string) bool {
 			i++
 		}
 	}
-	str := func() (string, bool) { // at '"'; no escapes in a plain record
+	str := func() (string, bool) { // at '"'; no escape but "\/" in a plain record
 		j := i + 1
 		for j < len(s) && s[j] != '"' {
 			if s[j] < 0x20 {
 				return "", false
+			}
+			if s[j] == '\\' {
+				if j+1 == len(s) || s[j+1] != '/' {
+					return "", false
+				}
+				j++
 			}
 			j++
 		}
@@ -333,12 +348,20 @@ func decodeRecordFast(record string, nums *[7]int64, strs *[6]string, sig *strin
 		if len(x) < 2 || x[0] != '"' {
 			return true, fmt.Errorf("field %s is missing or not a string", recordStrings[i])
 		}
-		strs[i] = x[1 : len(x)-1]
+		strs[i] = unslash(x[1 : len(x)-1])
 	}
 	if x := v[13]; len(x) >= 2 && x[0] == '"' {
-		*sig = x[1 : len(x)-1]
+		*sig = unslash(x[1 : len(x)-1])
 	}
 	return true, nil
+}
+
+// unslash reads a plain record's string: its bytes, "\/" being "/".
+func unslash(s string) string {
+	if !strings.Contains(s, `\/`) {
+		return s
+	}
+	return strings.ReplaceAll(s, `\/`, "/")
 }
 
 // rawType names the Go type encoding/json gives a JSON value starting with

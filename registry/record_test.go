@@ -1,8 +1,10 @@
 package registry
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 )
 
 // FuzzDecodeWorker: any stored values decode to a worker or an error
@@ -66,6 +68,9 @@ func FuzzDecodeWorkerPaths(f *testing.F) {
 		{`"capacity":2`, `"capacity":1e2`}, {`"capacity":2`, `"capacity":-0`}, {`"capacity":2,`, ``},
 		{`"id":"w"`, `"id":5`}, {`"id":"w"`, `"id":null`}, {`"sig":"ab"`, `"sig":7`}, {`"gen":"g"`, `"gen":"g","gen":3`},
 		{`"path":"/p"`, `"path":"/p","path":"/q"`}, {`{`, ` {`}, {`}`, `}x`},
+		// cjson writes "/" as "\/"; other escapes take the map path
+		{`"/p"`, `"\/p\/q"`}, {`"/p"`, `"\/"`}, {`"/p"`, `"\\/p"`}, {`"/p"`, `"\/\"`},
+		{`"/p"`, `"p\n"`}, {`"sig":"ab"`, `"s\/g":"ab"`}, {`"/p"`, `"/p\`},
 	} {
 		f.Add(strings.Replace(good, r[0], r[1], 1))
 	}
@@ -103,13 +108,55 @@ func FuzzDecodeWorkerPaths(f *testing.F) {
 // BenchmarkDecodeWorker: what a claim's reply costs Go to decode (the usual
 // record, 20 durations): go test ./registry -run '^$' -bench DecodeWorker
 func BenchmarkDecodeWorker(b *testing.B) {
-	rec := `{"id":"worker-0042","browser":"chromium","addr":"127.0.0.1:40123","path":"/playwright","status":"available","gen":"a1b2c3d4e5f6a7b8","capacity":4,"vnodes":8,"heartbeat":1700000000000,"registered":1700000000000,"expires":1700000030000,"suspect_until":0,"predicted_end":1700000001234,"sig":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}`
+	rec := `{"id":"worker-0042","browser":"chromium","addr":"127.0.0.1:40123","path":"\/playwright","status":"available","gen":"a1b2c3d4e5f6a7b8","capacity":4,"vnodes":8,"heartbeat":1700000000000,"registered":1700000000000,"expires":1700000030000,"suspect_until":0,"predicted_end":1700000001234,"sig":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}`
 	raw := rawWorker{id: "worker-0042", record: rec, active: "1", lifetime: "42",
 		durations: "100,200,300,400,500,600,700,800,900,1000,1100,1200,1300,1400,1500,1600,1700,1800,1900,2000"}
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := decodeWorker("p", raw, 1700000000000); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestStoredRecordsTakeTheFastPath: the records register.lua and
+// heartbeat.lua store (Redis's cjson writes every "/" as "\/", and every
+// record has a path) take decodeWorker's fast path and decode as the map
+// path decodes them. Before the fast path read "\/" no stored record took
+// it, and every claim's reply went through encoding/json.
+func TestStoredRecordsTakeTheFastPath(t *testing.T) {
+	r, rdb := startRegistry(t, Options{})
+	ctx := context.Background()
+	regs := []Registration{
+		{Pool: "p", ID: "plain", BrowserType: "chromium", Addr: "127.0.0.1:9001", Path: "/playwright/chromium", Capacity: 2, TTL: time.Minute},
+		{Pool: "p", ID: "signed", BrowserType: "chromium", Addr: "10.0.0.7:3000", Path: "/", Capacity: 4, TTL: time.Minute, Secret: []byte("s3cret")},
+	}
+	for _, reg := range regs {
+		if err := r.Register(ctx, reg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Heartbeat(ctx, reg.Pool, reg.ID, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := rdb.HGet(ctx, r.Key("p", keyWorkers), reg.ID).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n1, n2 [7]int64
+		var s1, s2 [6]string
+		var g1, g2 string
+		if err := decodeRecordMap(rec, &n1, &s1, &g1); err != nil {
+			t.Fatalf("%s: map path: %v", reg.ID, err)
+		}
+		handled, err := decodeRecordFast(rec, &n2, &s2, &g2)
+		if !plainRecord(rec) || !handled || err != nil {
+			t.Fatalf("%s: stored record %s misses the fast path (plain %v, handled %v, %v)", reg.ID, rec, plainRecord(rec), handled, err)
+		}
+		if n1 != n2 || s1 != s2 || g1 != g2 {
+			t.Fatalf("%s: map path %v %q %q, fast path %v %q %q", reg.ID, n1, s1, g1, n2, s2, g2)
+		}
+		if s2[3] != reg.Path || s2[2] != reg.Addr {
+			t.Fatalf("%s: fast path read addr %q path %q, registered %q %q", reg.ID, s2[2], s2[3], reg.Addr, reg.Path)
 		}
 	}
 }
