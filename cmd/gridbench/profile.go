@@ -150,6 +150,10 @@ func runProfile(cfg *config) error {
 			run: evalsha("local t = cjson.decode(ARGV[1]) for i = 1, 100 do cjson.encode(t) end return 1", nil, record), cmd: "evalsha"},
 		{what: "common.lua decode(): cjson.decode and the field checks (100 per call)", loops: 100,
 			run: evalsha(common+"\nlocal r = ARGV[1] for i = 1, 100 do decode(r) end return 1", nil, record), cmd: "evalsha"},
+		{what: "common.lua load_worker(): one worker's 5 HGETs, decode and hot figures (100 per call)", loops: 100,
+			run: fcall("gb_load_worker", pickKeys, "w00001"), cmd: "fcall"},
+		{what: "common.lua load_cfg(): the config hash's HMGET into a table (100 per call)", loops: 100,
+			run: fcall("gb_load_cfg", pickKeys), cmd: "fcall"},
 		{what: "positional request (23 ARGV read) and an array reply of 25 items", run: evalsha(profPositional, nil, append(claimArgs, record)...), cmd: "evalsha"},
 		{what: "the same through the named contract (registry/contract.go's REQ and reply{}), 24 ARGV", run: evalsha(profNamed(), nil, append(pickArgs, record)...), cmd: "evalsha"},
 		{what: "cjson request (one ARGV) decoded and a cjson reply of 25 fields", run: evalsha(profJSON, nil, profRequest, record), cmd: "evalsha"},
@@ -166,6 +170,8 @@ func runProfile(cfg *config) error {
 		"#!lua name=gbnoop\nredis.register_function('gb_noop', function(keys, args) return 1 end)",
 		profLibrary("gbcommon", common, "gb_common_noop", "return 1"),
 		profLibrary("gbclaim", common, "gb_claim", claim),
+		profLibrary("gbloadworker", common, "gb_load_worker", "for i = 1, 100 do assert(load_worker(ARGV[1])) end return 1"),
+		profLibrary("gbloadcfg", common, "gb_load_cfg", "for i = 1, 100 do load_cfg() end return 1"),
 		"#!lua name=gblean\nredis.register_function('gb_lean_claim', function(KEYS, ARGV)\n" + profLeanClaim +
 			"\nend)\nredis.register_function('gb_lean_release', function(KEYS, ARGV)\n" + profLeanRelease + "\nend)\n",
 	}

@@ -89,8 +89,10 @@ local function now_ms(arg)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- is_count: a whole number in [0, 2^53) (n % 1 is 0 only for a whole
+-- finite number: NaN and the infinities give NaN).
 local function is_count(n)
-  return type(n) == 'number' and n >= 0 and n == math.floor(n) and n < 9007199254740992
+  return type(n) == 'number' and n >= 0 and n % 1 == 0 and n < 9007199254740992
 end
 
 -- Byte-order string comparison (Lua's < uses strcoll, which follows the
@@ -261,17 +263,21 @@ local function load_worker(id)
   if hot then
     local pe, su, fw, fl, fs, fraw = string.match(hot, '^(%d+) (%d+) (%d+) (%d+) (%d+) (.*)$')
     if not pe then pe, su = string.match(hot, '^(%d+) (%d+)$') end
-    pe, su = count(pe), count(su)
-    if pe and su then
+    -- the patterns match digits only: the length is what count() checks
+    -- beyond them
+    if pe and #pe <= 15 and #su <= 15 then
+      pe, su = tonumber(pe), tonumber(su)
       -- the later suspicion: an older version's undo (or a hand edit)
       -- writes the record's only, and only registration lowers one (both)
       w.predicted_end, w.suspect_until, w.hot = pe, math.max(su, w.suspect_until), hot
       if fraw == draw then
-        fw, fl, fs = count(fw), count(fl), count(fs)
         -- the count must be the list's (one comma between entries): a
         -- release trusts it to cut the list (a count of 0 would replace
         -- a list written by hand or by an attacker with one entry)
-        if fw and fl and fs and fl == list_len(draw) then w.fs_win, w.fs_len, w.fs_sum = fw, fl, fs end
+        if #fw <= 15 and #fl <= 15 and #fs <= 15 then
+          fw, fl, fs = tonumber(fw), tonumber(fl), tonumber(fs)
+          if fl == list_len(draw) then w.fs_win, w.fs_len, w.fs_sum = fw, fl, fs end
+        end
       end
     end
   end
