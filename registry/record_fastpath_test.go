@@ -1,0 +1,133 @@
+package registry
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDecodePathsAgreeExhaustive: every string of up to five bytes over an
+// alphabet of the characters the fast path's "\/" rule and number rules
+// hinge on, put where a value, a key and the tail go in a plain record,
+// decodes on the fast path (when it takes it) exactly as on the map path.
+func TestDecodePathsAgreeExhaustive(t *testing.T) {
+	const good = `{"id":"w","browser":"chromium","addr":"h:1","path":"/p","status":"available","gen":"g","capacity":2,"vnodes":8,"heartbeat":1700000000000,"registered":1700000000000,"expires":1700000030000,"suspect_until":0,"predicted_end":0,"sig":"ab"}`
+	alphabet := []byte{'\\', '/', '"', 'p', 'e', '0', '1', '.', '-', ',', ':', '}'}
+	holes := []struct{ name, old string }{
+		{"path value", `"/p"`},
+		{"addr value", `"h:1"`},
+		{"sig key", `"sig"`},
+		{"capacity value", `2,"vnodes"`},
+		{"tail", `}`},
+	}
+	fast, checked := 0, 0
+	buf := make([]byte, 0, 5)
+	for _, h := range holes {
+		i := strings.Index(good, h.old)
+		pre, post := good[:i], good[i+len(h.old):]
+		if h.name == "capacity value" {
+			post = `,"vnodes"` + good[i+len(h.old):]
+		}
+		var rec func(depth int)
+		rec = func(depth int) {
+			record := pre + string(buf) + post
+			checked++
+			if plainRecord(record) {
+				var n1, n2 [7]int64
+				var s1, s2 [6]string
+				var g1, g2 string
+				e1 := decodeRecordMap(record, &n1, &s1, &g1)
+				handled, e2 := decodeRecordFast(record, &n2, &s2, &g2)
+				if handled {
+					fast++
+					if (e1 == nil) != (e2 == nil) || (e1 != nil && e1.Error() != e2.Error()) {
+						t.Errorf("%s %q: map path says %v, fast path %v", h.name, record, e1, e2)
+					} else if e1 == nil && (n1 != n2 || s1 != s2 || g1 != g2) {
+						t.Errorf("%s %q: map path %v %q %q, fast path %v %q %q", h.name, record, n1, s1, g1, n2, s2, g2)
+					}
+				}
+			}
+			if depth == 5 {
+				return
+			}
+			for _, c := range alphabet {
+				buf = append(buf, c)
+				rec(depth + 1)
+				buf = buf[:len(buf)-1]
+			}
+		}
+		rec(0)
+	}
+	t.Logf("%d records, %d took the fast path", checked, fast)
+}
+
+// TestEveryStoredRecordTakesTheFastPath: what register.lua, heartbeat.lua
+// and update.lua store for registrations an agent may well send (upper-case
+// letters in a path, a host name, an ID or a percent-escape; IPv6
+// addresses; non-ASCII paths and IDs, which registration accepts) takes
+// decodeWorker's fast path, decodes as the map path does, and its
+// signature verifies.
+func TestEveryStoredRecordTakesTheFastPath(t *testing.T) {
+	r, rdb := startRegistry(t, Options{})
+	ctx := context.Background()
+	secret := []byte("s3cret")
+	regs := []Registration{
+		{ID: "lower", BrowserType: "chromium", Addr: "127.0.0.1:9001", Path: "/playwright/chromium"},
+		{ID: "ipv6", BrowserType: "firefox", Addr: "[fe80::1%eth0]:3000", Path: "/"},
+		{ID: "ipv6-upper", BrowserType: "webkit", Addr: "[FE80::1]:3000", Path: "/ws"},
+		{ID: "path-upper", BrowserType: "chromium", Addr: "10.0.0.7:3000", Path: "/Playwright/Chromium"},
+		{ID: "pct-escape", BrowserType: "chromium", Addr: "10.0.0.7:3000", Path: "/a%2Fb?token=abc"},
+		{ID: "Worker-A", BrowserType: "chromium", Addr: "Worker-A.local:3000", Path: "/"},
+		{ID: "browser-upper", BrowserType: "Chromium", Addr: "h:1", Path: "/"},
+		{ID: "unicode-path", BrowserType: "chromium", Addr: "h:1", Path: "/café/ü"},
+		{ID: "wörker", BrowserType: "chromium", Addr: "h:1", Path: "/"},
+		{ID: "no-path", BrowserType: "chromium", Addr: "h:1"},
+	}
+	for _, reg := range regs {
+		reg.Pool, reg.Capacity, reg.TTL, reg.Secret = "p", 2, time.Minute, secret
+		if err := r.Register(ctx, reg); err != nil {
+			t.Fatal(err)
+		}
+		check := func(step string) {
+			t.Helper()
+			rec, err := rdb.HGet(ctx, r.Key("p", keyWorkers), reg.ID).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var n1, n2 [7]int64
+			var s1, s2 [6]string
+			var g1, g2 string
+			if err := decodeRecordMap(rec, &n1, &s1, &g1); err != nil {
+				t.Fatalf("%s after %s: map path: %v", reg.ID, step, err)
+			}
+			handled, err := decodeRecordFast(rec, &n2, &s2, &g2)
+			if !plainRecord(rec) || !handled || err != nil {
+				t.Errorf("%s after %s: stored record %s misses the fast path (plain %v, handled %v, %v)", reg.ID, step, rec, plainRecord(rec), handled, err)
+				return
+			}
+			if n1 != n2 || s1 != s2 || g1 != g2 {
+				t.Errorf("%s after %s: map path %v %q %q, fast path %v %q %q", reg.ID, step, n1, s1, g1, n2, s2, g2)
+			}
+			w, err := r.Worker(ctx, "p", reg.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w.Addr != reg.Addr || w.Path != reg.Path {
+				t.Errorf("%s after %s: read addr %q path %q, registered %q %q", reg.ID, step, w.Addr, w.Path, reg.Addr, reg.Path)
+			}
+			if err := w.CheckSignature(secret); err != nil {
+				t.Errorf("%s after %s: %v", reg.ID, step, err)
+			}
+		}
+		check("register.lua")
+		if _, err := r.Heartbeat(ctx, reg.Pool, reg.ID, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		check("heartbeat.lua")
+		if err := r.SetDraining(ctx, reg.Pool, reg.ID); err != nil {
+			t.Fatal(err)
+		}
+		check("update.lua")
+	}
+}
