@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/browsergrid/caddy-browser-grid/selection"
 )
@@ -28,9 +29,10 @@ type rawWorker struct {
 
 // decodeWorker parses a worker's stored values; now (ms) decides whether its
 // command has expired. Every claim decodes its worker, so the usual record
-// (what the scripts' cjson.encode writes: lower-case ASCII keys, no escape
-// but "\/", no bytes above 0x7f, one flat object) takes a fast path, a scan of the
-// string that allocates nothing; any other record takes the map path
+// (what the scripts' cjson.encode writes: one flat object, no escape but
+// "\/" unless a value has a control character, '"' or '\\', valid UTF-8)
+// takes a fast path, a scan of the string that allocates little (a string
+// with "\/" is copied); any other record takes the map path
 // (encoding/json), whose rules are the definition. FuzzDecodeWorkerPaths
 // checks they agree.
 func decodeWorker(pool string, raw rawWorker, now int64) (WorkerInfo, error) {
@@ -135,21 +137,26 @@ func decodeRecordMap(record string, nums *[7]int64, strs *[6]string, sig *string
 	return nil
 }
 
-// plainRecord reports whether a record can take the fast path: no
-// upper-case ASCII letter, no byte above 0x7f and no escape but "\/"
-// anywhere, so that every key matches a struct field exactly or not at
-// all, and every string is its bytes between the quotes with "\/" read as
-// "/" (Redis's cjson writes every "/" that way: every path, so a record
-// the scripts wrote has one); and, outside strings, no number
+// plainRecord reports whether a record can take the fast path: no escape
+// but "\/", and no invalid UTF-8, so that every string (keys included) is
+// its bytes between the quotes with "\/" read as "/" (Redis's cjson writes
+// every "/" that way: every path, so a record the scripts wrote has one;
+// it writes other bytes above 0x7f as they are, and encoding/json, like
+// the fast path, matches a key to a map's exactly); outside strings, no
+// upper-case letter (no "E" exponent) and no byte above 0x7f; and no number
 // with an exponent or of 300 digits or more, the only numbers that can
 // fall outside float64's range (encoding/json refuses a record holding one
 // under any key, which the fast path, skipping unknown keys, would not see).
 func plainRecord(record string) bool {
-	inString, digits := false, 0
+	inString, digits, high := false, 0, false
 	for i := 0; i < len(record); i++ {
 		c := record[i]
 		if c >= 0x80 || (c >= 'A' && c <= 'Z') {
-			return false
+			if !inString {
+				return false
+			}
+			high = high || c >= 0x80
+			continue
 		}
 		if c == '\\' {
 			if !inString || i+1 == len(record) || record[i+1] != '/' {
@@ -172,7 +179,9 @@ func plainRecord(record string) bool {
 			digits = 0
 		}
 	}
-	return true
+	// encoding/json reads a string's invalid UTF-8 as U+FFFD; the fast
+	// path would keep its bytes
+	return !high || utf8.ValidString(record)
 }
 
 // recordKeys is every field a record's scan keeps: recordNumbers, then

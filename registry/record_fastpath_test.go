@@ -9,11 +9,20 @@ import (
 
 // TestDecodePathsAgreeExhaustive: every string of up to five bytes over an
 // alphabet of the characters the fast path's "\/" rule and number rules
-// hinge on, put where a value, a key and the tail go in a plain record,
-// decodes on the fast path (when it takes it) exactly as on the map path.
+// hinge on (of up to four with upper-case letters and UTF-8 bytes too),
+// put where a value, a key and the tail go in a plain record, decodes on
+// the fast path (when it takes it) exactly as on the map path.
 func TestDecodePathsAgreeExhaustive(t *testing.T) {
 	const good = `{"id":"w","browser":"chromium","addr":"h:1","path":"/p","status":"available","gen":"g","capacity":2,"vnodes":8,"heartbeat":1700000000000,"registered":1700000000000,"expires":1700000030000,"suspect_until":0,"predicted_end":0,"sig":"ab"}`
-	alphabet := []byte{'\\', '/', '"', 'p', 'e', '0', '1', '.', '-', ',', ':', '}'}
+	// the escape and number rules to five bytes; with upper-case letters
+	// and UTF-8 (valid, truncated, invalid) to four
+	passes := []struct {
+		alphabet []byte
+		depth    int
+	}{
+		{[]byte{'\\', '/', '"', 'p', 'e', '0', '1', '.', '-', ',', ':', '}'}, 5},
+		{[]byte{'\\', '/', '"', 'p', 'e', 'E', 'P', '0', '1', '.', '-', ':', '}', 0xc3, 0xa9, 0xff, 0xed}, 4},
+	}
 	holes := []struct{ name, old string }{
 		{"path value", `"/p"`},
 		{"addr value", `"h:1"`},
@@ -23,41 +32,43 @@ func TestDecodePathsAgreeExhaustive(t *testing.T) {
 	}
 	fast, checked := 0, 0
 	buf := make([]byte, 0, 5)
-	for _, h := range holes {
-		i := strings.Index(good, h.old)
-		pre, post := good[:i], good[i+len(h.old):]
-		if h.name == "capacity value" {
-			post = `,"vnodes"` + good[i+len(h.old):]
-		}
-		var rec func(depth int)
-		rec = func(depth int) {
-			record := pre + string(buf) + post
-			checked++
-			if plainRecord(record) {
-				var n1, n2 [7]int64
-				var s1, s2 [6]string
-				var g1, g2 string
-				e1 := decodeRecordMap(record, &n1, &s1, &g1)
-				handled, e2 := decodeRecordFast(record, &n2, &s2, &g2)
-				if handled {
-					fast++
-					if (e1 == nil) != (e2 == nil) || (e1 != nil && e1.Error() != e2.Error()) {
-						t.Errorf("%s %q: map path says %v, fast path %v", h.name, record, e1, e2)
-					} else if e1 == nil && (n1 != n2 || s1 != s2 || g1 != g2) {
-						t.Errorf("%s %q: map path %v %q %q, fast path %v %q %q", h.name, record, n1, s1, g1, n2, s2, g2)
+	for _, pass := range passes {
+		for _, h := range holes {
+			i := strings.Index(good, h.old)
+			pre, post := good[:i], good[i+len(h.old):]
+			if h.name == "capacity value" {
+				post = `,"vnodes"` + good[i+len(h.old):]
+			}
+			var rec func(depth int)
+			rec = func(depth int) {
+				record := pre + string(buf) + post
+				checked++
+				if plainRecord(record) {
+					var n1, n2 [7]int64
+					var s1, s2 [6]string
+					var g1, g2 string
+					e1 := decodeRecordMap(record, &n1, &s1, &g1)
+					handled, e2 := decodeRecordFast(record, &n2, &s2, &g2)
+					if handled {
+						fast++
+						if (e1 == nil) != (e2 == nil) || (e1 != nil && e1.Error() != e2.Error()) {
+							t.Errorf("%s %q: map path says %v, fast path %v", h.name, record, e1, e2)
+						} else if e1 == nil && (n1 != n2 || s1 != s2 || g1 != g2) {
+							t.Errorf("%s %q: map path %v %q %q, fast path %v %q %q", h.name, record, n1, s1, g1, n2, s2, g2)
+						}
 					}
 				}
+				if depth == pass.depth {
+					return
+				}
+				for _, c := range pass.alphabet {
+					buf = append(buf, c)
+					rec(depth + 1)
+					buf = buf[:len(buf)-1]
+				}
 			}
-			if depth == 5 {
-				return
-			}
-			for _, c := range alphabet {
-				buf = append(buf, c)
-				rec(depth + 1)
-				buf = buf[:len(buf)-1]
-			}
+			rec(0)
 		}
-		rec(0)
 	}
 	t.Logf("%d records, %d took the fast path", checked, fast)
 }

@@ -71,6 +71,11 @@ func FuzzDecodeWorkerPaths(f *testing.F) {
 		// cjson writes "/" as "\/"; other escapes take the map path
 		{`"/p"`, `"\/p\/q"`}, {`"/p"`, `"\/"`}, {`"/p"`, `"\\/p"`}, {`"/p"`, `"\/\"`},
 		{`"/p"`, `"p\n"`}, {`"sig":"ab"`, `"s\/g":"ab"`}, {`"/p"`, `"/p\`},
+		// upper-case letters and UTF-8 in strings take the fast path; outside
+		// them, and invalid UTF-8 anywhere, the map path
+		{`"/p"`, `"\/P%2F"`}, {`"h:1"`, `"[FE80::1]:3000"`}, {`"/p"`, `"\/caf\u00e9"`}, {`"/p"`, "\"/caf\xc3\xa9\""},
+		{`"/p"`, "\"/caf\xc3\""}, {`"/p"`, "\"/\xed\xa0\x80\""}, {`"sig":"ab"`, `"Sig":"ab"`}, {`"sig":"ab"`, "\"s\xc3\xa9g\":\"ab\""},
+		{`"capacity":2`, `"capacity":2E2`}, {`"capacity":2`, `"capacity":True`}, {`}`, "}\xc3\xa9"},
 	} {
 		f.Add(strings.Replace(good, r[0], r[1], 1))
 	}
