@@ -2,9 +2,11 @@ package registry
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // TestDecodePathsAgreeExhaustive: every string of up to five bytes over an
@@ -140,5 +142,53 @@ func TestEveryStoredRecordTakesTheFastPath(t *testing.T) {
 			t.Fatal(err)
 		}
 		check("update.lua")
+	}
+}
+
+// TestRegisteredFieldsReadBack: whatever path, address and browser
+// registration accepts, a proxy reads back exactly (on either decode path)
+// and the registration's signature verifies; what it could not read back
+// (invalid UTF-8, which encoding/json reads as U+FFFD while cjson stores
+// the bytes: the signature, made over the bytes, then never verifies)
+// registration refuses, naming the field.
+func TestRegisteredFieldsReadBack(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	secret := []byte("s3cret")
+	for i, path := range []string{
+		"/", "/a/b", `/q"uote`, `/back\slash`, "/tab\there", "/nl\n", "/del\x7f", "/\u2028", "/é", "/\U0001F600",
+		"/\xff", "/\xc3", "/\xed\xa0\x80",
+	} {
+		reg := Registration{Pool: "p", ID: fmt.Sprintf("w%d", i), BrowserType: "chromium", Addr: "h:1", Path: path,
+			Capacity: 1, TTL: time.Minute, Secret: secret}
+		err := r.Register(ctx, reg)
+		if !utf8.ValidString(path) {
+			if err == nil || !strings.Contains(err.Error(), "Path") {
+				t.Errorf("path %q: registration says %v, want a refusal naming Path", path, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("path %q: %v", path, err)
+		}
+		w, err := r.Worker(ctx, "p", reg.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.Path != path {
+			t.Errorf("path %q reads back as %q", path, w.Path)
+		}
+		if err := w.CheckSignature(secret); err != nil {
+			t.Errorf("path %q: %v", path, err)
+		}
+	}
+	for _, reg := range []Registration{
+		{Pool: "p", ID: "bad-addr", BrowserType: "chromium", Addr: "h\xff:1", Path: "/"},
+		{Pool: "p", ID: "bad-browser", BrowserType: "chrom\xffium", Addr: "h:1", Path: "/"},
+		{Pool: "p", ID: "bad-gen", BrowserType: "chromium", Addr: "h:1", Path: "/", Generation: "g\xff"},
+	} {
+		if err := r.Register(ctx, reg); err == nil {
+			t.Errorf("%s: registration of invalid UTF-8 accepted", reg.ID)
+		}
 	}
 }
