@@ -125,7 +125,9 @@ type Registration struct {
 	Pool        string
 	ID          string
 	BrowserType string
-	// Addr is the host:port a proxy dials.
+	// Addr is the host:port a proxy dials (valid UTF-8, as are
+	// BrowserType, Path and Generation: a proxy could not read other bytes
+	// back as given).
 	Addr string
 	// Path is the WebSocket path on the worker, e.g. "/playwright".
 	Path string

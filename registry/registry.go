@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/browsergrid/caddy-browser-grid/selection"
 	"github.com/redis/go-redis/v9"
@@ -129,6 +130,14 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 		gen = NewGeneration()
 	} else if err := checkToken(gen); err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: Generation: %w", reg.ID, reg.Pool, err)
+	}
+	// cjson stores these as bytes, and a proxy reads invalid UTF-8 as
+	// U+FFFD (encoding/json): it would dial another path than the agent
+	// gave, and the signature, made over the bytes, would never verify.
+	for _, f := range [][2]string{{"Addr", reg.Addr}, {"Path", reg.Path}, {"BrowserType", reg.BrowserType}, {"Generation", gen}} {
+		if !utf8.ValidString(f[1]) {
+			return fmt.Errorf("registering worker %q in pool %q: %s %q is not valid UTF-8", reg.ID, reg.Pool, f[0], f[1])
+		}
 	}
 	ttl := reg.TTL
 	if ttl == 0 {
