@@ -192,3 +192,78 @@ func TestRegisteredFieldsReadBack(t *testing.T) {
 		}
 	}
 }
+
+// FuzzRegisterReadBack: any path, address, browser and generation either
+// is refused by registration (invalid UTF-8) or, as register.lua,
+// heartbeat.lua and update.lua store it (Redis's cjson), decodes the same
+// on both paths, reads back exactly and its signature verifies:
+// go test ./registry -run '^$' -fuzz FuzzRegisterReadBack
+func FuzzRegisterReadBack(f *testing.F) {
+	f.Add("/playwright", "h:1", "chromium", "Worker-A")
+	f.Add(`/a\/b"c\`, "[FE80::1]:3000", "Ch\u00e9", "w")
+	f.Add("/\u2028\x7f\x01", "h:1", "", "g\xff")
+	r, rdb := startRegistry(f, Options{})
+	ctx := context.Background()
+	secret := []byte("k")
+	n := 0
+	f.Fuzz(func(t *testing.T, path, addr, browser, gen string) {
+		if addr == "" {
+			addr = "h:1"
+		}
+		if checkToken(gen) != nil && utf8.ValidString(gen) {
+			gen = "g"
+		}
+		n++
+		id := fmt.Sprintf("w%d", n)
+		reg := Registration{Pool: "p", ID: id, BrowserType: browser, Addr: addr, Path: path, Generation: gen,
+			Capacity: 1, TTL: time.Minute, Secret: secret}
+		err := r.Register(ctx, reg)
+		if !utf8.ValidString(path) || !utf8.ValidString(addr) || !utf8.ValidString(browser) || !utf8.ValidString(gen) {
+			if err == nil {
+				t.Fatalf("invalid UTF-8 registered: %q %q %q %q", path, addr, browser, gen)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Deregister(ctx, "p", id)
+		for step := 0; step < 3; step++ {
+			rec, err := rdb.HGet(ctx, r.Key("p", keyWorkers), id).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var n1, n2 [7]int64
+			var s1, s2 [6]string
+			var g1, g2 string
+			if err := decodeRecordMap(rec, &n1, &s1, &g1); err != nil {
+				t.Fatalf("map path refuses %q: %v", rec, err)
+			}
+			if plainRecord(rec) {
+				handled, err := decodeRecordFast(rec, &n2, &s2, &g2)
+				if !handled || err != nil || n1 != n2 || s1 != s2 || g1 != g2 {
+					t.Fatalf("record %q: map path %v %q %q, fast path (handled %v, %v) %v %q %q", rec, n1, s1, g1, handled, err, n2, s2, g2)
+				}
+			}
+			w, err := r.Worker(ctx, "p", id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w.Path != path || w.Addr != addr || w.BrowserType != browser || w.gen != gen {
+				t.Fatalf("read back %q %q %q %q from %q", w.Path, w.Addr, w.BrowserType, w.gen, rec)
+			}
+			if err := w.CheckSignature(secret); err != nil {
+				t.Fatalf("record %q: %v", rec, err)
+			}
+			switch step {
+			case 0:
+				_, err = r.Heartbeat(ctx, "p", id, time.Minute)
+			case 1:
+				err = r.SetDraining(ctx, "p", id)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
