@@ -67,9 +67,13 @@ test-go:
 ## fuzz: each fuzz target for FUZZTIME (their seed corpora run in every go test).
 FUZZTIME    ?= 10s
 FUZZ_TARGETS = FuzzClientRequest FuzzAdminAPI FuzzClientKey
+# the record decoder's two paths must agree: the address and path Caddy dials come from it
+FUZZ_REGISTRY = FuzzDecodeWorkerPaths
 fuzz:
 	@set -e; for f in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./caddygrid; \
+	done; for f in $(FUZZ_REGISTRY); do \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./registry; \
 	done
 
 ## chaos: every reliability scenario under client traffic, full length; prints one table and
