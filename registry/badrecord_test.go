@@ -35,6 +35,10 @@ func TestBadRecordsSkippedAndReported(t *testing.T) {
 		"bad-status": func() {
 			rdb.HSet(ctx, r.Key("p", keyWorkers), "bad-status", `{"id":"bad-status","browser":"c","addr":"h:1","path":"/","status":"sleeping","gen":"g","capacity":0,"vnodes":8,"heartbeat":1,"registered":1,"expires":1,"suspect_until":0,"predicted_end":0}`)
 		},
+		// a generation with a space: lease_owner's members could not hold it
+		"bad-gen": func() {
+			rdb.HSet(ctx, r.Key("p", keyWorkers), "bad-gen", `{"id":"bad-gen","browser":"c","addr":"h:1","path":"/","status":"available","gen":"g h","capacity":0,"vnodes":8,"heartbeat":1,"registered":1,"expires":1,"suspect_until":0,"predicted_end":0}`)
+		},
 		"bad-json":    func() { rdb.HSet(ctx, r.Key("p", keyWorkers), "bad-json", `{"id":`) },
 		"bad-counter": func() { rdb.HSet(ctx, r.Key("p", keyActive), "bad-counter", "two") },
 		"bad-durations": func() {

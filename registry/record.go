@@ -57,6 +57,13 @@ func decodeWorker(pool string, raw rawWorker, now int64) (WorkerInfo, error) {
 	if st != selection.Available && st != selection.Draining {
 		return WorkerInfo{}, fmt.Errorf("unknown status %q", st)
 	}
+	// as bad_name in lua/common.lua: an id or generation is joined with
+	// spaces in lease_owner's members, so a claim refuses such a record
+	for _, f := range [2]int{0, 4} {
+		if badName(strs[f]) {
+			return WorkerInfo{}, fmt.Errorf("field %s is empty, longer than 200 bytes or has spaces or control characters", recordStrings[f])
+		}
+	}
 	active, err := parseCount(raw.active)
 	if err != nil {
 		return WorkerInfo{}, fmt.Errorf("active count is missing or not a whole number")
@@ -105,6 +112,21 @@ func decodeWorker(pool string, raw rawWorker, now int64) (WorkerInfo, error) {
 		sig: sig,
 	}
 	return w, nil
+}
+
+// badName is bad_name of lua/common.lua: empty, over 200 bytes, or holding
+// a space or a control character (Lua's %s and %c: bytes up to 0x20, and
+// 0x7f).
+func badName(s string) bool {
+	if s == "" || len(s) > 200 {
+		return true
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] == 0x7f {
+			return true
+		}
+	}
+	return false
 }
 
 // decodeRecordMap reads a record the general way (the rules' definition):
