@@ -487,6 +487,19 @@ local function iwrr_member(id)
   return string.format('%06d', wt) .. ':' .. id
 end
 
+-- opt_add / opt_rem put a worker's entries in (take them out of) the
+-- kept ring and idx:iwrr, when it enters (leaves) idx:lifetime; the
+-- fair-share sets follow its figures instead (fs_place).
+local function opt_add(id, cfg)
+  if kept(cfg, 'ring') then ring_add(id) end
+  if kept(cfg, 'iwrr') then redis.call('ZADD', K_IWRR, 0, iwrr_member(id)) end
+end
+
+local function opt_rem(id, cfg)
+  if kept(cfg, 'ring') then ring_rem(id) end
+  if kept(cfg, 'iwrr') then redis.call('ZREM', K_IWRR, iwrr_member(id)) end
+end
+
 -- fs_place puts an indexed worker in idx:fair_busy (and idx:fair_end) or
 -- idx:fair_idle. A worker is in exactly one of the two (the invariant
 -- above), so the other is cleared only when ZADD says the worker was not
@@ -530,10 +543,7 @@ local function reindex(id, w, cfg, now, claimed)
   if not indexed(w, cfg) then
     -- ZREM's count says whether it was indexed (its ring positions go too);
     -- the fair-share entries may linger either way
-    if redis.call('ZREM', K_LF, id) == 1 then
-      if kept(cfg, 'ring') then ring_rem(id) end
-      if kept(cfg, 'iwrr') then redis.call('ZREM', K_IWRR, iwrr_member(id)) end
-    end
+    if redis.call('ZREM', K_LF, id) == 1 then opt_rem(id, cfg) end
     if kept(cfg, 'fair') then
       redis.call('ZREM', K_FSI, id)
       redis.call('ZREM', K_FSB, id)
@@ -543,10 +553,7 @@ local function reindex(id, w, cfg, now, claimed)
   end
   -- ZADD's count says whether it is new to the index
   local new = redis.call('ZADD', K_LF, fmt(lf_score(w)), id) == 1
-  if new then
-    if kept(cfg, 'ring') then ring_add(id) end
-    if kept(cfg, 'iwrr') then redis.call('ZADD', K_IWRR, 0, iwrr_member(id)) end
-  end
+  if new then opt_add(id, cfg) end
   if kept(cfg, 'fair') then fs_place(id, w, estimate(w, cfg), now) end
   return new
 end

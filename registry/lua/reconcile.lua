@@ -124,10 +124,7 @@ if stage == 'workers' then
       if want_ret and redis.call('SISMEMBER', K_RET, id) == 0 then fix = true end
       if fix then
         fixed = fixed + 1
-        if ix and in_lf then
-          if kept(cfg, 'ring') then ring_add(id) end
-          if kept(cfg, 'iwrr') then redis.call('ZADD', K_IWRR, 0, iwrr_member(id)) end
-        end
+        if ix and in_lf then opt_add(id, cfg) end
         reindex(id, w, cfg, now)
         if want_ret then redis.call('SADD', K_RET, id) end
       end
