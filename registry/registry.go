@@ -546,7 +546,9 @@ func (r *Registry) inspect(ctx context.Context, pool string) (PoolInfo, error) {
 		MaxScan:       atoi("max_scan"),
 		StaggerDrains: cfg["stagger_drains"] == "1",
 	}
-	info.Indexes = indexStates(pool, cfg)
+	// the fields are named as the pool's keys are ("v=1.65:ix" for a
+	// version group: Key), less the hash tag
+	info.Indexes = indexStates(pool, strings.TrimPrefix(r.Key(pool, "ix"), r.tag(pool)+":"), cfg)
 	slices.SortFunc(rows, func(a, b rawWorker) int { return strings.Compare(a.id, b.id) })
 	for _, row := range rows {
 		w, err := decodeWorker(pool, row, now)
@@ -795,13 +797,9 @@ func newToken(n int) string {
 }
 
 // indexStates reads which optional indexes pool (or a version group)
-// keeps from the pool's config hash: fields 'ix' and 'ix:<name>', a
-// group's prefixed with 'v=<version>:'.
-func indexStates(pool string, cfg map[string]string) []IndexState {
-	field := "ix"
-	if _, v := SplitGroup(pool); v != "" {
-		field = "v=" + v + ":ix"
-	}
+// keeps from the pool's config hash: fields field ('ix', a group's
+// 'v=<version>:ix') and field + ':<name>'.
+func indexStates(pool, field string, cfg map[string]string) []IndexState {
 	// the optional indexes, by the name the config hash uses, from the
 	// policy table
 	var walkers []PolicySpec
