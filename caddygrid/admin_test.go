@@ -75,6 +75,11 @@ func TestAdminAndMetrics(t *testing.T) {
 	if pool.MaxConcurrent != 2 || pool.MaxLifetime != 9 || len(pool.WorkerStatuses) != 3 {
 		t.Fatalf("GET /grid/pools/chromium = %s", body)
 	}
+	// claimed with lifetime_first only: no optional index is kept (a pool
+	// no claim of this version had settled would list all three as "kept")
+	if len(pool.Indexes) != 0 {
+		t.Errorf("GET /grid/pools/chromium: indexes %+v, want none for a lifetime_first pool", pool.Indexes)
+	}
 	figures := map[string][2]int{"w1": {6, 0}, "w2": {2, 1}, "w3": {0, 0}}
 	for _, w := range pool.WorkerStatuses {
 		f := figures[w.ID]
