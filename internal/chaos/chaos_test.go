@@ -3,6 +3,8 @@ package chaos
 import (
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -159,5 +161,32 @@ func TestP99(t *testing.T) {
 	}
 	if got := p99(nil); got != 0 {
 		t.Errorf("p99 of nothing = %s", got)
+	}
+}
+
+// A frontend out of rotation is never picked, however many clients pick
+// at once. Each pick used to draw the shared counter once per frontend it
+// looked at, so with another client drawing in between it could look at
+// the down one twice and fall back to it (caddy-kill then counted a dial
+// of the killed instance, long after it left the rotation, as an error).
+func TestPickSkipsDownFrontendUnderConcurrency(t *testing.T) {
+	tr := newTraffic([]string{"ws://a", "ws://b"}, time.Second)
+	tr.down[0].Store(true)
+	var wrong atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20000 {
+				if tr.pick() == 0 {
+					wrong.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := wrong.Load(); n > 0 {
+		t.Fatalf("the down frontend was picked %d times in 160,000 picks", n)
 	}
 }

@@ -58,16 +58,20 @@ func newTraffic(frontends []string, handshake time.Duration) *traffic {
 	}
 }
 
-// pick returns the next frontend in rotation.
+// pick returns the next frontend in rotation: one draw of the shared
+// counter, then the frontends from there (drawing once per frontend
+// looked at would let other clients' draws in between, so a pick could
+// look at a down frontend twice and miss the live one).
 func (tr *traffic) pick() int {
 	n := uint64(len(tr.frontends))
-	for range n {
-		i := int(tr.rr.Add(1) % n)
+	from := tr.rr.Add(1)
+	for k := range n {
+		i := int((from + k) % n)
 		if !tr.down[i].Load() {
 			return i
 		}
 	}
-	return 0
+	return int(from % n)
 }
 
 // pinned, when ≥ 0, sends a client through that frontend only.
