@@ -9,8 +9,10 @@ package main
 //     (evalsha, eval and fcall together), beside PING's usec_per_call;
 //     the nested commands per claim and release come from the same deltas.
 //   - Through bin/caddy with W fakebrowser workers, S sessions C at once:
-//     Redis CPU per session (INFO cpu, user + sys, whole process), and
-//     every command's calls and time per session.
+//     Redis CPU per session (INFO cpu, user + sys, whole process, each
+//     printed), and every command's calls and time per session; measured
+//     twice, everything on shared cores, then with Redis alone on a core
+//     (pin_linux.go says why).
 //   - Client-visible claim p50 (Registry.Claim) against a PING p50, taken
 //     interleaved on one connection.
 //   - Connect p50 through the grid against stock reverse_proxy least_conn
@@ -40,6 +42,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -72,7 +75,7 @@ var (
 	tgtConns    = flag.Int("redis-claimer-conns", 8, "redis-targets: connections (goroutines) per claiming process")
 	tgtStockN   = flag.String("redis-stock-n", "1000,10000", "redis-targets: pool sizes for grid vs stock reverse_proxy (comma separated; empty: skip)")
 	tgtStockC   = flag.String("redis-stock-clients", "4,64", "redis-targets: client counts for grid vs stock reverse_proxy")
-	tgtParts    = flag.String("redis-parts", "scripts,caddy,stock", "redis-targets: which parts to run (scripts: script costs, claim p50, claiming processes; caddy: through bin/caddy; stock: grid vs stock)")
+	tgtParts    = flag.String("redis-parts", "scripts,caddy,caddy-pinned,stock", "redis-targets: which parts to run (scripts: script costs, claim p50, claiming processes; caddy: through bin/caddy, all on shared cores; caddy-pinned: the same with Redis alone on the last CPU, everything else on the others; stock: grid vs stock)")
 	tgtPprof    = flag.String("redis-pprof", "", "redis-targets: write CPU profiles of bin/caddy under C clients' load, grid to this file and stock reverse_proxy to it + \".stock\"")
 	tgtPprofFor = flag.Duration("redis-pprof-for", 10*time.Second, "redis-targets: how long each CPU profile runs")
 )
@@ -127,8 +130,19 @@ func runTargets(cfg *config) error {
 		}
 		rows = append(rows, r...)
 	}
-	if part("caddy") {
-		r, err := tgtThroughCaddy(cfg, workers, sessions, clients, connects)
+	for _, pinned := range []bool{false, true} {
+		name := "caddy"
+		if pinned {
+			name = "caddy-pinned"
+		}
+		if !part(name) {
+			continue
+		}
+		if pinned && runtime.NumCPU() < 2 {
+			fmt.Fprintf(w, "\n(%s skipped: pinning Redis apart needs 2 CPUs, this machine has %d)\n", name, runtime.NumCPU())
+			continue
+		}
+		r, err := tgtThroughCaddy(cfg, workers, sessions, clients, connects, pinned)
 		if err != nil {
 			return err
 		}
@@ -444,7 +458,7 @@ func claimerMain() int {
 
 // tgtThroughCaddy measures per-session Redis CPU and commands through
 // bin/caddy, and the connect p50 against stock reverse_proxy.
-func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int) ([]tgtRow, error) {
+func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int, pinned bool) ([]tgtRow, error) {
 	w := cfg.out
 	ctx := context.Background()
 	srv, err := regStartRedis()
@@ -465,6 +479,19 @@ func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int) ([]t
 		return nil, err
 	}
 	defer cad.stop()
+	where := "shared cores"
+	if pinned {
+		pin, err := pinApart(srv.cmd.Process.Pid, cad.cmd.Process.Pid)
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err := pin.restore(); err != nil {
+				fmt.Fprintf(w, "(restoring gridbench's CPU set: %v)\n", err)
+			}
+		}()
+		where = fmt.Sprintf("Redis alone on CPU %d", pin.redisCPU)
+	}
 	grid := func() string { return "ws://" + cad.gridAddr + "/playwright/" + pool }
 	stock := func() string { return "ws://" + cad.rpAddr + "/playwright" }
 	for _, u := range []func() string{grid, stock} {
@@ -516,7 +543,7 @@ func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int) ([]t
 	if err != nil {
 		return nil, err
 	}
-	perSession := (cpu1 - cpu0) * 1e6 / float64(sessions)
+	perSession := cpu1.sub(cpu0).per(sessions)
 	d := st1.sub(st0)
 	delete(d, "info")
 
@@ -528,11 +555,11 @@ func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int) ([]t
 	}
 	rc1 := tgtProcCPU(cad.cmd.Process.Pid)
 
-	fmt.Fprintf(w, "\nThrough bin/caddy, %d fakebrowser workers, %d sessions %d at once (connect + close each):\n\n", workers, sessions, clients)
-	fmt.Fprintln(w, "| path | sessions/s | connect p50 (µs) | Caddy CPU per session (µs, /proc) | Redis CPU per session (µs, INFO cpu) |")
+	fmt.Fprintf(w, "\nThrough bin/caddy, %d fakebrowser workers, %d sessions %d at once (connect + close each), %s:\n\n", workers, sessions, clients, where)
+	fmt.Fprintln(w, "| path | sessions/s | connect p50 (µs) | Caddy CPU per session (µs, /proc) | Redis CPU per session (µs, INFO cpu: user + sys) |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
 	fmt.Fprintf(w, "| browser_grid | %s | %s | %s | %s |\n", tgtF(float64(sessions)/took.Seconds(), 0), regUS(proxyQuantile(lat, 0.5)),
-		tgtF((cad1-cad0)*1e6/float64(sessions), 0), tgtF(perSession, 0))
+		tgtF((cad1-cad0)*1e6/float64(sessions), 0), perSession.split(0))
 	fmt.Fprintf(w, "| reverse_proxy least_conn | %s | %s | %s | — |\n", tgtF(float64(sessions)/stook.Seconds(), 0), regUS(proxyQuantile(slat, 0.5)),
 		tgtF((rc1-rc0)*1e6/float64(sessions), 0))
 	fmt.Fprintf(w, "\nRedis commands per grid session (commandstats delta / %d sessions; scripts include their nested commands):\n\n", sessions)
@@ -578,12 +605,13 @@ func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int) ([]t
 		gl, sl = append(gl, dg), append(sl, ds)
 	}
 	gp, sp := proxyQuantile(gl, 0.5), proxyQuantile(sl, 0.5)
-	fmt.Fprintf(w, "\nConnect, one client, %d per path interleaved: grid p50 %s µs, reverse_proxy least_conn p50 %s µs.\n", connects, regUS(gp), regUS(sp))
+	fmt.Fprintf(w, "\nConnect, one client, %d per path interleaved, %s: grid p50 %s µs, reverse_proxy least_conn p50 %s µs.\n", connects, where, regUS(gp), regUS(sp))
 
 	return []tgtRow{
-		{fmt.Sprintf("Redis CPU per session through bin/caddy (%d workers, %d sessions, %d at once)", workers, sessions, clients),
-			tgtF(perSession, 0) + " µs", "per PING round trip " + tgtF(pingCPU, 1) + " µs", tgtF(perSession/pingCPU, 1) + "×", "≤ 60 µs", regVerdict(perSession <= 60)},
-		{"Connect p50 through the grid", regUS(gp) + " µs", "reverse_proxy least_conn " + regUS(sp) + " µs", tgtF(float64(gp)/float64(sp), 2) + "×",
+		{fmt.Sprintf("Redis CPU per session through bin/caddy (%d workers, %d sessions, %d at once; %s)", workers, sessions, clients, where),
+			perSession.split(0) + " µs", "per PING round trip " + pingCPU.split(1) + " µs", tgtF(perSession.total()/pingCPU.total(), 1) + "×",
+			"≤ 60 µs", regVerdict(perSession.total() <= 60)},
+		{"Connect p50 through the grid (" + where + ")", regUS(gp) + " µs", "reverse_proxy least_conn " + regUS(sp) + " µs", tgtF(float64(gp)/float64(sp), 2) + "×",
 			"≤ 1.1×", regVerdict(float64(gp) <= 1.1*float64(sp))},
 	}, nil
 }
@@ -646,7 +674,7 @@ func tgtStock(cfg *config, sizes, clientCounts []int, dur time.Duration) error {
 				gs, ss := float64(len(gl))/gt.Seconds(), float64(len(sl))/st.Seconds()
 				gp, sp := proxyQuantile(gl, 0.5), proxyQuantile(sl, 0.5)
 				fmt.Fprintf(w, "| %d | %d | %s | %s | %s× | %s | %s | %s× | %s%% of a core |\n", n, c, tgtF(gs, 0), tgtF(ss, 0), tgtF(gs/ss, 2),
-					regUS(gp), regUS(sp), tgtF(float64(gp)/float64(sp), 2), tgtF((cpu1-cpu0)/gt.Seconds()*100, 0))
+					regUS(gp), regUS(sp), tgtF(float64(gp)/float64(sp), 2), tgtF(cpu1.sub(cpu0).total()/gt.Seconds()*100, 0))
 			}
 			return nil
 		}(); err != nil {
@@ -752,12 +780,12 @@ func tgtLoad(u func() string, clients, total int, d time.Duration) ([]time.Durat
 	return all, took, nil
 }
 
-// tgtPingCPU returns Redis' CPU (µs) per PING round trip from clients
+// tgtPingCPU returns Redis' CPU (µs, user and sys) per PING round trip from clients
 // connections sending n PINGs in all.
-func tgtPingCPU(ctx context.Context, rdb *redis.Client, clients, n int) (float64, error) {
+func tgtPingCPU(ctx context.Context, rdb *redis.Client, clients, n int) (redisCPU, error) {
 	c0, err := tgtRedisCPU(ctx, rdb)
 	if err != nil {
-		return 0, err
+		return redisCPU{}, err
 	}
 	var wg sync.WaitGroup
 	var left atomic.Int64
@@ -777,13 +805,13 @@ func tgtPingCPU(ctx context.Context, rdb *redis.Client, clients, n int) (float64
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return 0, err
+		return redisCPU{}, err
 	}
 	c1, err := tgtRedisCPU(ctx, rdb)
 	if err != nil {
-		return 0, err
+		return redisCPU{}, err
 	}
-	return (c1 - c0) * 1e6 / float64(n), nil
+	return c1.sub(c0).per(n), nil
 }
 
 // tgtProfile fetches a CPU profile of Caddy from its admin API into path
@@ -925,24 +953,56 @@ func tgtCommandStats(ctx context.Context, rdb *redis.Client) (cmdStats, error) {
 	return out, nil
 }
 
-// tgtRedisCPU returns Redis' CPU seconds (user + sys, whole process).
-func tgtRedisCPU(ctx context.Context, rdb *redis.Client) (float64, error) {
+// redisCPU is Redis' CPU seconds from INFO cpu (whole process): user is
+// Redis' own code (commands, Lua), sys the kernel's work for it (sockets,
+// epoll, being woken). A figure per session or per PING is a difference
+// of two readings (sub) scaled (per).
+type redisCPU struct{ user, sys float64 }
+
+func (c redisCPU) total() float64 { return c.user + c.sys }
+
+func (c redisCPU) sub(o redisCPU) redisCPU { return redisCPU{c.user - o.user, c.sys - o.sys} }
+
+// per returns the CPU in µs per one of n.
+func (c redisCPU) per(n int) redisCPU {
+	return redisCPU{c.user * 1e6 / float64(n), c.sys * 1e6 / float64(n)}
+}
+
+// split prints "total (user u, sys s)" in µs with prec decimals.
+func (c redisCPU) split(prec int) string {
+	return tgtF(c.total(), prec) + " (user " + tgtF(c.user, prec) + ", sys " + tgtF(c.sys, prec) + ")"
+}
+
+// tgtRedisCPU returns Redis' CPU seconds so far.
+func tgtRedisCPU(ctx context.Context, rdb *redis.Client) (redisCPU, error) {
 	txt, err := rdb.Info(ctx, "cpu").Result()
 	if err != nil {
-		return 0, fmt.Errorf("reading INFO cpu: %w", err)
+		return redisCPU{}, fmt.Errorf("reading INFO cpu: %w", err)
 	}
-	total := 0.0
+	var c redisCPU
+	seen := 0
 	for _, line := range strings.Split(txt, "\n") {
 		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if k == "used_cpu_user" || k == "used_cpu_sys" {
-			x, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return 0, fmt.Errorf("INFO cpu %s=%q: %w", k, v, err)
-			}
-			total += x
+		var dst *float64
+		switch k {
+		case "used_cpu_user":
+			dst = &c.user
+		case "used_cpu_sys":
+			dst = &c.sys
+		default:
+			continue
 		}
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return redisCPU{}, fmt.Errorf("INFO cpu %s=%q: %w", k, v, err)
+		}
+		*dst = x
+		seen++
 	}
-	return total, nil
+	if seen != 2 {
+		return redisCPU{}, errors.New("INFO cpu has no used_cpu_user and used_cpu_sys")
+	}
+	return c, nil
 }
 
 // tgtProcCPU returns a process' CPU seconds (user + sys) from /proc, or 0

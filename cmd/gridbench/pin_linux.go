@@ -1,0 +1,77 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// A pinned measurement (redis-targets' caddy-pinned part) gives Redis a
+// core of its own, as a deployment does, and puts everything else on the
+// other cores. Sharing a core with Caddy and the clients, Redis ran the
+// same scripts about twice as slowly on the 2-core machine this was
+// written on (docs/perf/registry-profile.md), so a shared figure says as
+// much about the machine's cores as about the scripts.
+
+// cpuPin is a CPU placement made by pinApart, undone by its restore.
+type cpuPin struct {
+	redisCPU int
+	self     unix.CPUSet
+}
+
+// pinApart puts every thread of process redis on the last CPU and every
+// thread of the others (and of this process) on the rest. It needs two
+// CPUs or more.
+func pinApart(redis int, others ...int) (*cpuPin, error) {
+	n := runtime.NumCPU()
+	if n < 2 {
+		return nil, fmt.Errorf("pinning Redis apart needs 2 CPUs, this machine has %d", n)
+	}
+	p := &cpuPin{redisCPU: n - 1}
+	if err := unix.SchedGetaffinity(0, &p.self); err != nil {
+		return nil, fmt.Errorf("reading this process' CPU set: %w", err)
+	}
+	var alone, rest unix.CPUSet
+	alone.Set(n - 1)
+	for i := range n - 1 {
+		rest.Set(i)
+	}
+	if err := pinThreads(redis, &alone); err != nil {
+		return nil, err
+	}
+	for _, pid := range append(others, os.Getpid()) {
+		if err := pinThreads(pid, &rest); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// restore gives this process its CPU set back (the pinned children are
+// stopped by their owners).
+func (p *cpuPin) restore() error {
+	return pinThreads(os.Getpid(), &p.self)
+}
+
+// pinThreads sets the CPU set of every thread of pid (a new thread takes
+// its creator's set, so the process stays there).
+func pinThreads(pid int, set *unix.CPUSet) error {
+	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		return fmt.Errorf("listing the threads of process %d: %w", pid, err)
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		// a thread may end meanwhile (ESRCH): nothing left to place
+		if err := unix.SchedSetaffinity(tid, set); err != nil && err != unix.ESRCH {
+			return fmt.Errorf("pinning thread %d of process %d: %w", tid, pid, err)
+		}
+	}
+	return nil
+}
