@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"runtime"
 	"strconv"
@@ -19,6 +21,7 @@ import (
 // cpuPin is a CPU placement made by pinApart, undone by its restore.
 type cpuPin struct {
 	redisCPU int
+	redis    int
 	self     unix.CPUSet
 }
 
@@ -30,7 +33,7 @@ func pinApart(redis int, others ...int) (*cpuPin, error) {
 	if n < 2 {
 		return nil, fmt.Errorf("pinning Redis apart needs 2 CPUs, this machine has %d", n)
 	}
-	p := &cpuPin{redisCPU: n - 1}
+	p := &cpuPin{redisCPU: n - 1, redis: redis}
 	if err := unix.SchedGetaffinity(0, &p.self); err != nil {
 		return nil, fmt.Errorf("reading this process' CPU set: %w", err)
 	}
@@ -50,9 +53,13 @@ func pinApart(redis int, others ...int) (*cpuPin, error) {
 	return p, nil
 }
 
-// restore gives this process its CPU set back (the pinned children are
-// stopped by their owners).
+// restore gives this process and Redis this process' CPU set back (the
+// other pinned processes are stopped by their owners). A Redis that has
+// exited meanwhile has nothing to restore.
 func (p *cpuPin) restore() error {
+	if err := pinThreads(p.redis, &p.self); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
 	return pinThreads(os.Getpid(), &p.self)
 }
 

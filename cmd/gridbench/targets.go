@@ -19,7 +19,8 @@ package main
 //     over the same workers, interleaved.
 //   - Decisions per second on one Redis from two claiming processes
 //     (gridbench re-executing itself with -claimer), beside the PINGs per
-//     second the same two processes reach.
+//     second the same two processes reach; again with Redis alone on a
+//     core, with how busy Redis was.
 //   - Stock reverse_proxy least_conn with 1,000 and 10,000 static upstreams
 //     beside the grid over the same workers: sessions/s and connect p50 at
 //     4 and 64 clients, with how busy Redis was during the grid's cell.
@@ -362,7 +363,64 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 		*tgtConns, dur, n, tgtF(dec, 0), tgtF(pps, 0))
 	rows = append(rows, tgtRow{fmt.Sprintf("Decisions/s, two claiming processes, N=%d", n), tgtF(dec, 0) + "/s", "PINGs " + tgtF(pps, 0) + "/s",
 		tgtF(dec/pps, 2) + "×", "≥ 20,000/s", regVerdict(dec >= 20000)})
+
+	// The same with Redis alone on a core (pin_linux.go): the claiming
+	// processes, started from a pinned gridbench, stay on the others.
+	if runtime.NumCPU() < 2 {
+		fmt.Fprintf(w, "(decisions/s with Redis alone on a core skipped: this machine has %d CPU)\n", runtime.NumCPU())
+		return rows, nil
+	}
+	pid, err := tgtRedisPid(ctx, rdb)
+	if err != nil {
+		return nil, err
+	}
+	pin, err := pinApart(pid)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := pin.restore(); err != nil {
+			fmt.Fprintf(w, "(restoring CPU sets: %v)\n", err)
+		}
+	}()
+	var pdec, ppps, busy, pbusy float64
+	for _, m := range []struct {
+		mode      string
+		ops, busy *float64
+	}{{"claim", &pdec, &busy}, {"ping", &ppps, &pbusy}} {
+		c0, err := tgtRedisCPU(ctx, rdb)
+		if err != nil {
+			return nil, err
+		}
+		if *m.ops, err = tgtClaimers(rdb.Options().Addr, pool, m.mode, dur); err != nil {
+			return nil, err
+		}
+		c1, err := tgtRedisCPU(ctx, rdb)
+		if err != nil {
+			return nil, err
+		}
+		*m.busy = c1.sub(c0).total() / dur.Seconds()
+	}
+	where := fmt.Sprintf("Redis alone on CPU %d", pin.redisCPU)
+	fmt.Fprintf(w, "The same, %s: %s decisions/s, Redis %s%% of its core busy; PINGs: %s/s, Redis %s%% busy.\n",
+		where, tgtF(pdec, 0), tgtF(busy*100, 0), tgtF(ppps, 0), tgtF(pbusy*100, 0))
+	rows = append(rows, tgtRow{fmt.Sprintf("Decisions/s, two claiming processes, N=%d (%s)", n, where), tgtF(pdec, 0) + "/s", "PINGs " + tgtF(ppps, 0) + "/s",
+		tgtF(pdec/ppps, 2) + "×", "≥ 20,000/s", regVerdict(pdec >= 20000)})
 	return rows, nil
+}
+
+// tgtRedisPid returns the process id of the Redis behind rdb.
+func tgtRedisPid(ctx context.Context, rdb *redis.Client) (int, error) {
+	txt, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return 0, fmt.Errorf("reading INFO server: %w", err)
+	}
+	for _, line := range strings.Split(txt, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server has no process_id")
 }
 
 // tgtClaimers runs two gridbench processes in claimer mode against addr
