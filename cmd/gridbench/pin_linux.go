@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"runtime"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -25,22 +24,29 @@ type cpuPin struct {
 	self     unix.CPUSet
 }
 
-// pinApart puts every thread of process redis on the last CPU and every
-// thread of the others (and of this process) on the rest. It needs two
+// pinApart puts every thread of process redis on the last CPU this process
+// may use and every thread of the others (and of this process) on the rest
+// of them (a container's CPU set need not start at CPU 0). It needs two
 // CPUs or more.
 func pinApart(redis int, others ...int) (*cpuPin, error) {
-	n := runtime.NumCPU()
-	if n < 2 {
-		return nil, fmt.Errorf("pinning Redis apart needs 2 CPUs, this machine has %d", n)
-	}
-	p := &cpuPin{redisCPU: n - 1, redis: redis}
+	p := &cpuPin{redis: redis}
 	if err := unix.SchedGetaffinity(0, &p.self); err != nil {
 		return nil, fmt.Errorf("reading this process' CPU set: %w", err)
 	}
+	var cpus []int
+	for i := range len(p.self) * 64 {
+		if p.self.IsSet(i) {
+			cpus = append(cpus, i)
+		}
+	}
+	if len(cpus) < 2 {
+		return nil, fmt.Errorf("pinning Redis apart needs 2 CPUs, this process may use %d", len(cpus))
+	}
+	p.redisCPU = cpus[len(cpus)-1]
 	var alone, rest unix.CPUSet
-	alone.Set(n - 1)
-	for i := range n - 1 {
-		rest.Set(i)
+	alone.Set(p.redisCPU)
+	for _, c := range cpus[:len(cpus)-1] {
+		rest.Set(c)
 	}
 	if err := pinThreads(redis, &alone); err != nil {
 		return nil, err

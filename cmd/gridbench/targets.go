@@ -140,7 +140,7 @@ func runTargets(cfg *config) error {
 			continue
 		}
 		if pinned && runtime.NumCPU() < 2 {
-			fmt.Fprintf(w, "\n(%s skipped: pinning Redis apart needs 2 CPUs, this machine has %d)\n", name, runtime.NumCPU())
+			fmt.Fprintf(w, "\n(%s skipped: pinning Redis apart needs 2 CPUs, this process may use %d)\n", name, runtime.NumCPU())
 			continue
 		}
 		r, err := tgtThroughCaddy(cfg, workers, sessions, clients, connects, pinned)
@@ -367,7 +367,7 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 	// The same with Redis alone on a core (pin_linux.go): the claiming
 	// processes, started from a pinned gridbench, stay on the others.
 	if runtime.NumCPU() < 2 {
-		fmt.Fprintf(w, "(decisions/s with Redis alone on a core skipped: this machine has %d CPU)\n", runtime.NumCPU())
+		fmt.Fprintf(w, "(decisions/s with Redis alone on a core skipped: this process may use %d CPU)\n", runtime.NumCPU())
 		return rows, nil
 	}
 	pid, err := tgtRedisPid(ctx, rdb)
