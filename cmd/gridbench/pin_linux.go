@@ -27,7 +27,7 @@ type cpuPin struct {
 // pinApart puts every thread of process redis on the last CPU this process
 // may use and every thread of the others (and of this process) on the rest
 // of them (a container's CPU set need not start at CPU 0). It needs two
-// CPUs or more.
+// CPUs or more. On an error it has put Redis and this process back.
 func pinApart(redis int, others ...int) (*cpuPin, error) {
 	p := &cpuPin{redis: redis}
 	if err := unix.SchedGetaffinity(0, &p.self); err != nil {
@@ -49,11 +49,12 @@ func pinApart(redis int, others ...int) (*cpuPin, error) {
 		rest.Set(c)
 	}
 	if err := pinThreads(redis, &alone); err != nil {
-		return nil, err
+		return nil, errors.Join(err, p.restore())
 	}
 	for _, pid := range append(others, os.Getpid()) {
 		if err := pinThreads(pid, &rest); err != nil {
-			return nil, err
+			// the caller gets no cpuPin: put Redis and gridbench back here
+			return nil, errors.Join(err, p.restore())
 		}
 	}
 	return p, nil

@@ -64,3 +64,37 @@ func TestPinApart(t *testing.T) {
 		}
 	}
 }
+
+// TestPinApartFailsClean: when a process cannot be pinned (here one that
+// has exited), pinApart returns no cpuPin to restore, so it must put back
+// what it had moved already: Redis stays on one CPU otherwise.
+func TestPinApartFailsClean(t *testing.T) {
+	var mine unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &mine); err != nil {
+		t.Fatal(err)
+	}
+	if mine.Count() < 2 {
+		t.Skipf("needs 2 CPUs, this process may use %d", mine.Count())
+	}
+	redis := exec.Command("sleep", "60")
+	if err := redis.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = redis.Process.Kill(); _ = redis.Wait() })
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pinApart(redis.Process.Pid, gone.Process.Pid); err == nil {
+		t.Fatal("pinApart with an exited process: no error")
+	}
+	for name, pid := range map[string]int{"Redis": redis.Process.Pid, "gridbench": os.Getpid()} {
+		var s unix.CPUSet
+		if err := unix.SchedGetaffinity(pid, &s); err != nil {
+			t.Fatal(err)
+		}
+		if s != mine {
+			t.Errorf("after a failed pinApart %s may run on %d CPUs, want this process' %d", name, s.Count(), mine.Count())
+		}
+	}
+}
