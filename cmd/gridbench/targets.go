@@ -1018,7 +1018,9 @@ func tgtCommandStats(ctx context.Context, rdb *redis.Client) (cmdStats, error) {
 // redisCPU is Redis' CPU seconds from INFO cpu (whole process): user is
 // Redis' own code (commands, Lua), sys the kernel's work for it (sockets,
 // epoll, being woken). A figure per session or per PING is a difference
-// of two readings (sub) scaled (per).
+// of two readings (sub) scaled (per). The total is exact; with tick CPU
+// accounting the split is sampled once per tick (4 ms at HZ=250), so it
+// means something only over many ticks of Redis CPU.
 type redisCPU struct{ user, sys float64 }
 
 func (c redisCPU) total() float64 { return c.user + c.sys }
