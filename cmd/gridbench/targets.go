@@ -97,6 +97,9 @@ var (
 var tgtLimits = selection.Limits{MaxConcurrent: 5, MaxLifetime: 1_000_000, StaleAfter: time.Hour, MaxScan: 16}
 
 // tgtRow is one line of the targets table.
+// tgtPartNames are the parts -redis-parts may name.
+var tgtPartNames = []string{"scripts", "caddy", "caddy-pinned", "stock"}
+
 type tgtRow struct {
 	what, measured, baseline, ratio, goal, verdict string
 }
@@ -113,6 +116,12 @@ func runTargets(cfg *config) error {
 	if err != nil {
 		return fmt.Errorf("-redis-stock-clients: %w", err)
 	}
+	parts := strings.Split(*tgtParts, ",")
+	for _, p := range parts {
+		if !slices.Contains(tgtPartNames, p) {
+			return fmt.Errorf("-redis-parts: unknown part %q (the parts are %s)", p, strings.Join(tgtPartNames, ", "))
+		}
+	}
 	if cfg.quick {
 		n, batch, rounds, samples = 300, 20, 2, 50
 		sessions, connects, dur = 40, 20, 300*time.Millisecond
@@ -122,7 +131,7 @@ func runTargets(cfg *config) error {
 		n, batch*rounds, batch, samples, workers, sessions, clients, connects)
 	fmt.Fprintf(w, "%s per sessions/s cell and per claiming run; stock comparison at N=%v with %v clients.\n\n", dur, stockN, stockC)
 
-	part := func(name string) bool { return slices.Contains(strings.Split(*tgtParts, ","), name) }
+	part := func(name string) bool { return slices.Contains(parts, name) }
 	var rows []tgtRow
 	if part("scripts") {
 		r, err := tgtScripts(cfg, n, batch, rounds, samples, dur)
