@@ -77,7 +77,7 @@ var (
 	tgtStockN   = flag.String("redis-stock-n", "1000,10000", "redis-targets: pool sizes for grid vs stock reverse_proxy (comma separated; empty: skip)")
 	tgtStockC   = flag.String("redis-stock-clients", "4,64", "redis-targets: client counts for grid vs stock reverse_proxy")
 	tgtParts    = flag.String("redis-parts", "scripts,caddy,caddy-pinned,stock", "redis-targets: which parts to run (scripts: script costs, claim p50, claiming processes; caddy: through bin/caddy, all on shared cores; caddy-pinned: the same with Redis alone on the last CPU, everything else on the others; stock: grid vs stock)")
-	tgtPprof    = flag.String("redis-pprof", "", "redis-targets: write CPU profiles of bin/caddy under C clients' load, grid to this file and stock reverse_proxy to it + \".stock\"")
+	tgtPprof    = flag.String("redis-pprof", "", "redis-targets: write CPU profiles of bin/caddy under C clients' load, grid to this file and stock reverse_proxy to it + \".stock\"; the caddy-pinned part to it + \".pinned\" and + \".pinned.stock\"")
 	tgtPprofFor = flag.Duration("redis-pprof-for", 10*time.Second, "redis-targets: how long each CPU profile runs")
 )
 
@@ -649,16 +649,20 @@ func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int, pinn
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", k, tgtF(s.calls/float64(sessions), 2), tgtF(s.usec/float64(sessions), 1), tgtF(s.perCall(), 2))
 	}
 	if *tgtPprof != "" {
+		path := *tgtPprof
+		if pinned { // beside the shared part's profiles, not over them
+			path += ".pinned"
+		}
 		for _, p := range []struct {
 			name, path string
 			url        func() string
-		}{{"browser_grid", *tgtPprof, grid}, {"reverse_proxy least_conn", *tgtPprof + ".stock", stock}} {
+		}{{"browser_grid", path, grid}, {"reverse_proxy least_conn", path + ".stock", stock}} {
 			n, err := tgtProfile(cad.adminAddr, p.path, p.url, clients, *tgtPprofFor)
 			if err != nil {
 				return nil, err
 			}
-			fmt.Fprintf(w, "\nCPU profile of bin/caddy, %s, %d clients, %s: %d sessions; %s (go tool pprof -top bin/caddy %s).\n",
-				p.name, clients, *tgtPprofFor, n, p.path, p.path)
+			fmt.Fprintf(w, "\nCPU profile of bin/caddy, %s, %d clients, %s, %s: %d sessions; %s (go tool pprof -top bin/caddy %s).\n",
+				p.name, clients, *tgtPprofFor, where, n, p.path, p.path)
 		}
 	}
 
