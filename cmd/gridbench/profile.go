@@ -16,7 +16,10 @@ package main
 //   - a cjson request and reply against positional ARGV and an array reply,
 //     for a request and reply of the claim's size;
 //   - a dry lifetime_first claim (Pick's walk, no writes) by EVALSHA
-//     against the same code as a Function with library-level helpers.
+//     against the same code as a Function with library-level helpers;
+//   - a claim and release keeping most of the registry's rules on a packed
+//     layout (profPacked) beside today's claim and release, each claim
+//     released at once, and the bare lean sketch (profLean).
 //
 // The registry's Lua is read from registry/lua/ under the working
 // directory (make bench runs from the repository root); a row whose script
@@ -121,6 +124,42 @@ func runProfile(cfg *config) error {
 			return leanRelease.Run(ctx, rdb, leanKeys, lid).Err()
 		}
 	}
+	// The packed sketch (profPacked) on keys of its own beside the pool's
+	// records: every worker's figures in one packed value, leases as
+	// plain strings.
+	packedKeys := []string{reg.Key(pool, "sk:idx"), reg.Key(pool, "workers"), reg.Key(pool, "sk:figs"),
+		reg.Key(pool, "sk:leases"), reg.Key(pool, "sk:lease_expiry"), reg.Key(pool, "sk:owner"), reg.Key(pool, "sk:config")}
+	if err := profPackedPopulate(ctx, rdb, packedKeys, n); err != nil {
+		return err
+	}
+	packedPair := func(ctx context.Context) error {
+		leaseNo++
+		lid := fmt.Sprintf("packed%09d", leaseNo)
+		now := time.Now().UnixMilli()
+		got, err := rdb.FCall(ctx, "gb_packed_claim", packedKeys, lid, now, 60_000).Slice()
+		if err != nil {
+			return fmt.Errorf("packed claim: %w", err)
+		}
+		if len(got) == 0 || got[0] != int64(1) {
+			return fmt.Errorf("packed claim found no worker: %v", got)
+		}
+		n, err := rdb.FCall(ctx, "gb_packed_release", packedKeys, lid, now+1).Int()
+		if err != nil || n != 1 {
+			return fmt.Errorf("packed release: %d, %v", n, err)
+		}
+		return nil
+	}
+	// Today's lifetime_first claim and release, the same pattern (each
+	// claim released at once), for the sketch to be read against.
+	todayReq := registry.ClaimRequest{Pool: pool, Policy: registry.LifetimeFirst, Holder: "gridbench",
+		Limits: selection.Limits{MaxConcurrent: 5, MaxLifetime: 1_000_000, StaleAfter: time.Hour, MaxScan: 16}}
+	todayPair := func(ctx context.Context) error {
+		c, err := reg.Claim(ctx, todayReq)
+		if err != nil {
+			return err
+		}
+		return reg.Release(ctx, pool, c.LeaseID)
+	}
 	evalsha := func(src string, keys []string, args ...any) func(context.Context) error {
 		s := redis.NewScript(src)
 		return func(ctx context.Context) error { return s.Run(ctx, rdb, keys, args...).Err() }
@@ -162,6 +201,10 @@ func runProfile(cfg *config) error {
 			run: evalsha(common+claim, pickKeys, pickArgs...), cmd: "evalsha"},
 		{what: fmt.Sprintf("the same walk as a Function, helpers made once at load, N=%d", n),
 			run: fcall("gb_claim", pickKeys, pickArgs...), cmd: "fcall"},
+		// These write: the packed sketch its own keys, today's pair the
+		// pool's (before the lean rows reorder idx:lifetime).
+		{what: "packed claim + release sketch (11 + 8 commands, see profPacked), FCALL, per script", run: packedPair, cmd: "fcall"},
+		{what: "today's lifetime_first claim + release (Registry.Claim, Release), FCALL, per script", run: todayPair, cmd: "fcall"},
 		// Last: these write to the pool's keys.
 		{what: "lean claim + release sketch (7 + 5 commands, see profLean), EVALSHA, per script", run: leanPair(false), cmd: "evalsha"},
 		{what: "the same lean sketch as Functions (FCALL), per script", run: leanPair(true), cmd: "fcall"},
@@ -172,6 +215,7 @@ func runProfile(cfg *config) error {
 		profLibrary("gbclaim", common, "gb_claim", claim),
 		profLibrary("gbloadworker", common, "gb_load_worker", "for i = 1, 100 do assert(load_worker(ARGV[1])) end return 1"),
 		profLibrary("gbloadcfg", common, "gb_load_cfg", "for i = 1, 100 do load_cfg() end return 1"),
+		"#!lua name=gbpacked\n" + profPacked,
 		"#!lua name=gblean\nredis.register_function('gb_lean_claim', function(KEYS, ARGV)\n" + profLeanClaim +
 			"\nend)\nredis.register_function('gb_lean_release', function(KEYS, ARGV)\n" + profLeanRelease + "\nend)\n",
 	}
@@ -368,3 +412,126 @@ redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('HINCRBY', KEYS[3], id, -1)
 redis.call('ZINCRBY', KEYS[1], -1, id)
 return 1`
+
+// profPacked sketches a lifetime_first claim and a release that keep most
+// of the registry's rules on a leaner layout, to price that layout before
+// anyone migrates to it: a worker's counts, predicted end, suspicion and
+// durations in one packed value of one hash ("figs": "<active> <lifetime>
+// <predicted end> <suspect until> <entries> <sum>|<durations>") instead of
+// four, and a lease as a plain string ("<worker> <gen> <claimed ms>
+// <lifetime>") instead of JSON. Kept: the replay check, the config read
+// (limits, epoch), a look at due leases, the record read and its checks
+// (common.lua's, so generations and status are honoured), owner entries,
+// the lease's expiry, the release's tombstone, the duration window (20).
+// Left out: stagger, kept optional indexes, client limits, stale expiry
+// reports, the wake-up. KEYS: idx, records, figs, leases, lease_expiry,
+// owner, config. Claim ARGV: lease id, now ms, lease ttl ms; release ARGV:
+// lease id, now ms.
+const profPacked = `
+local function is_count(n)
+  return type(n) == 'number' and n >= 0 and n % 1 == 0 and n < 9007199254740992
+end
+local function bad_name(s)
+  return s == '' or #s > 200 or string.find(s, '[%s%c]') ~= nil
+end
+local function decode(raw)
+  if not raw then return nil end
+  local ok, w = pcall(cjson.decode, raw)
+  if not ok or type(w) ~= 'table' then return nil end
+  if is_count(w.capacity) and is_count(w.vnodes) and is_count(w.heartbeat) and is_count(w.registered)
+      and is_count(w.expires) and is_count(w.suspect_until) and is_count(w.predicted_end)
+      and type(w.id) == 'string' and type(w.browser) == 'string' and type(w.addr) == 'string'
+      and type(w.path) == 'string' and type(w.gen) == 'string'
+      and (w.status == 'available' or w.status == 'draining')
+      and not bad_name(w.id) and not bad_name(w.gen) then
+    return w
+  end
+  return nil
+end
+local function unpack_figs(raw)
+  if not raw then return nil end
+  local a, l, pe, su, n, s, d = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)|(.*)$')
+  if not a then return nil end
+  return { a = tonumber(a), l = tonumber(l), pe = tonumber(pe), su = tonumber(su), n = tonumber(n), s = tonumber(s), d = d }
+end
+local function pack_figs(f)
+  return string.format('%d %d %d %d %d %d|', f.a, f.l, f.pe, f.su, f.n, f.s) .. f.d
+end
+local SCALE = 2097152
+local function score(f) return -f.l * SCALE + f.a end
+
+redis.register_function('gb_packed_claim', function(K, A)
+  local lid, now = A[1], tonumber(A[2])
+  if redis.call('HGET', K[4], lid) then return { -2 } end
+  local c = redis.call('HMGET', K[7], 'max_concurrent', 'max_lifetime', 'epoch', 'set_at', 'fs_window')
+  local mc = tonumber(c[1]) or 0
+  redis.call('ZRANGEBYSCORE', K[5], '-inf', '(' .. now, 'LIMIT', 0, 1)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K[1], '-inf', '+inf', 'LIMIT', 0, 4)) do
+    local rec = redis.call('HGET', K[2], id)
+    local w = decode(rec)
+    local f = unpack_figs(redis.call('HGET', K[3], id))
+    if w and f and w.status == 'available' and w.expires >= now and (mc == 0 or f.a < mc) and now >= f.su then
+      redis.call('ZADD', K[6], 0, id .. ' ' .. w.gen .. ' ' .. lid)
+      f.a, f.l = f.a + 1, f.l + 1
+      local est = 30000
+      if f.n > 0 then est = math.floor(f.s / f.n) end
+      f.pe = math.max(now, f.pe) + est
+      local packed = pack_figs(f)
+      redis.call('HSET', K[3], id, packed)
+      if mc > 0 and f.a >= mc then redis.call('ZREM', K[1], id) else redis.call('ZADD', K[1], score(f), id) end
+      redis.call('HSET', K[4], lid, id .. ' ' .. w.gen .. ' ' .. now .. ' ' .. f.l)
+      redis.call('ZADD', K[5], now + tonumber(A[3]), lid)
+      return { 1, id, rec, packed }
+    end
+  end
+  return { 0 }
+end)
+
+redis.register_function('gb_packed_release', function(K, A)
+  local lid, now = A[1], tonumber(A[2])
+  local raw = redis.call('HGET', K[4], lid)
+  if not raw or string.sub(raw, 1, 6) == 'ended:' then return 0 end
+  local id, gen, claimed = string.match(raw, '^(%S+) (%S+) (%d+) %d+$')
+  if id then
+    redis.call('ZREM', K[6], id .. ' ' .. gen .. ' ' .. lid)
+    local w = decode(redis.call('HGET', K[2], id))
+    local f = unpack_figs(redis.call('HGET', K[3], id))
+    local c = redis.call('HMGET', K[7], 'max_concurrent', 'max_lifetime', 'fs_window')
+    if w and f and w.gen == gen and f.a > 0 then
+      f.a = f.a - 1
+      local ms = math.max(0, now - tonumber(claimed))
+      local keep = tonumber(c[3]) or 20
+      if f.n >= keep then
+        local cut = string.find(f.d, ',', 1, true)
+        f.s = f.s - tonumber(string.sub(f.d, 1, (cut or 0) - 1)) + ms
+        f.d = string.sub(f.d, (cut or #f.d) + 1) .. ',' .. ms
+      else
+        f.n, f.s = f.n + 1, f.s + ms
+        if f.d == '' then f.d = tostring(ms) else f.d = f.d .. ',' .. ms end
+      end
+      if f.a == 0 and f.pe > now then f.pe = now end
+      redis.call('HSET', K[3], id, pack_figs(f))
+      if w.status == 'available' then redis.call('ZADD', K[1], score(f), id) end
+    end
+  end
+  redis.call('HSET', K[4], lid, 'ended:' .. (now + 60000))
+  return 1
+end)
+`
+
+// profPackedPopulate writes the packed sketch's figures and index for the
+// pool's n workers (w00000 …, registered already) and its config.
+func profPackedPopulate(ctx context.Context, rdb *redis.Client, keys []string, n int) error {
+	pipe := rdb.Pipeline()
+	pipe.Del(ctx, keys[0], keys[2], keys[3], keys[4], keys[5], keys[6])
+	for i := range n {
+		id := fmt.Sprintf("w%05d", i)
+		pipe.HSet(ctx, keys[2], id, "0 0 0 0 0 0|")
+		pipe.ZAdd(ctx, keys[0], redis.Z{Score: 0, Member: id})
+	}
+	pipe.HSet(ctx, keys[6], "max_concurrent", 5, "max_lifetime", 1_000_000, "epoch", "0123456789abcdef", "set_at", 1, "fs_window", 20)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("writing the packed sketch's keys: %w", err)
+	}
+	return nil
+}
