@@ -17,9 +17,9 @@ package main
 //     for a request and reply of the claim's size;
 //   - a dry lifetime_first claim (Pick's walk, no writes) by EVALSHA
 //     against the same code as a Function with library-level helpers;
-//   - a claim and release keeping most of the registry's rules on a packed
-//     layout (profPacked) beside today's claim and release, each claim
-//     released at once, and the bare lean sketch (profLean).
+//   - a claim and a release keeping most of the registry's rules on a
+//     packed layout (profPacked) beside today's claim and release (claims
+//     first, then their releases), and the bare lean sketch (profLean).
 //
 // The registry's Lua is read from registry/lua/ under the working
 // directory (make bench runs from the repository root); a row whose script
@@ -30,6 +30,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -132,33 +133,53 @@ func runProfile(cfg *config) error {
 	if err := profPackedPopulate(ctx, rdb, packedKeys, n); err != nil {
 		return err
 	}
-	packedPair := func(ctx context.Context) error {
+	// Claims, then their releases in the order claimed (the rows run
+	// one after the other, as many calls each), as redis-targets does.
+	var packedLeases, todayLeases []string
+	packedClaim := func(ctx context.Context) error {
 		leaseNo++
 		lid := fmt.Sprintf("packed%09d", leaseNo)
-		now := time.Now().UnixMilli()
-		got, err := rdb.FCall(ctx, "gb_packed_claim", packedKeys, lid, now, 60_000).Slice()
+		got, err := rdb.FCall(ctx, "gb_packed_claim", packedKeys, lid, time.Now().UnixMilli(), 600_000).Slice()
 		if err != nil {
 			return fmt.Errorf("packed claim: %w", err)
 		}
 		if len(got) == 0 || got[0] != int64(1) {
 			return fmt.Errorf("packed claim found no worker: %v", got)
 		}
-		n, err := rdb.FCall(ctx, "gb_packed_release", packedKeys, lid, now+1).Int()
+		packedLeases = append(packedLeases, lid)
+		return nil
+	}
+	packedRelease := func(ctx context.Context) error {
+		if len(packedLeases) == 0 {
+			return errors.New("packed release: no lease left to release")
+		}
+		lid := packedLeases[0]
+		packedLeases = packedLeases[1:]
+		n, err := rdb.FCall(ctx, "gb_packed_release", packedKeys, lid, time.Now().UnixMilli()).Int()
 		if err != nil || n != 1 {
 			return fmt.Errorf("packed release: %d, %v", n, err)
 		}
 		return nil
 	}
-	// Today's lifetime_first claim and release, the same pattern (each
-	// claim released at once), for the sketch to be read against.
+	// Today's lifetime_first claims and releases, the same way, for the
+	// sketch to be read against.
 	todayReq := registry.ClaimRequest{Pool: pool, Policy: registry.LifetimeFirst, Holder: "gridbench",
 		Limits: selection.Limits{MaxConcurrent: 5, MaxLifetime: 1_000_000, StaleAfter: time.Hour, MaxScan: 16}}
-	todayPair := func(ctx context.Context) error {
+	todayClaim := func(ctx context.Context) error {
 		c, err := reg.Claim(ctx, todayReq)
 		if err != nil {
 			return err
 		}
-		return reg.Release(ctx, pool, c.LeaseID)
+		todayLeases = append(todayLeases, c.LeaseID)
+		return nil
+	}
+	todayRelease := func(ctx context.Context) error {
+		if len(todayLeases) == 0 {
+			return errors.New("release: no lease left to release")
+		}
+		lid := todayLeases[0]
+		todayLeases = todayLeases[1:]
+		return reg.Release(ctx, pool, lid)
 	}
 	evalsha := func(src string, keys []string, args ...any) func(context.Context) error {
 		s := redis.NewScript(src)
@@ -203,8 +224,10 @@ func runProfile(cfg *config) error {
 			run: fcall("gb_claim", pickKeys, pickArgs...), cmd: "fcall"},
 		// These write: the packed sketch its own keys, today's pair the
 		// pool's (before the lean rows reorder idx:lifetime).
-		{what: "packed claim + release sketch (11 + 8 commands, see profPacked), FCALL, per script", run: packedPair, cmd: "fcall"},
-		{what: "today's lifetime_first claim + release (Registry.Claim, Release), FCALL, per script", run: todayPair, cmd: "fcall"},
+		{what: "packed sketch's claim (11 commands, see profPacked), FCALL", run: packedClaim, cmd: "fcall"},
+		{what: "packed sketch's release (8 commands) of those claims, in order", run: packedRelease, cmd: "fcall"},
+		{what: "today's lifetime_first claim (Registry.Claim), FCALL", run: todayClaim, cmd: "fcall"},
+		{what: "today's release (Registry.Release) of those claims, in order", run: todayRelease, cmd: "fcall"},
 		// Last: these write to the pool's keys.
 		{what: "lean claim + release sketch (7 + 5 commands, see profLean), EVALSHA, per script", run: leanPair(false), cmd: "evalsha"},
 		{what: "the same lean sketch as Functions (FCALL), per script", run: leanPair(true), cmd: "fcall"},
