@@ -238,7 +238,9 @@ func runProfile(cfg *config) error {
 		profLibrary("gbclaim", common, "gb_claim", claim),
 		profLibrary("gbloadworker", common, "gb_load_worker", "for i = 1, 100 do assert(load_worker(ARGV[1])) end return 1"),
 		profLibrary("gbloadcfg", common, "gb_load_cfg", "for i = 1, 100 do load_cfg() end return 1"),
-		"#!lua name=gbpacked\n" + profPacked,
+		// common.lua's decode (and what it uses): the sketch checks records
+		// as the registry does
+		"#!lua name=gbpacked\nlocal KEYS, ARGV = {}, {}\n" + common + profPacked,
 		"#!lua name=gblean\nredis.register_function('gb_lean_claim', function(KEYS, ARGV)\n" + profLeanClaim +
 			"\nend)\nredis.register_function('gb_lean_release', function(KEYS, ARGV)\n" + profLeanRelease + "\nend)\n",
 	}
@@ -445,32 +447,13 @@ return 1`
 // <lifetime>") instead of JSON. Kept: the replay check, the config read
 // (limits, epoch), a look at due leases, the record read and its checks
 // (common.lua's, so generations and status are honoured), owner entries,
-// the lease's expiry, the release's tombstone, the duration window (20).
+// the lease's expiry, the release's tombstone, the duration window (20);
+// the library is loaded behind common.lua, whose decode it calls.
 // Left out: stagger, kept optional indexes, client limits, stale expiry
 // reports, the wake-up. KEYS: idx, records, figs, leases, lease_expiry,
 // owner, config. Claim ARGV: lease id, now ms, lease ttl ms; release ARGV:
 // lease id, now ms.
 const profPacked = `
-local function is_count(n)
-  return type(n) == 'number' and n >= 0 and n % 1 == 0 and n < 9007199254740992
-end
-local function bad_name(s)
-  return s == '' or #s > 200 or string.find(s, '[%s%c]') ~= nil
-end
-local function decode(raw)
-  if not raw then return nil end
-  local ok, w = pcall(cjson.decode, raw)
-  if not ok or type(w) ~= 'table' then return nil end
-  if is_count(w.capacity) and is_count(w.vnodes) and is_count(w.heartbeat) and is_count(w.registered)
-      and is_count(w.expires) and is_count(w.suspect_until) and is_count(w.predicted_end)
-      and type(w.id) == 'string' and type(w.browser) == 'string' and type(w.addr) == 'string'
-      and type(w.path) == 'string' and type(w.gen) == 'string'
-      and (w.status == 'available' or w.status == 'draining')
-      and not bad_name(w.id) and not bad_name(w.gen) then
-    return w
-  end
-  return nil
-end
 local function unpack_figs(raw)
   if not raw then return nil end
   local a, l, pe, su, n, s, d = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)|(.*)$')

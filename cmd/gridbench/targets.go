@@ -449,17 +449,23 @@ func tgtRedisPid(ctx context.Context, rdb *redis.Client) (int, error) {
 // tgtParent returns a process' parent id from /proc, or 0 where there is
 // none.
 func tgtParent(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	f := tgtProcStat(pid)
 	if len(f) < 2 {
 		return 0
 	}
 	ppid, _ := strconv.Atoi(f[1])
 	return ppid
+}
+
+// tgtProcStat returns the fields of /proc/<pid>/stat after the command
+// name (f[0] is the state), or none where there is no such file.
+func tgtProcStat(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	return strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 }
 
 // tgtClaimers runs two gridbench processes in claimer mode against addr
@@ -1113,12 +1119,7 @@ func tgtRedisCPU(ctx context.Context, rdb *redis.Client) (redisCPU, error) {
 // tgtProcCPU returns a process' CPU seconds (user + sys) from /proc, or 0
 // where there is none.
 func tgtProcCPU(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	f := tgtProcStat(pid)
 	if len(f) < 13 {
 		return 0
 	}
