@@ -73,9 +73,8 @@ func TestPinApartFailsClean(t *testing.T) {
 	if err := unix.SchedGetaffinity(0, &mine); err != nil {
 		t.Fatal(err)
 	}
-	if mine.Count() < 2 {
-		t.Skipf("needs 2 CPUs, this process may use %d", mine.Count())
-	}
+	// (on one CPU pinApart refuses before moving anything: the checks
+	// below hold as well)
 	redis := exec.Command("sleep", "60")
 	if err := redis.Start(); err != nil {
 		t.Fatal(err)

@@ -463,8 +463,7 @@ end
 local function pack_figs(f)
   return string.format('%d %d %d %d %d %d|', f.a, f.l, f.pe, f.su, f.n, f.s) .. f.d
 end
-local SCALE = 2097152
-local function score(f) return -f.l * SCALE + f.a end
+local function score(f) return -f.l * LF_SCALE + f.a end
 
 redis.register_function('gb_packed_claim', function(K, A)
   local lid, now = A[1], tonumber(A[2])

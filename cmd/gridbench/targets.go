@@ -43,7 +43,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -96,10 +95,10 @@ var (
 // the whole section however slow the machine.
 var tgtLimits = selection.Limits{MaxConcurrent: 5, MaxLifetime: 1_000_000, StaleAfter: time.Hour, MaxScan: 16}
 
-// tgtRow is one line of the targets table.
 // tgtPartNames are the parts -redis-parts may name.
 var tgtPartNames = []string{"scripts", "caddy", "caddy-pinned", "stock"}
 
+// tgtRow is one line of the targets table.
 type tgtRow struct {
 	what, measured, baseline, ratio, goal, verdict string
 }
@@ -146,10 +145,6 @@ func runTargets(cfg *config) error {
 			name = "caddy-pinned"
 		}
 		if !part(name) {
-			continue
-		}
-		if pinned && runtime.NumCPU() < 2 {
-			fmt.Fprintf(w, "\n(%s skipped: pinning Redis apart needs 2 CPUs, this process may use %d)\n", name, runtime.NumCPU())
 			continue
 		}
 		r, err := tgtThroughCaddy(cfg, workers, sessions, clients, connects, pinned)
@@ -375,26 +370,17 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 
 	// The same with Redis alone on a core (pin_linux.go): the claiming
 	// processes, started from a pinned gridbench, stay on the others.
-	if runtime.NumCPU() < 2 {
-		fmt.Fprintf(w, "(decisions/s with Redis alone on a core skipped: this process may use %d CPU)\n", runtime.NumCPU())
-		return rows, nil
-	}
+	const pinnedWhat = "decisions/s with Redis alone on a core"
 	pid, err := tgtRedisPid(ctx, rdb)
 	if err != nil {
-		fmt.Fprintf(w, "(decisions/s with Redis alone on a core skipped: %v)\n", err)
+		fmt.Fprintf(w, "(%s skipped: %v)\n", pinnedWhat, err)
 		return rows, nil
 	}
-	pin, err := pinApart(pid)
-	if err != nil {
-		// a report, not a failure: the figures above stand without it
-		fmt.Fprintf(w, "(decisions/s with Redis alone on a core skipped: %v)\n", err)
+	where, restore, ok := tgtPin(w, pinnedWhat, pid)
+	if !ok {
 		return rows, nil
 	}
-	defer func() {
-		if err := pin.restore(); err != nil {
-			fmt.Fprintf(w, "(restoring CPU sets: %v)\n", err)
-		}
-	}()
+	defer restore()
 	var pdec, ppps, busy, pbusy float64
 	for _, m := range []struct {
 		mode      string
@@ -413,12 +399,29 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 		}
 		*m.busy = c1.sub(c0).total() / dur.Seconds()
 	}
-	where := fmt.Sprintf("Redis alone on CPU %d", pin.redisCPU)
 	fmt.Fprintf(w, "The same, %s: %s decisions/s, Redis %s%% of its core busy; PINGs: %s/s, Redis %s%% busy.\n",
 		where, tgtF(pdec, 0), tgtF(busy*100, 0), tgtF(ppps, 0), tgtF(pbusy*100, 0))
 	rows = append(rows, tgtRow{fmt.Sprintf("Decisions/s, two claiming processes, N=%d (%s)", n, where), tgtF(pdec, 0) + "/s", "PINGs " + tgtF(ppps, 0) + "/s",
 		tgtF(pdec/ppps, 2) + "×", "≥ 20,000/s", regVerdict(pdec >= 20000)})
 	return rows, nil
+}
+
+// tgtPin pins Redis apart from the others and this process
+// (pin_linux.go) and returns where Redis runs and how to undo it. When it
+// cannot, it prints why the figures named by what are skipped and returns
+// ok false: a report, not a failure, since the rest of the run stands
+// without them.
+func tgtPin(w io.Writer, what string, redis int, others ...int) (where string, restore func(), ok bool) {
+	pin, err := pinApart(redis, others...)
+	if err != nil {
+		fmt.Fprintf(w, "\n(%s skipped: %v)\n", what, err)
+		return "", nil, false
+	}
+	return fmt.Sprintf("Redis alone on CPU %d", pin.redisCPU), func() {
+		if err := pin.restore(); err != nil {
+			fmt.Fprintf(w, "(restoring CPU sets after %s: %v)\n", what, err)
+		}
+	}, true
 }
 
 // tgtRedisPid returns the process id of the Redis behind rdb, which must
@@ -584,18 +587,12 @@ func tgtThroughCaddy(cfg *config, workers, sessions, clients, connects int, pinn
 	defer cad.stop()
 	where := "shared cores"
 	if pinned {
-		pin, err := pinApart(srv.cmd.Process.Pid, cad.cmd.Process.Pid)
-		if err != nil {
-			// a report, not a failure: the shared figures stand without it
-			fmt.Fprintf(w, "\n(caddy-pinned skipped: %v)\n", err)
+		at, restore, ok := tgtPin(w, "caddy-pinned", srv.cmd.Process.Pid, cad.cmd.Process.Pid)
+		if !ok {
 			return nil, nil
 		}
-		defer func() {
-			if err := pin.restore(); err != nil {
-				fmt.Fprintf(w, "(restoring gridbench's CPU set: %v)\n", err)
-			}
-		}()
-		where = fmt.Sprintf("Redis alone on CPU %d", pin.redisCPU)
+		defer restore()
+		where = at
 	}
 	grid := func() string { return "ws://" + cad.gridAddr + "/playwright/" + pool }
 	stock := func() string { return "ws://" + cad.rpAddr + "/playwright" }
