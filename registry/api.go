@@ -87,6 +87,14 @@ type Options struct {
 	// a renewal does not bring the lease back. It must outlast the longest
 	// time a claim may wait in a connection or a stalled Redis. Default: 10m.
 	TombstoneTTL time.Duration
+	// MaxBatch is how many claims (or lease ends) of one pool one call to
+	// Redis carries at most. A claim or release that arrives while one of
+	// the same pool is in flight from this process waits for it and goes
+	// in the next call with the others that waited, so a busy pool pays
+	// Redis' per-call cost (a round trip, the function's setup) once per
+	// batch instead of once per session; a lone call goes at once, as
+	// before. 1 sends every call alone. Default: 32 (DefaultMaxBatch).
+	MaxBatch int
 }
 
 // Registry talks to one Redis (single node, Sentinel or Cluster).
@@ -99,6 +107,8 @@ type Registry struct {
 	expireSlots chan struct{}
 	// sweep chooses the claims that free expired leases first (sweep.go).
 	sweep claimSweeper
+	// batch groups a pool's concurrent claims and lease ends (batch.go).
+	batch batcher
 }
 
 // New returns a Registry over rdb.

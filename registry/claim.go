@@ -117,22 +117,39 @@ func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, lease
 	if err != nil {
 		return outcome{}, err
 	}
-	run := r.run
-	if dry {
-		run = r.runRO
-	}
-	res, err := run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	res, err := r.claimCall(ctx, req, dry, args)
 	if err == nil && !dry && sweep == 0 && r.sweep.retry(res) {
 		// Refused without sweeping: expired leases may be what fills the
 		// pool or the client's budget. Run once more, sweeping first, with
 		// the same arguments otherwise (the same vnode draw).
 		args[claimArgsLayout.index("lease_sweep")] = r.opts.LeaseSweep
-		res, err = run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+		res, err = r.claimCall(ctx, req, dry, args)
 	}
 	if err != nil {
 		return outcome{}, err
 	}
 	return r.decodeClaim(req, dry, leaseID, res)
+}
+
+// claimCall runs claim.lua once: a Pick read-only, a claim batched with
+// the pool's other claims in flight (batch.go), one with a clock of its
+// own (tests) alone.
+func (r *Registry) claimCall(ctx context.Context, req ClaimRequest, dry bool, args []any) ([]any, error) {
+	switch {
+	case dry:
+		return r.runRO(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	case !req.Now.IsZero():
+		return r.run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	}
+	res, err := r.runBatched(ctx, scriptClaim, req.Pool, args...)
+	if err != nil {
+		return nil, err
+	}
+	s, ok := res.([]any)
+	if !ok {
+		return nil, fmt.Errorf("claim.lua replied %T, want an array", res)
+	}
+	return s, nil
 }
 
 // claimArgv is claim.lua's ARGV after the common three, for a checked

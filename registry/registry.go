@@ -52,6 +52,9 @@ func newRegistry(rdb redis.UniversalClient, opts Options) *Registry {
 	if opts.TombstoneTTL <= 0 {
 		opts.TombstoneTTL = defaultTombstoneTTL
 	}
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = DefaultMaxBatch
+	}
 	return &Registry{rdb: rdb, opts: opts, expireSlots: make(chan struct{}, expireConcurrency)}
 }
 
@@ -314,7 +317,7 @@ func (r *Registry) endLease(ctx context.Context, pool, leaseID, op string, suspe
 	if leaseID == "" {
 		return fmt.Errorf("%s a lease of pool %q: empty lease id", what, pool)
 	}
-	if err := r.run(ctx, scriptLease, pool, 0, op, r.opts.DurationWindow, leaseID, ms(suspectFor), ms(r.opts.TombstoneTTL)).Err(); err != nil {
+	if _, err := r.runBatched(ctx, scriptLease, pool, op, r.opts.DurationWindow, leaseID, ms(suspectFor), ms(r.opts.TombstoneTTL)); err != nil {
 		return fmt.Errorf("%s lease %q of pool %q: %w", what, leaseID, pool, err)
 	}
 	return nil

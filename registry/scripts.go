@@ -76,10 +76,10 @@ var (
 		// maxmemory too (allowOOM), as their EVAL forms did.
 		{name: "expire", body: luaExpire, allowOOM: true},
 		{name: "expire_stale", body: luaExpireStale, allowOOM: true},
-		{name: "lease", body: luaLease, allowOOM: true},
+		{name: "lease", body: luaLease, allowOOM: true, batch: true},
 		// Claim writes; Pick runs the same body read-only (dry). The walks
 		// are made once, at load (claimWalks).
-		{name: "claim", prologue: contractLua("claim.lua", claimArgs, claimReply) + claimWalks(), body: contractBody("claim.lua", claimArgs, claimReply, luaClaim), ro: roAlso},
+		{name: "claim", prologue: contractLua("claim.lua", claimArgs, claimReply) + claimWalks(), body: contractBody("claim.lua", claimArgs, claimReply, luaClaim), ro: roAlso, batch: true},
 		{name: "read", prologue: contractLua("read.lua", readArgs, readReply) + rowsLua("read.lua", readRow), body: contractBody("read.lua", readArgs, readReply, luaRead), ro: roOnly},
 		{name: "reconcile", body: luaReconcile},
 		{name: "unlock", body: luaUnlock, allowOOM: true},
@@ -147,6 +147,9 @@ type libScript struct {
 	// slot. (The lease script's renewal runs too: it refreshes expiries
 	// and re-creates only leases Redis lost.)
 	allowOOM bool
+	// batch also registers <name>_many, which runs several calls of the
+	// script in one (see manyLua and batch.go).
+	batch bool
 }
 
 // library is a Function library built from common.lua and scripts.
@@ -161,6 +164,9 @@ type library struct {
 type function struct {
 	lib        *library
 	name, roFn string
+	// many is the name of the function that runs several calls in one
+	// ("" when the script has none).
+	many string
 }
 
 // keyLine matches common.lua's lines that name the keys
@@ -208,6 +214,9 @@ func newLibrary(scripts []libScript) *library {
 		case roOnly:
 			fmt.Fprintf(&b, "redis.register_function{function_name = '%s', callback = main, flags = {'no-writes'}}\n", fn)
 		}
+		if s.batch {
+			fmt.Fprintf(&b, "%sredis.register_function{function_name = '%s_many', callback = many%s}\n", manyLua, fn, flags)
+		}
 		b.WriteString("end\n")
 	}
 	sum := sha1.Sum([]byte(b.String()))
@@ -221,10 +230,43 @@ func newLibrary(scripts []libScript) *library {
 		case roOnly:
 			f.roFn = f.name
 		}
+		if s.batch {
+			f.many = f.name + "_many"
+		}
 		l.fns[s.name] = f
 	}
 	return l
 }
+
+// manyLua is the function <script>_many: several calls of the script's
+// main in one FCALL, in order, each atomic with the others as the whole
+// call is. ARGV is the common three (now, channel, pool), then per call
+// the number of its own arguments and those arguments. The reply holds
+// one item per call: what main returned (false for nothing), or an error
+// reply when it failed, so one call's error fails that call alone. A call
+// that failed half-way keeps the writes it made, as it would alone
+// (Redis does not roll a script back).
+const manyLua = `local function many(keys, args)
+  local out, i, n = {}, 4, #args
+  while i <= n do
+    local c = tonumber(args[i])
+    if not c or c < 0 or i + c > n then
+      return redis.error_reply('batched call ' .. (#out + 1) .. ': bad argument count ' .. tostring(args[i]))
+    end
+    local one = { args[1], args[2], args[3] }
+    for j = 1, c do one[3 + j] = args[i + j] end
+    i = i + c + 1
+    local ok, res = pcall(main, keys, one)
+    if not ok then
+      if type(res) ~= 'table' or type(res.err) ~= 'string' then res = { err = tostring(res) } end
+    elseif res == nil then
+      res = false
+    end
+    out[#out + 1] = res
+  end
+  return out
+end
+`
 
 func (l *library) function(name string) function {
 	f, ok := l.fns[name]

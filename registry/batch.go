@@ -1,0 +1,194 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Group commit of claims and lease ends (issue 12). Each call to Redis
+// costs Redis a round trip's kernel work and a function call's setup
+// whatever the script does: on the measuring machine about 15–20 µs and
+// 6 µs of a claim's ~50 (docs/perf/registry-profile.md). So that a busy
+// pool does not pay them per session, one process sends at most one call
+// of a script per pool at a time: a claim (or release) that arrives while
+// one is in flight waits for it, and then every call that waited goes in
+// the next call to Redis (<script>_many, manyLua), up to Options.MaxBatch.
+// A call that finds none in flight goes at once, alone, as it always did:
+// batching adds nothing to an idle pool and at most one call's time to a
+// busy one. The calls of a batch run one after the other in one atomic
+// script, as they would back to back; each caller gets its own reply or
+// error, and returns only once its call ran.
+
+// DefaultMaxBatch is Options.MaxBatch's default.
+const DefaultMaxBatch = 32
+
+// batchJob is one call waiting for, or in, a batch.
+type batchJob struct {
+	ctx  context.Context
+	args []any // the script's own ARGV, after the common three
+	res  any
+	err  error
+	done chan struct{}
+	// sent: the job left the queue (guarded by the queue's mu).
+	sent bool
+}
+
+// callQueue is one script's calls for one pool in this process.
+type callQueue struct {
+	mu      sync.Mutex
+	busy    bool // a call of this script for this pool is in flight
+	waiting []*batchJob
+}
+
+// batcher holds the queues, by script and pool.
+type batcher struct {
+	queues sync.Map // batchKey -> *callQueue
+}
+
+type batchKey struct{ fn, pool string }
+
+func (b *batcher) queue(f function, pool string) *callQueue {
+	k := batchKey{f.name, pool}
+	if q, ok := b.queues.Load(k); ok {
+		return q.(*callQueue)
+	}
+	q, _ := b.queues.LoadOrStore(k, &callQueue{})
+	return q.(*callQueue)
+}
+
+// runBatched runs f for pool with its own ARGV args (now from Redis'
+// clock), in a batch when a call of f for pool is in flight (see above).
+// It returns the call's reply as run would give it (Cmd.Result).
+func (r *Registry) runBatched(ctx context.Context, f function, pool string, args ...any) (any, error) {
+	max := r.opts.MaxBatch
+	if f.many == "" || max == 1 {
+		return r.run(ctx, f, pool, 0, args...).Result()
+	}
+	q := r.batch.queue(f, pool)
+	q.mu.Lock()
+	if !q.busy {
+		// nothing in flight: this call goes alone, now
+		q.busy = true
+		q.mu.Unlock()
+		res, err := r.run(ctx, f, pool, 0, args...).Result()
+		r.nextBatch(q, f, pool)
+		return res, err
+	}
+	j := &batchJob{ctx: ctx, args: args, done: make(chan struct{})}
+	q.waiting = append(q.waiting, j)
+	q.mu.Unlock()
+	select {
+	case <-j.done:
+		return j.res, j.err
+	case <-ctx.Done():
+	}
+	q.mu.Lock()
+	if !j.sent {
+		// never sent: take it out, nothing ran
+		for i, w := range q.waiting {
+			if w == j {
+				q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+				break
+			}
+		}
+		q.mu.Unlock()
+		return nil, fmt.Errorf("waiting for a call in flight: %w", ctx.Err())
+	}
+	q.mu.Unlock()
+	// In flight: it may run, or have run, as a call whose caller gave up
+	// may (the callers cancel or retry as for any failed call).
+	return nil, ctx.Err()
+}
+
+// nextBatch sends the calls that waited while one was in flight, as one
+// call, in the background; with none waiting, the queue is idle again.
+func (r *Registry) nextBatch(q *callQueue, f function, pool string) {
+	max := r.opts.MaxBatch
+	q.mu.Lock()
+	if len(q.waiting) == 0 {
+		q.busy = false
+		q.mu.Unlock()
+		return
+	}
+	n := min(len(q.waiting), max)
+	jobs := append([]*batchJob(nil), q.waiting[:n]...)
+	q.waiting = append(q.waiting[:0], q.waiting[n:]...)
+	for _, j := range jobs {
+		j.sent = true
+	}
+	q.mu.Unlock()
+	go func() {
+		r.sendBatch(f, pool, jobs)
+		r.nextBatch(q, f, pool)
+	}()
+}
+
+// sendBatch runs jobs in one call (alone: the plain function) and hands
+// each its reply. The call runs under its own context, until the latest
+// of the jobs' deadlines: a caller that gives up does not fail the others.
+func (r *Registry) sendBatch(f function, pool string, jobs []*batchJob) {
+	defer func() {
+		for _, j := range jobs {
+			close(j.done)
+		}
+	}()
+	ctx, cancel := batchContext(jobs)
+	defer cancel()
+	if len(jobs) == 1 {
+		jobs[0].res, jobs[0].err = r.run(ctx, f, pool, 0, jobs[0].args...).Result()
+		return
+	}
+	args := make([]any, 0, 3+len(jobs)*(1+len(jobs[0].args)))
+	args = append(args, int64(0), r.channel(pool), pool)
+	for _, j := range jobs {
+		args = append(args, len(j.args))
+		args = append(args, j.args...)
+	}
+	res, err := r.fcallMany(ctx, f, r.poolKeys(pool), args...).Slice()
+	if err == nil && len(res) != len(jobs) {
+		err = fmt.Errorf("calling %s: %d replies for %d batched calls", f.many, len(res), len(jobs))
+	}
+	for i, j := range jobs {
+		if err != nil {
+			j.err = err
+			continue
+		}
+		var rerr redis.Error
+		if e, ok := res[i].(error); ok && errors.As(e, &rerr) {
+			j.err = e
+			continue
+		}
+		j.res = res[i]
+		if j.res == nil {
+			// false from Lua, as a lone call's reply (Cmd.Result gives redis.Nil)
+			j.err = redis.Nil
+		}
+	}
+}
+
+// batchContext is a batch's call context: not cancelled by any one
+// caller, with the latest deadline among them (none when one has none).
+func batchContext(jobs []*batchJob) (context.Context, context.CancelFunc) {
+	var last time.Time
+	for _, j := range jobs {
+		d, ok := j.ctx.Deadline()
+		if !ok {
+			return context.WithCancel(context.WithoutCancel(j.ctx))
+		}
+		if d.After(last) {
+			last = d
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(jobs[0].ctx), last)
+}
+
+// fcallMany calls f's <script>_many, loading the library where it is
+// missing as fcall does.
+func (r *Registry) fcallMany(ctx context.Context, f function, keys []string, args ...any) *redis.Cmd {
+	return r.fcall(ctx, function{lib: f.lib, name: f.many}, false, keys, args...)
+}

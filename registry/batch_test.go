@@ -1,0 +1,216 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/browsergrid/caddy-browser-grid/selection"
+)
+
+// fcalls is how many FCALLs the server has run (INFO commandstats).
+func fcalls(t *testing.T, rdb redis.UniversalClient) int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_fcall:calls="); ok {
+			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// TestBatchedClaimsAndReleases: 32 goroutines claim and release in one
+// pool of 16 slots. Batched, the pool's claims and releases share calls
+// (fewer FCALLs than calls), no slot is held twice, and every slot and
+// lease is free at the end; with MaxBatch 1 every call is its own FCALL.
+func TestBatchedClaimsAndReleases(t *testing.T) {
+	for _, max := range []int{0, 1} {
+		t.Run(fmt.Sprint("max_batch_", max), func(t *testing.T) {
+			r, rdb := startRegistry(t, Options{MaxBatch: max})
+			ctx := context.Background()
+			const pool, workers, capacity, goroutines, rounds = "batch", 4, 4, 32, 40
+			for i := range workers {
+				register(t, r, pool, fmt.Sprint("w", i), capacity)
+			}
+			before := fcalls(t, rdb)
+			var mu sync.Mutex
+			held := map[string]int{}
+			var calls, granted int
+			var over, failed []string
+			var wg sync.WaitGroup
+			for g := range goroutines {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range rounds {
+						c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: fmt.Sprint("g", g),
+							Limits: selection.Limits{MaxConcurrent: capacity}})
+						mu.Lock()
+						calls++
+						if err != nil {
+							if !errors.Is(err, ErrNoWorker) {
+								failed = append(failed, err.Error())
+							}
+							mu.Unlock()
+							continue
+						}
+						granted++
+						held[c.Worker.ID]++
+						if held[c.Worker.ID] > capacity {
+							over = append(over, c.Worker.ID)
+						}
+						mu.Unlock()
+						mu.Lock()
+						held[c.Worker.ID]--
+						calls++
+						mu.Unlock()
+						if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+							mu.Lock()
+							failed = append(failed, err.Error())
+							mu.Unlock()
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			sent := fcalls(t, rdb) - before
+			t.Logf("MaxBatch %d: %d claims and releases (%d granted) in %d FCALLs", max, calls, granted, sent)
+			if len(failed) > 0 {
+				t.Fatalf("%d calls failed, first: %s", len(failed), failed[0])
+			}
+			if len(over) > 0 {
+				t.Fatalf("over-admitted: a slot held twice on %v", over)
+			}
+			if granted == 0 {
+				t.Fatal("no claim was granted")
+			}
+			lifetime := 0
+			for id, c := range counts(t, r, pool) {
+				if c[0] != 0 {
+					t.Errorf("worker %s: active %d after every release, want 0", id, c[0])
+				}
+				lifetime += c[1]
+			}
+			if lifetime != granted {
+				t.Errorf("lifetimes add up to %d, want the %d claims granted", lifetime, granted)
+			}
+			if n, err := rdb.ZCard(ctx, r.Key(pool, "lease_owner")).Result(); err != nil || n != 0 {
+				t.Errorf("lease owner entries left: %d (%v)", n, err)
+			}
+			switch {
+			case max == 1 && sent < calls:
+				t.Errorf("MaxBatch 1: %d FCALLs for %d calls, want one each at least", sent, calls)
+			case max != 1 && sent >= calls:
+				t.Errorf("batched: %d FCALLs for %d calls, want fewer", sent, calls)
+			}
+		})
+	}
+}
+
+// TestBatchErrorIsOwn: one call of a batch that fails fails alone; the
+// calls before and after it in the same FCALL run and get their replies.
+func TestBatchErrorIsOwn(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "batch-err"
+	register(t, r, pool, "a", 2)
+	register(t, r, pool, "b", 2)
+	var leases []string
+	for range 2 {
+		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, c.LeaseID)
+	}
+	job := func(op, lid string) *batchJob {
+		return &batchJob{ctx: ctx, done: make(chan struct{}),
+			args: []any{op, r.opts.DurationWindow, lid, 0, ms(r.opts.TombstoneTTL)}}
+	}
+	jobs := []*batchJob{job("release", leases[0]), job("no-such-op", "x"), job("release", leases[1])}
+	r.sendBatch(scriptLease, pool, jobs)
+	for i, want := range []any{int64(1), nil, int64(1)} {
+		j := jobs[i]
+		if want == nil {
+			if j.err == nil || !strings.Contains(j.err.Error(), "unknown lease op no-such-op") {
+				t.Errorf("batched call %d: error %v, want unknown lease op", i, j.err)
+			}
+			continue
+		}
+		if j.err != nil || j.res != want {
+			t.Errorf("batched call %d: %v, %v; want %v", i, j.res, j.err, want)
+		}
+	}
+	for id, c := range counts(t, r, pool) {
+		if c[0] != 0 {
+			t.Errorf("worker %s: active %d, want 0: both releases ran", id, c[0])
+		}
+	}
+}
+
+// TestBatchMalformed: a batch whose argument counts do not add up is
+// refused whole, naming the call.
+func TestBatchMalformed(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "batch-bad"
+	register(t, r, pool, "a", 1)
+	err := r.fcallMany(ctx, scriptLease, r.poolKeys(pool), 0, r.channel(pool), pool, 5, "release").Err()
+	if err == nil || !strings.Contains(err.Error(), "batched call 1: bad argument count 5") {
+		t.Fatalf("malformed batch: %v, want bad argument count", err)
+	}
+}
+
+// TestBatchWaiterGivesUp: a call waiting for one in flight whose caller
+// gives up leaves the queue at once and never runs.
+func TestBatchWaiterGivesUp(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "batch-wait"
+	register(t, r, pool, "a", 1)
+	c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := r.batch.queue(scriptLease, pool)
+	q.mu.Lock()
+	q.busy = true // as if a call were in flight
+	q.mu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	err = r.Release(wctx, pool, c.LeaseID)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("release waiting past its deadline: %v, want context.DeadlineExceeded", err)
+	}
+	q.mu.Lock()
+	left := len(q.waiting)
+	q.busy = false
+	q.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d calls left waiting after their callers gave up", left)
+	}
+	if got := counts(t, r, pool)["a"]; got[0] != 1 {
+		t.Fatalf("worker a: active %d, want 1: the release that gave up must not have run", got[0])
+	}
+	if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if got := counts(t, r, pool)["a"]; got[0] != 0 {
+		t.Fatalf("worker a: active %d after the release, want 0", got[0])
+	}
+}
