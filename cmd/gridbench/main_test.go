@@ -43,6 +43,10 @@ func TestQuickRun(t *testing.T) {
 	if runtime.GOOS == "linux" && runtime.NumCPU() >= 2 && !strings.Contains(string(out), "Redis alone on CPU") {
 		t.Errorf("redis-targets printed no figures with Redis pinned apart:\n%s", out)
 	}
+	// decisions/s batched beside every call alone (MaxBatch 1), same run
+	if !strings.Contains(string(out), "with every call its own FCALL") {
+		t.Errorf("redis-targets printed no decisions/s with every call alone:\n%s", out)
+	}
 	if n := strings.Count(string(out), "\n|"); n < 10 {
 		t.Errorf("only %d table rows printed:\n%s", n, out)
 	}

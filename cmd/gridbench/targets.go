@@ -19,8 +19,11 @@ package main
 //     over the same workers, interleaved.
 //   - Decisions per second on one Redis from two claiming processes
 //     (gridbench re-executing itself with -claimer), beside the PINGs per
-//     second the same two processes reach; again with Redis alone on a
-//     core, with how busy Redis was.
+//     second the same two processes reach, and beside the same claims
+//     with every call its own FCALL (registry.Options.MaxBatch 1, as
+//     before a busy pool's calls were batched); again with Redis alone on
+//     a core, with how busy Redis was, its CPU per decision and the
+//     FCALLs per decision.
 //   - Stock reverse_proxy least_conn with 1,000 and 10,000 static upstreams
 //     beside the grid over the same workers: sessions/s and connect p50 at
 //     4 and 64 clients, with how busy Redis was during the grid's cell.
@@ -84,7 +87,7 @@ var (
 var (
 	claimerAddr   = flag.String("claimer", "", "internal (redis-targets): run as a claiming process against this Redis address")
 	claimerPool   = flag.String("claimer-pool", "", "internal: pool to claim in")
-	claimerMode   = flag.String("claimer-mode", "claim", "internal: claim (claim + release loop) or ping")
+	claimerMode   = flag.String("claimer-mode", "claim", "internal: claim (claim + release loop), claim-alone (the same, every call its own FCALL: MaxBatch 1) or ping")
 	claimerStart  = flag.Int64("claimer-start", 0, "internal: start at this Unix time (ms)")
 	claimerFor    = flag.Duration("claimer-for", time.Second, "internal: how long to run")
 	claimerConnsF = flag.Int("claimer-conns", 8, "internal: connections")
@@ -354,8 +357,13 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 	rows = append(rows, tgtRow{"Client-visible claim p50 (lifetime_first)", proxyUS(cp) + " µs", "PING p50 " + proxyUS(pp) + " µs",
 		tgtF(float64(cp)/float64(pp), 2) + "×", "≤ 3× PING", regVerdict(float64(cp) <= 3*float64(pp))})
 
-	// Two claiming processes, then the same two sending PINGs.
+	// Two claiming processes, then the same with every call its own FCALL
+	// (MaxBatch 1, as before batching), then the same two sending PINGs.
 	dec, err := tgtClaimers(rdb.Options().Addr, pool, "claim", dur)
+	if err != nil {
+		return nil, err
+	}
+	alone, err := tgtClaimers(rdb.Options().Addr, pool, "claim-alone", dur)
 	if err != nil {
 		return nil, err
 	}
@@ -363,8 +371,8 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(w, "Two claiming processes, %d connections each, %s, lifetime_first at N=%d: %s decisions/s (claim + release each); the same two sending PINGs: %s/s.\n",
-		*tgtConns, dur, n, tgtF(dec, 0), tgtF(pps, 0))
+	fmt.Fprintf(w, "Two claiming processes, %d connections each, %s, lifetime_first at N=%d: %s decisions/s (claim + release each; %s/s with every call its own FCALL, %s× batched/alone); the same two sending PINGs: %s/s.\n",
+		*tgtConns, dur, n, tgtF(dec, 0), tgtF(alone, 0), tgtF(dec/alone, 2), tgtF(pps, 0))
 	rows = append(rows, tgtRow{fmt.Sprintf("Decisions/s, two claiming processes, N=%d", n), tgtF(dec, 0) + "/s", "PINGs " + tgtF(pps, 0) + "/s",
 		tgtF(dec/pps, 2) + "×", "≥ 20,000/s", regVerdict(dec >= 20000)})
 
@@ -381,16 +389,26 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 		return rows, nil
 	}
 	defer restore()
-	var pdec, ppps, busy, pbusy float64
+	var pdec, palone, ppps, busy, abusy, pbusy float64
+	var bcalls, acalls, pcalls cmdStat
 	for _, m := range []struct {
 		mode      string
 		ops, busy *float64
-	}{{"claim", &pdec, &busy}, {"ping", &ppps, &pbusy}} {
+		calls     *cmdStat
+	}{{"claim", &pdec, &busy, &bcalls}, {"claim-alone", &palone, &abusy, &acalls}, {"ping", &ppps, &pbusy, &pcalls}} {
 		c0, err := tgtRedisCPU(ctx, rdb)
 		if err != nil {
 			return nil, err
 		}
+		s0, err := tgtCommandStats(ctx, rdb)
+		if err != nil {
+			return nil, err
+		}
 		if *m.ops, err = tgtClaimers(rdb.Options().Addr, pool, m.mode, dur); err != nil {
+			return nil, err
+		}
+		s1, err := tgtCommandStats(ctx, rdb)
+		if err != nil {
 			return nil, err
 		}
 		c1, err := tgtRedisCPU(ctx, rdb)
@@ -398,9 +416,16 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 			return nil, err
 		}
 		*m.busy = c1.sub(c0).total() / dur.Seconds()
+		*m.calls = s1.sub(s0).scripts()
 	}
-	fmt.Fprintf(w, "The same, %s: %s decisions/s, Redis %s%% of its core busy; PINGs: %s/s, Redis %s%% busy.\n",
-		where, tgtF(pdec, 0), tgtF(busy*100, 0), tgtF(ppps, 0), tgtF(pbusy*100, 0))
+	// per decision: Redis CPU, FCALLs and µs inside them
+	per := func(ops, busy float64, c cmdStat) string {
+		n := ops * dur.Seconds()
+		return fmt.Sprintf("%s µs of Redis CPU per decision, %s FCALLs and %s µs inside them", tgtF(busy/ops*1e6, 0), tgtF(c.calls/n, 2), tgtF(c.usec/n, 0))
+	}
+	fmt.Fprintf(w, "The same, %s: %s decisions/s, Redis %s%% of its core busy (%s); every call its own FCALL: %s/s, %s%% busy (%s), %s× batched/alone; PINGs: %s/s, Redis %s%% busy.\n",
+		where, tgtF(pdec, 0), tgtF(busy*100, 0), per(pdec, busy, bcalls), tgtF(palone, 0), tgtF(abusy*100, 0), per(palone, abusy, acalls),
+		tgtF(pdec/palone, 2), tgtF(ppps, 0), tgtF(pbusy*100, 0))
 	rows = append(rows, tgtRow{fmt.Sprintf("Decisions/s, two claiming processes, N=%d (%s)", n, where), tgtF(pdec, 0) + "/s", "PINGs " + tgtF(ppps, 0) + "/s",
 		tgtF(pdec/ppps, 2) + "×", "≥ 20,000/s", regVerdict(pdec >= 20000)})
 	return rows, nil
@@ -516,7 +541,11 @@ func tgtClaimers(addr, pool, mode string, dur time.Duration) (float64, error) {
 func claimerMain() int {
 	rdb := redis.NewClient(&redis.Options{Addr: *claimerAddr, PoolSize: *claimerConnsF})
 	defer rdb.Close()
-	reg := registry.New(rdb, registry.Options{NoStaleExpiry: true})
+	opts := registry.Options{NoStaleExpiry: true}
+	if *claimerMode == "claim-alone" {
+		opts.MaxBatch = 1
+	}
+	reg := registry.New(rdb, opts)
 	ctx := context.Background()
 	req := registry.ClaimRequest{Pool: *claimerPool, Policy: registry.LifetimeFirst, Limits: tgtLimits, Holder: "gridbench-claimer"}
 	op := func() error {
