@@ -547,9 +547,10 @@ func TestBatchRedHugeBatch(t *testing.T) {
 		}()
 	}
 	waitQueued(t, q, n)
-	before := fcalls(t, rdb)
+	before, start := fcalls(t, rdb), time.Now()
 	r.nextBatch(q, scriptClaim, pool)
 	wg.Wait()
+	t.Logf("a batch of %d claims answered in %s", n, time.Since(start))
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("claim %d of a batch of %d: %v", i, n, err)
@@ -625,4 +626,270 @@ func TestBatchRedCluster(t *testing.T) {
 		waitIdle(t, q)
 		noDrift(t, r, rdb, pool)
 	}
+}
+
+// TestBatchRedStallMidBatch: Redis stops answering for a second while
+// claims and releases keep coming, every caller with a short deadline.
+// The queues do not stay busy, no slot is left once the callers cancel
+// what they do not know, and claims work again afterwards.
+func TestBatchRedStallMidBatch(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	r, rdb := registryAt(t, srv.URL(), Options{})
+	bg := context.Background()
+	const pool, goroutines = "red-stall", 24
+	for i := range 3 {
+		register(t, r, pool, fmt.Sprint("w", i), 4)
+	}
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	var claims, granted, failed int
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				lease := NewLeaseID()
+				ctx, cancel := context.WithTimeout(bg, 150*time.Millisecond)
+				_, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: fmt.Sprint("g", g), LeaseID: lease})
+				cancel()
+				mu.Lock()
+				claims++
+				if err == nil {
+					granted++
+				} else if !errors.Is(err, ErrNoWorker) {
+					failed++
+				}
+				mu.Unlock()
+				if errors.Is(err, ErrNoWorker) {
+					continue
+				}
+				end := r.Release
+				if err != nil {
+					end = r.Cancel
+				}
+				// the gateway retries in the background until it runs
+				testenv.Eventually(t, 30*time.Second, "a lease end to run", func() bool {
+					ctx, cancel := context.WithTimeout(bg, 500*time.Millisecond)
+					defer cancel()
+					return end(ctx, pool, lease) == nil
+				})
+			}
+		}()
+	}
+	testenv.Eventually(t, 30*time.Second, "claims granted before the stall", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return granted > 50
+	})
+	srv.Stall(time.Second)
+	testenv.Eventually(t, 30*time.Second, "claims granted after the stall", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return granted > 200 && failed > 0
+	})
+	close(stop)
+	wg.Wait()
+	t.Logf("%d claims: %d granted, %d failed and cancelled", claims, granted, failed)
+	waitIdle(t, r.batch.queue(scriptClaim, pool))
+	waitIdle(t, r.batch.queue(scriptLease, pool))
+	testenv.Eventually(t, 30*time.Second, "every slot free", func() bool {
+		for _, c := range counts(t, r, pool) {
+			if c[0] != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	noDrift(t, r, rdb, pool)
+}
+
+// TestBatchRedOnReplica: lease ends batched on a read-only replica fail,
+// each with the replica's refusal, and leave the queue free.
+func TestBatchRedOnReplica(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "red-replica"
+	register(t, r, pool, "a", 4)
+	c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro, rc := startReplica(t, r)
+	testenv.Eventually(t, 30*time.Second, "the replica in sync", func() bool {
+		n, err := rc.HLen(ctx, r.Key(pool, keyLeases)).Result()
+		return err == nil && n == 1
+	})
+	q := holdQueue(ro, scriptLease, pool)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			errs[i] = ro.Release(cctx, pool, c.LeaseID)
+		}()
+	}
+	waitQueued(t, q, len(errs))
+	ro.nextBatch(q, scriptLease, pool)
+	wg.Wait()
+	for i, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "READONLY") {
+			t.Errorf("batched release %d on a replica: %v, want READONLY", i, err)
+		}
+	}
+	waitIdle(t, q)
+	if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBatchRedSweepRetry: a pool full of expired leases; claims batched
+// together are refused without sweeping, retried with a sweep (decide),
+// and granted, each its own slot.
+func TestBatchRedSweepRetry(t *testing.T) {
+	r, rdb := startRegistry(t, Options{LeaseSweep: 10})
+	ctx := context.Background()
+	const pool, n = "red-sweep", 4
+	register(t, r, pool, "a", n)
+	for range n {
+		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "gone", LeaseTTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// its holder stopped renewing: its expiry has passed
+		if err := rdb.ZAddXX(ctx, r.Key(pool, keyLeaseExpiry), redis.Z{Score: 1, Member: c.LeaseID}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claims := make([]*Claim, n)
+	errs := make([]error, n)
+	q := holdQueue(r, scriptClaim, pool)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			claims[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "new", LeaseTTL: time.Minute})
+		}()
+	}
+	waitQueued(t, q, n)
+	r.nextBatch(q, scriptClaim, pool)
+	wg.Wait()
+	waitIdle(t, q)
+	seen := map[string]bool{}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("claim %d in a pool of expired leases: %v", i, err)
+		}
+		if seen[claims[i].LeaseID] {
+			t.Fatalf("lease %s given twice", claims[i].LeaseID)
+		}
+		seen[claims[i].LeaseID] = true
+	}
+	if got := counts(t, r, pool)["a"]; got[0] != n {
+		t.Fatalf("worker a: active %d, want %d (the new claims only)", got[0], n)
+	}
+	if bad, err := activeDrift(ctx, r, rdb, pool); err != nil || len(bad) > 0 {
+		t.Fatalf("counts apart from the leases: %v %v", bad, err)
+	}
+	for _, c := range claims {
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noDrift(t, r, rdb, pool)
+}
+
+// TestBatchRedMaxBatchSplits: MaxBatch 2 and 5 calls waiting: they go
+// as 2, 2 and 1 (the last alone), every one answered, the queue idle.
+func TestBatchRedMaxBatchSplits(t *testing.T) {
+	r, rdb := startRegistry(t, Options{MaxBatch: 2})
+	ctx := context.Background()
+	const pool, n = "red-split", 5
+	register(t, r, pool, "a", n)
+	claims := make([]*Claim, n)
+	errs := make([]error, n)
+	q := holdQueue(r, scriptClaim, pool)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			claims[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
+		}()
+	}
+	waitQueued(t, q, n)
+	before := fcalls(t, rdb)
+	r.nextBatch(q, scriptClaim, pool)
+	wg.Wait()
+	waitIdle(t, q)
+	if sent := fcalls(t, rdb) - before; sent != 3 {
+		t.Errorf("%d FCALLs for 5 calls at MaxBatch 2, want 3", sent)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("claim %d: %v", i, err)
+		}
+		if err := r.Release(ctx, pool, claims[i].LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noDrift(t, r, rdb, pool)
+}
+
+// TestBatchRedSameEndTwice: one lease released, undone and cancelled in
+// the same batch (a retry racing its first try): it frees one slot, once.
+func TestBatchRedSameEndTwice(t *testing.T) {
+	r, rdb := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "red-twice"
+	register(t, r, pool, "a", 4)
+	var cs []*Claim
+	for range 2 {
+		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	ends := []func(context.Context, string, string) error{r.Release, r.Release,
+		func(ctx context.Context, pool, id string) error { return r.Undo(ctx, pool, id, time.Minute) }, r.Cancel}
+	q := holdQueue(r, scriptLease, pool)
+	errs := make([]error, len(ends))
+	var wg sync.WaitGroup
+	for i, end := range ends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = end(ctx, pool, cs[0].LeaseID)
+		}()
+		waitQueued(t, q, i+1)
+	}
+	r.nextBatch(q, scriptLease, pool)
+	wg.Wait()
+	waitIdle(t, q)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("end %d: %v", i, err)
+		}
+	}
+	got := counts(t, r, pool)["a"]
+	if got != [2]int{1, 2} {
+		t.Fatalf("worker a: active, lifetime %v after one of its two leases ended (four times), want [1 2]", got)
+	}
+	if bad, err := activeDrift(ctx, r, rdb, pool); err != nil || len(bad) > 0 {
+		t.Fatalf("counts apart from the leases: %v %v", bad, err)
+	}
+	if err := r.Release(ctx, pool, cs[1].LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	noDrift(t, r, rdb, pool)
 }
