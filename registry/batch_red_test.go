@@ -893,3 +893,50 @@ func TestBatchRedSameEndTwice(t *testing.T) {
 	}
 	noDrift(t, r, rdb, pool)
 }
+
+// TestBatchRedClientLimit: one client's claims batched together are held
+// to its budget call by call, as back to back: exactly ClientLimit
+// granted, the rest refused with ErrClientLimit.
+func TestBatchRedClientLimit(t *testing.T) {
+	r, rdb := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool, n, limit = "red-client", 8, 3
+	register(t, r, pool, "a", n)
+	register(t, r, pool, "b", n)
+	claims := make([]*Claim, n)
+	errs := make([]error, n)
+	q := holdQueue(r, scriptClaim, pool)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			claims[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t",
+				ClientKey: "10.0.0.1", ClientLimit: limit})
+		}()
+	}
+	waitQueued(t, q, n)
+	r.nextBatch(q, scriptClaim, pool)
+	wg.Wait()
+	waitIdle(t, q)
+	granted := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			granted++
+		case !errors.Is(err, ErrClientLimit):
+			t.Fatalf("claim %d: %v, want a grant or ErrClientLimit", i, err)
+		}
+	}
+	if granted != limit {
+		t.Fatalf("%d claims granted to one client with a limit of %d", granted, limit)
+	}
+	for _, c := range claims {
+		if c != nil {
+			if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	noDrift(t, r, rdb, pool)
+}
