@@ -258,7 +258,10 @@ const manyLua = `local function many(keys, args)
     i = i + c + 1
     local ok, res = pcall(main, keys, one)
     if not ok then
-      if type(res) ~= 'table' or type(res.err) ~= 'string' then res = { err = tostring(res) } end
+      -- a runtime error (error(), a Lua fault) is a string: give it
+      -- the ERR code a lone call's reply has, so that its code is not
+      -- the script's file and line (INFO errorstats counts each code)
+      if type(res) ~= 'table' or type(res.err) ~= 'string' then res = { err = 'ERR ' .. tostring(res) } end
     elseif res == nil then
       res = false
     end
