@@ -93,7 +93,8 @@ type Options struct {
 	// in the next call with the others that waited, so a busy pool pays
 	// Redis' per-call cost (a round trip, the function's setup) once per
 	// batch instead of once per session; a lone call goes at once, as
-	// before. 1 sends every call alone. Default: 32 (DefaultMaxBatch).
+	// before. 1 sends every call alone; values above MaxBatchCap (256)
+	// are taken as 256. Default: 32 (DefaultMaxBatch).
 	MaxBatch int
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
@@ -212,5 +213,53 @@ func TestBatchWaiterGivesUp(t *testing.T) {
 	}
 	if got := counts(t, r, pool)["a"]; got[0] != 0 {
 		t.Fatalf("worker a: active %d after the release, want 0", got[0])
+	}
+}
+
+// TestBatchGivenUpNotSent: a waiting call whose caller gave up is not
+// sent, whichever takes the queue's lock first, the caller (it leaves
+// the queue) or the next batch (it skips the call).
+func TestBatchGivenUpNotSent(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "batch-gaveup"
+	register(t, r, pool, "a", 1)
+	for round := range 30 {
+		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := r.batch.queue(scriptLease, pool)
+		q.mu.Lock()
+		q.busy = true // as if a call were in flight
+		q.mu.Unlock()
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Release(wctx, pool, c.LeaseID) }()
+		testenv.Eventually(t, 30*time.Second, "the release queued", func() bool {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			return len(q.waiting) == 1
+		})
+		// the caller gives up while the queue's lock is held, then the
+		// caller and the next batch race for it
+		q.mu.Lock()
+		cancel()
+		go r.nextBatch(q, scriptLease, pool)
+		q.mu.Unlock()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("round %d: release given up: %v, want context.Canceled", round, err)
+		}
+		testenv.Eventually(t, 30*time.Second, "the queue idle", func() bool {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			return !q.busy && len(q.waiting) == 0
+		})
+		if got := counts(t, r, pool)["a"]; got[0] != 1 {
+			t.Fatalf("round %d: worker a: active %d, want 1: a release given up before it was sent ran", round, got[0])
+		}
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

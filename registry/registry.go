@@ -55,6 +55,7 @@ func newRegistry(rdb redis.UniversalClient, opts Options) *Registry {
 	if opts.MaxBatch <= 0 {
 		opts.MaxBatch = DefaultMaxBatch
 	}
+	opts.MaxBatch = min(opts.MaxBatch, MaxBatchCap)
 	return &Registry{rdb: rdb, opts: opts, expireSlots: make(chan struct{}, expireConcurrency)}
 }
 
