@@ -50,6 +50,77 @@ func waitIdle(t *testing.T, q *callQueue) {
 	})
 }
 
+// batchOf is n calls into one pool's queue, made so that they go to
+// Redis together, as one batch.
+type batchOf struct {
+	pool string
+	n    int
+	// inOrder starts call i only once call i-1 waits, so that the batch
+	// holds the calls in the order of i.
+	inOrder bool
+	// beforeSend, if set, runs once all n calls wait, just before the
+	// batch is sent (to kill Redis, flush its functions, read a counter).
+	beforeSend func()
+}
+
+// calls holds f's queue for b.pool busy, makes the n calls (call(i),
+// each in its own goroutine), waits until all n wait in the queue, sends
+// them as one batch (nextBatch) and returns the queue once every call has
+// returned.
+func (b batchOf) calls(t *testing.T, r *Registry, f function, call func(i int)) *callQueue {
+	t.Helper()
+	q := holdQueue(r, f, b.pool)
+	var wg sync.WaitGroup
+	for i := range b.n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			call(i)
+		}()
+		if b.inOrder {
+			waitQueued(t, q, i+1)
+		}
+	}
+	waitQueued(t, q, b.n)
+	if b.beforeSend != nil {
+		b.beforeSend()
+	}
+	r.nextBatch(q, f, b.pool)
+	wg.Wait()
+	return q
+}
+
+// claims makes b.n claims like req (in b.pool) in one batch, and
+// returns each one's claim and error.
+func (b batchOf) claims(t *testing.T, r *Registry, req ClaimRequest) ([]*Claim, []error) {
+	t.Helper()
+	req.Pool = b.pool
+	claims, errs := make([]*Claim, b.n), make([]error, b.n)
+	b.calls(t, r, scriptClaim, func(i int) {
+		claims[i], errs[i] = r.Claim(context.Background(), req)
+	})
+	return claims, errs
+}
+
+// releases releases the leases of claims (in b.pool) in one batch, and
+// returns each release's error.
+func (b batchOf) releases(t *testing.T, r *Registry, claims []*Claim) []error {
+	t.Helper()
+	b.n = len(claims)
+	errs := make([]error, b.n)
+	b.calls(t, r, scriptLease, func(i int) {
+		errs[i] = r.Release(context.Background(), b.pool, claims[i].LeaseID)
+	})
+	return errs
+}
+
+// inOneBatch makes n calls into f's queue for pool in one batch (see
+// batchOf.calls) and returns the queue once all have returned.
+func inOneBatch(t *testing.T, r *Registry, f function, pool string, n int, call func(i int)) *callQueue {
+	t.Helper()
+	return batchOf{pool: pool, n: n}.calls(t, r, f, call)
+}
+
 // noDrift fails the test when pool's counts are apart from its leases or
 // a worker still counts a session.
 func noDrift(t *testing.T, r *Registry, rdb redis.UniversalClient, pool string) {
@@ -66,6 +137,24 @@ func noDrift(t *testing.T, r *Registry, rdb redis.UniversalClient, pool string) 
 	if n, err := rdb.ZCard(ctx, r.Key(pool, keyLeaseOwner)).Result(); err != nil || n != 0 {
 		t.Errorf("lease owner entries left: %d (%v)", n, err)
 	}
+}
+
+// settled waits until pool's claim and lease queues are idle and every
+// slot is free (calls given up in flight may still be running), then
+// checks for drift (noDrift).
+func settled(t *testing.T, r *Registry, rdb redis.UniversalClient, pool string) {
+	t.Helper()
+	waitIdle(t, r.batch.queue(scriptClaim, pool))
+	waitIdle(t, r.batch.queue(scriptLease, pool))
+	testenv.Eventually(t, 30*time.Second, "every slot free", func() bool {
+		for _, c := range counts(t, r, pool) {
+			if c[0] != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	noDrift(t, r, rdb, pool)
 }
 
 // redEcho replies what its ARGV asks for, so that a lone call and the
@@ -101,19 +190,10 @@ func TestBatchRedRepliesAsAlone(t *testing.T) {
 	for i, op := range ops {
 		alone[i].res, alone[i].err = r.run(ctx, redEcho, pool, 0, op[0], op[1]).Result()
 	}
-	q := holdQueue(r, redEcho, pool)
 	batched := make([]reply, len(ops))
-	var wg sync.WaitGroup
-	for i, op := range ops {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			batched[i].res, batched[i].err = r.runBatched(ctx, redEcho, pool, op[0], op[1])
-		}()
-		waitQueued(t, q, i+1) // in this order
-	}
-	r.nextBatch(q, redEcho, pool)
-	wg.Wait()
+	q := batchOf{pool: pool, n: len(ops), inOrder: true}.calls(t, r, redEcho, func(i int) {
+		batched[i].res, batched[i].err = r.runBatched(ctx, redEcho, pool, ops[i][0], ops[i][1])
+	})
 	waitIdle(t, q)
 	stats, err := rdb.Info(ctx, "errorstats").Result()
 	if err != nil {
@@ -249,19 +329,7 @@ func TestBatchRedCancelStorm(t *testing.T) {
 	if len(over) > 0 {
 		t.Fatalf("over-admitted: %v", over)
 	}
-	waitIdle(t, r.batch.queue(scriptClaim, pool))
-	waitIdle(t, r.batch.queue(scriptLease, pool))
-	// Calls given up in flight may still be running: wait for the
-	// counts to settle, then check them.
-	testenv.Eventually(t, 30*time.Second, "every slot free", func() bool {
-		for _, c := range counts(t, r, pool) {
-			if c[0] != 0 {
-				return false
-			}
-		}
-		return true
-	})
-	noDrift(t, r, rdb, pool)
+	settled(t, r, rdb, pool)
 	if _, err := r.Claim(bg, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "after"}); err != nil {
 		t.Fatalf("a claim after the storm: %v", err)
 	}
@@ -277,23 +345,13 @@ func TestBatchRedRestartMidBatch(t *testing.T) {
 	ctx := context.Background()
 	const pool = "red-restart"
 	register(t, r, pool, "a", 8)
-	q := holdQueue(r, scriptClaim, pool)
 	const n = 6
 	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			defer cancel()
-			_, errs[i] = r.Claim(cctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
-		}()
-	}
-	waitQueued(t, q, n)
-	srv.Kill()
-	r.nextBatch(q, scriptClaim, pool)
-	wg.Wait()
+	q := batchOf{pool: pool, n: n, beforeSend: srv.Kill}.calls(t, r, scriptClaim, func(i int) {
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_, errs[i] = r.Claim(cctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
+	})
 	for i, err := range errs {
 		if err == nil {
 			t.Errorf("claim %d succeeded against a dead Redis", i)
@@ -302,19 +360,9 @@ func TestBatchRedRestartMidBatch(t *testing.T) {
 	waitIdle(t, q)
 	srv.Restart()
 	register(t, r, pool, "a", 8)
-	q = holdQueue(r, scriptClaim, pool)
-	leases := make([]*Claim, n)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			leases[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
-		}()
-	}
-	waitQueued(t, q, n)
-	before := fcalls(t, rdb)
-	r.nextBatch(q, scriptClaim, pool)
-	wg.Wait()
+	var before int
+	leases, errs := batchOf{pool: pool, n: n, beforeSend: func() { before = fcalls(t, rdb) }}.
+		claims(t, r, ClaimRequest{Policy: LifetimeFirst, Holder: "t"})
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("claim %d after the restart: %v", i, err)
@@ -344,48 +392,23 @@ func TestBatchRedFunctionFlush(t *testing.T) {
 	ctx := context.Background()
 	const pool, n = "red-flush", 5
 	register(t, r, pool, "a", n)
-	claims := make([]*Claim, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	q := holdQueue(r, scriptClaim, pool)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			claims[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
-		}()
-	}
-	waitQueued(t, q, n)
-	if err := rdb.FunctionFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	r.nextBatch(q, scriptClaim, pool)
-	wg.Wait()
+	flushed := batchOf{pool: pool, n: n, beforeSend: func() {
+		if err := rdb.FunctionFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}}
+	claims, errs := flushed.claims(t, r, ClaimRequest{Policy: LifetimeFirst, Holder: "t"})
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("batched claim %d after FUNCTION FLUSH: %v", i, err)
 		}
 	}
-	q = holdQueue(r, scriptLease, pool)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = r.Release(ctx, pool, claims[i].LeaseID)
-		}()
-	}
-	waitQueued(t, q, n)
-	if err := rdb.FunctionFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	r.nextBatch(q, scriptLease, pool)
-	wg.Wait()
-	for i, err := range errs {
+	for i, err := range flushed.releases(t, r, claims) {
 		if err != nil {
 			t.Fatalf("batched release %d after FUNCTION FLUSH: %v", i, err)
 		}
 	}
-	waitIdle(t, q)
+	waitIdle(t, r.batch.queue(scriptLease, pool))
 	noDrift(t, r, rdb, pool)
 }
 
@@ -413,39 +436,20 @@ func TestBatchRedReleasesAboveMaxmemory(t *testing.T) {
 		}
 	}
 	overMaxmemory(t, srv.Client())
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	q := holdQueue(r, scriptClaim, pool)
-	for i := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, LeaseTTL: time.Minute})
-		}()
-	}
-	waitQueued(t, q, 3)
-	r.nextBatch(q, scriptClaim, pool)
-	wg.Wait()
-	for i := range 3 {
-		if errs[i] == nil || !errorsContain(errs[i], "OOM") {
-			t.Errorf("batched claim %d above maxmemory: %v, want Redis' OOM error", i, errs[i])
+	_, errs := batchOf{pool: pool, n: 3}.claims(t, r, ClaimRequest{Policy: LifetimeFirst, LeaseTTL: time.Minute})
+	for i, err := range errs {
+		if err == nil || !errorsContain(err, "OOM") {
+			t.Errorf("batched claim %d above maxmemory: %v, want Redis' OOM error", i, err)
 		}
 	}
-	q = holdQueue(r, scriptLease, pool)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if i%2 == 0 {
-				errs[i] = r.Release(ctx, pool, leases[i])
-			} else {
-				errs[i] = r.Undo(ctx, pool, leases[i], 0)
-			}
-		}()
-	}
-	waitQueued(t, q, n)
-	r.nextBatch(q, scriptLease, pool)
-	wg.Wait()
+	errs = make([]error, n)
+	q := inOneBatch(t, r, scriptLease, pool, n, func(i int) {
+		if i%2 == 0 {
+			errs[i] = r.Release(ctx, pool, leases[i])
+		} else {
+			errs[i] = r.Undo(ctx, pool, leases[i], 0)
+		}
+	})
 	for i, err := range errs {
 		if err != nil {
 			t.Errorf("batched lease end %d above maxmemory: %v", i, err)
@@ -475,18 +479,9 @@ func TestBatchRedOwnLeases(t *testing.T) {
 	ids[n-1] = ids[3] // the same lease twice in the batch
 	claims := make([]*Claim, n)
 	errs := make([]error, n)
-	q := holdQueue(r, scriptClaim, pool)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			claims[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: fmt.Sprint("h", i), LeaseID: ids[i]})
-		}()
-		waitQueued(t, q, i+1)
-	}
-	r.nextBatch(q, scriptClaim, pool)
-	wg.Wait()
+	q := batchOf{pool: pool, n: n, inOrder: true}.calls(t, r, scriptClaim, func(i int) {
+		claims[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: fmt.Sprint("h", i), LeaseID: ids[i]})
+	})
 	waitIdle(t, q)
 	for i, err := range errs {
 		if err != nil {
@@ -530,26 +525,14 @@ func TestBatchRedOwnLeases(t *testing.T) {
 // go in calls of MaxBatchCap, and all are served, as are their releases.
 func TestBatchRedHugeBatch(t *testing.T) {
 	r, rdb := startRegistry(t, Options{MaxBatch: 1000})
-	ctx := context.Background()
 	const pool, n = "red-huge", 1000
 	for i := range 10 {
 		register(t, r, pool, fmt.Sprint("w", i), 100)
 	}
-	claims := make([]*Claim, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	q := holdQueue(r, scriptClaim, pool)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			claims[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
-		}()
-	}
-	waitQueued(t, q, n)
-	before, start := fcalls(t, rdb), time.Now()
-	r.nextBatch(q, scriptClaim, pool)
-	wg.Wait()
+	var before int
+	var start time.Time
+	claims, errs := batchOf{pool: pool, n: n, beforeSend: func() { before, start = fcalls(t, rdb), time.Now() }}.
+		claims(t, r, ClaimRequest{Policy: LifetimeFirst, Holder: "t"})
 	t.Logf("a batch of %d claims answered in %s", n, time.Since(start))
 	for i, err := range errs {
 		if err != nil {
@@ -560,23 +543,12 @@ func TestBatchRedHugeBatch(t *testing.T) {
 	if sent, want := fcalls(t, rdb)-before, (n+MaxBatchCap-1)/MaxBatchCap; sent != want {
 		t.Errorf("%d FCALLs for %d claims waiting with MaxBatch 1000, want %d (MaxBatchCap %d)", sent, n, want, MaxBatchCap)
 	}
-	q = holdQueue(r, scriptLease, pool)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = r.Release(ctx, pool, claims[i].LeaseID)
-		}()
-	}
-	waitQueued(t, q, n)
-	r.nextBatch(q, scriptLease, pool)
-	wg.Wait()
-	for i, err := range errs {
+	for i, err := range (batchOf{pool: pool}).releases(t, r, claims) {
 		if err != nil {
 			t.Fatalf("release %d of a batch of %d: %v", i, n, err)
 		}
 	}
-	waitIdle(t, q)
+	waitIdle(t, r.batch.queue(scriptLease, pool))
 	noDrift(t, r, rdb, pool)
 }
 
@@ -585,46 +557,21 @@ func TestBatchRedHugeBatch(t *testing.T) {
 func TestBatchRedCluster(t *testing.T) {
 	cl := testenv.StartCluster(t)
 	r, rdb := registryAt(t, cl.URL(), Options{})
-	ctx := context.Background()
 	for _, pool := range []string{"chromium", "firefox", "webkit", "p1"} {
 		register(t, r, pool, "a", 8)
-		const n = 5
-		claims := make([]*Claim, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		q := holdQueue(r, scriptClaim, pool)
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				claims[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
-			}()
-		}
-		waitQueued(t, q, n)
-		r.nextBatch(q, scriptClaim, pool)
-		wg.Wait()
+		b := batchOf{pool: pool, n: 5}
+		claims, errs := b.claims(t, r, ClaimRequest{Policy: LifetimeFirst, Holder: "t"})
 		for i, err := range errs {
 			if err != nil {
 				t.Fatalf("pool %s: batched claim %d: %v", pool, i, err)
 			}
 		}
-		q = holdQueue(r, scriptLease, pool)
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[i] = r.Release(ctx, pool, claims[i].LeaseID)
-			}()
-		}
-		waitQueued(t, q, n)
-		r.nextBatch(q, scriptLease, pool)
-		wg.Wait()
-		for i, err := range errs {
+		for i, err := range b.releases(t, r, claims) {
 			if err != nil {
 				t.Fatalf("pool %s: batched release %d: %v", pool, i, err)
 			}
 		}
-		waitIdle(t, q)
+		waitIdle(t, r.batch.queue(scriptLease, pool))
 		noDrift(t, r, rdb, pool)
 	}
 }
@@ -697,17 +644,7 @@ func TestBatchRedStallMidBatch(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	t.Logf("%d claims: %d granted, %d failed and cancelled", claims, granted, failed)
-	waitIdle(t, r.batch.queue(scriptClaim, pool))
-	waitIdle(t, r.batch.queue(scriptLease, pool))
-	testenv.Eventually(t, 30*time.Second, "every slot free", func() bool {
-		for _, c := range counts(t, r, pool) {
-			if c[0] != 0 {
-				return false
-			}
-		}
-		return true
-	})
-	noDrift(t, r, rdb, pool)
+	settled(t, r, rdb, pool)
 }
 
 // TestBatchRedOnReplica: lease ends batched on a read-only replica fail,
@@ -726,21 +663,12 @@ func TestBatchRedOnReplica(t *testing.T) {
 		n, err := rc.HLen(ctx, r.Key(pool, keyLeases)).Result()
 		return err == nil && n == 1
 	})
-	q := holdQueue(ro, scriptLease, pool)
 	errs := make([]error, 3)
-	var wg sync.WaitGroup
-	for i := range errs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			defer cancel()
-			errs[i] = ro.Release(cctx, pool, c.LeaseID)
-		}()
-	}
-	waitQueued(t, q, len(errs))
-	ro.nextBatch(q, scriptLease, pool)
-	wg.Wait()
+	q := inOneBatch(t, ro, scriptLease, pool, len(errs), func(i int) {
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		errs[i] = ro.Release(cctx, pool, c.LeaseID)
+	})
 	for i, err := range errs {
 		if err == nil || !strings.Contains(err.Error(), "READONLY") {
 			t.Errorf("batched release %d on a replica: %v, want READONLY", i, err)
@@ -770,21 +698,8 @@ func TestBatchRedSweepRetry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	claims := make([]*Claim, n)
-	errs := make([]error, n)
-	q := holdQueue(r, scriptClaim, pool)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			claims[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "new", LeaseTTL: time.Minute})
-		}()
-	}
-	waitQueued(t, q, n)
-	r.nextBatch(q, scriptClaim, pool)
-	wg.Wait()
-	waitIdle(t, q)
+	claims, errs := batchOf{pool: pool, n: n}.claims(t, r, ClaimRequest{Policy: LifetimeFirst, Holder: "new", LeaseTTL: time.Minute})
+	waitIdle(t, r.batch.queue(scriptClaim, pool))
 	seen := map[string]bool{}
 	for i, err := range errs {
 		if err != nil {
@@ -816,22 +731,10 @@ func TestBatchRedMaxBatchSplits(t *testing.T) {
 	ctx := context.Background()
 	const pool, n = "red-split", 5
 	register(t, r, pool, "a", n)
-	claims := make([]*Claim, n)
-	errs := make([]error, n)
-	q := holdQueue(r, scriptClaim, pool)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			claims[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
-		}()
-	}
-	waitQueued(t, q, n)
-	before := fcalls(t, rdb)
-	r.nextBatch(q, scriptClaim, pool)
-	wg.Wait()
-	waitIdle(t, q)
+	var before int
+	claims, errs := batchOf{pool: pool, n: n, beforeSend: func() { before = fcalls(t, rdb) }}.
+		claims(t, r, ClaimRequest{Policy: LifetimeFirst, Holder: "t"})
+	waitIdle(t, r.batch.queue(scriptClaim, pool))
 	if sent := fcalls(t, rdb) - before; sent != 3 {
 		t.Errorf("%d FCALLs for 5 calls at MaxBatch 2, want 3", sent)
 	}
@@ -863,19 +766,10 @@ func TestBatchRedSameEndTwice(t *testing.T) {
 	}
 	ends := []func(context.Context, string, string) error{r.Release, r.Release,
 		func(ctx context.Context, pool, id string) error { return r.Undo(ctx, pool, id, time.Minute) }, r.Cancel}
-	q := holdQueue(r, scriptLease, pool)
 	errs := make([]error, len(ends))
-	var wg sync.WaitGroup
-	for i, end := range ends {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = end(ctx, pool, cs[0].LeaseID)
-		}()
-		waitQueued(t, q, i+1)
-	}
-	r.nextBatch(q, scriptLease, pool)
-	wg.Wait()
+	q := batchOf{pool: pool, n: len(ends), inOrder: true}.calls(t, r, scriptLease, func(i int) {
+		errs[i] = ends[i](ctx, pool, cs[0].LeaseID)
+	})
 	waitIdle(t, q)
 	for i, err := range errs {
 		if err != nil {
@@ -904,22 +798,9 @@ func TestBatchRedClientLimit(t *testing.T) {
 	const pool, n, limit = "red-client", 8, 3
 	register(t, r, pool, "a", n)
 	register(t, r, pool, "b", n)
-	claims := make([]*Claim, n)
-	errs := make([]error, n)
-	q := holdQueue(r, scriptClaim, pool)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			claims[i], errs[i] = r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t",
-				ClientKey: "10.0.0.1", ClientLimit: limit})
-		}()
-	}
-	waitQueued(t, q, n)
-	r.nextBatch(q, scriptClaim, pool)
-	wg.Wait()
-	waitIdle(t, q)
+	claims, errs := batchOf{pool: pool, n: n}.claims(t, r, ClaimRequest{Policy: LifetimeFirst, Holder: "t",
+		ClientKey: "10.0.0.1", ClientLimit: limit})
+	waitIdle(t, r.batch.queue(scriptClaim, pool))
 	granted := 0
 	for i, err := range errs {
 		switch {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
@@ -188,10 +187,7 @@ func TestBatchWaiterGivesUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := r.batch.queue(scriptLease, pool)
-	q.mu.Lock()
-	q.busy = true // as if a call were in flight
-	q.mu.Unlock()
+	q := holdQueue(r, scriptLease, pool)
 	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	err = r.Release(wctx, pool, c.LeaseID)
 	cancel()
@@ -229,18 +225,11 @@ func TestBatchGivenUpNotSent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		q := r.batch.queue(scriptLease, pool)
-		q.mu.Lock()
-		q.busy = true // as if a call were in flight
-		q.mu.Unlock()
+		q := holdQueue(r, scriptLease, pool)
 		wctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- r.Release(wctx, pool, c.LeaseID) }()
-		testenv.Eventually(t, 30*time.Second, "the release queued", func() bool {
-			q.mu.Lock()
-			defer q.mu.Unlock()
-			return len(q.waiting) == 1
-		})
+		waitQueued(t, q, 1)
 		// the caller gives up while the queue's lock is held, then the
 		// caller and the next batch race for it
 		q.mu.Lock()
@@ -250,11 +239,7 @@ func TestBatchGivenUpNotSent(t *testing.T) {
 		if err := <-done; !errors.Is(err, context.Canceled) {
 			t.Fatalf("round %d: release given up: %v, want context.Canceled", round, err)
 		}
-		testenv.Eventually(t, 30*time.Second, "the queue idle", func() bool {
-			q.mu.Lock()
-			defer q.mu.Unlock()
-			return !q.busy && len(q.waiting) == 0
-		})
+		waitIdle(t, q)
 		if got := counts(t, r, pool)["a"]; got[0] != 1 {
 			t.Fatalf("round %d: worker a: active %d, want 1: a release given up before it was sent ran", round, got[0])
 		}
