@@ -165,6 +165,9 @@ func TestAdminAndMetrics(t *testing.T) {
 		`caddy_grid_rejections_total{code="400",pool=""}`:                                   1,
 		`caddy_grid_rejections_total{code="426",pool=""}`:                                   1,
 		`caddy_grid_queue_depth{pool="chromium"}`:                                           0,
+		// every claim and release went in some call to Redis, alone or batched
+		`caddy_grid_redis_batch_calls_sum{pool="chromium",script="claim"}`: 8,
+		`caddy_grid_redis_batch_calls_sum{pool="chromium",script="lease"}`: 7,
 	} {
 		if got := c.metric(sample); got != want {
 			t.Errorf("%s = %v, want %v", sample, got, want)

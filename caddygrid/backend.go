@@ -159,7 +159,8 @@ func newBackend(key backendKey, logger *zap.Logger) (*backend, error) {
 		recent:   map[string]time.Time{},
 		lastPick: map[string]registry.ClaimRequest{},
 	}
-	b.reg = registry.New(rdb, registry.Options{Prefix: key.prefix, OnBadRecord: b.badRecord, OnStale: b.staleSeen})
+	b.reg = registry.New(rdb, registry.Options{Prefix: key.prefix, OnBadRecord: b.badRecord, OnStale: b.staleSeen,
+		OnBatch: observeBatch})
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.leaseTTL.Store(int64(defaultLeaseTTL))
 	b.rearm = make(chan struct{}, 1)

@@ -42,7 +42,15 @@ var metrics = struct {
 	// clientLimited: see clientlimit.go; upgradeRefused: upgrade.go.
 	clientLimited  *prometheus.CounterVec
 	upgradeRefused *prometheus.CounterVec
+
+	// batchCalls: registry.Options.OnBatch (backend.go).
+	batchCalls *prometheus.HistogramVec
 }{
+	batchCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "caddy", Subsystem: "grid", Name: "redis_batch_calls",
+		Help:    "Claims (script claim) or lease ends (script lease) one call to Redis carried: 1 when it went alone, more when a busy pool's calls waited for one in flight and went together.",
+		Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256},
+	}, []string{"pool", "script"}),
 	upgradeRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "upgrade_refused_total",
 		Help: "Upgrade attempts a worker answered with another status than 101, by status (5xx, 404 and 1xx-3xx count as the worker's failure; other 4xx as the client's).",
@@ -150,7 +158,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		metrics.releases, metrics.drains, metrics.redisErrors, metrics.leasesLost,
 		metrics.leasesReasserted, metrics.claimsCancelled, metrics.clientLimited, metrics.upgradeRefused,
 		metrics.staleSeen, metrics.scanDepth, metrics.wraps, metrics.samples,
-		metrics.dedupes, metrics.tiedMin, reaperEvents, badRecords, versionSessions,
+		metrics.dedupes, metrics.tiedMin, metrics.batchCalls, reaperEvents, badRecords, versionSessions,
 	} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -160,6 +168,12 @@ func registerMetrics(reg *prometheus.Registry) error {
 		}
 	}
 	return nil
+}
+
+// observeBatch records how many calls one call to Redis carried
+// (registry.Options.OnBatch).
+func observeBatch(pool, script string, calls int) {
+	metrics.batchCalls.WithLabelValues(pool, script).Observe(float64(calls))
 }
 
 // observeDecision records the scan figures of one decision. vnode's

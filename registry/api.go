@@ -96,6 +96,11 @@ type Options struct {
 	// before. 1 sends every call alone; values above MaxBatchCap (256)
 	// are taken as 256. Default: 32 (DefaultMaxBatch).
 	MaxBatch int
+	// OnBatch, when set, is told how many claims (script "claim") or
+	// lease ends ("lease": release, undo, cancel) of pool each call to
+	// Redis carried: 1 for a call that went alone. It is called on the
+	// calls' path, so it must return at once. Default: nil.
+	OnBatch func(pool, script string, calls int)
 }
 
 // Registry talks to one Redis (single node, Sentinel or Cluster).

@@ -73,7 +73,11 @@ func (b *batcher) queue(f function, pool string) *callQueue {
 // It returns the call's reply as run would give it (Cmd.Result).
 func (r *Registry) runBatched(ctx context.Context, f function, pool string, args ...any) (any, error) {
 	max := r.opts.MaxBatch
-	if f.many == "" || max == 1 {
+	if f.many == "" {
+		return r.run(ctx, f, pool, 0, args...).Result()
+	}
+	if max == 1 {
+		r.sent(f, pool, 1)
 		return r.run(ctx, f, pool, 0, args...).Result()
 	}
 	q := r.batch.queue(f, pool)
@@ -82,6 +86,7 @@ func (r *Registry) runBatched(ctx context.Context, f function, pool string, args
 		// nothing in flight: this call goes alone, now
 		q.busy = true
 		q.mu.Unlock()
+		r.sent(f, pool, 1)
 		res, err := r.run(ctx, f, pool, 0, args...).Result()
 		r.nextBatch(q, f, pool)
 		return res, err
@@ -162,6 +167,7 @@ func (r *Registry) sendBatch(f function, pool string, jobs []*batchJob) {
 	}()
 	ctx, cancel := batchContext(jobs)
 	defer cancel()
+	r.sent(f, pool, len(jobs))
 	if len(jobs) == 1 {
 		jobs[0].res, jobs[0].err = r.run(ctx, f, pool, 0, jobs[0].args...).Result()
 		return
@@ -191,6 +197,13 @@ func (r *Registry) sendBatch(f function, pool string, jobs []*batchJob) {
 			// false from Lua, as a lone call's reply (Cmd.Result gives redis.Nil)
 			j.err = redis.Nil
 		}
+	}
+}
+
+// sent tells Options.OnBatch how many calls one call to Redis carries.
+func (r *Registry) sent(f function, pool string, calls int) {
+	if r.opts.OnBatch != nil {
+		r.opts.OnBatch(pool, f.script, calls)
 	}
 }
 

@@ -39,9 +39,22 @@ func fcalls(t *testing.T, rdb redis.UniversalClient) int {
 // (fewer FCALLs than calls), no slot is held twice, and every slot and
 // lease is free at the end; with MaxBatch 1 every call is its own FCALL.
 func TestBatchedClaimsAndReleases(t *testing.T) {
-	for _, max := range []int{0, 1} {
-		t.Run(fmt.Sprint("max_batch_", max), func(t *testing.T) {
-			r, rdb := startRegistry(t, Options{MaxBatch: max})
+	for _, maxBatch := range []int{0, 1} {
+		t.Run(fmt.Sprint("max_batch_", maxBatch), func(t *testing.T) {
+			// what OnBatch is told, by script: calls carried, FCALLs, largest
+			var bmu sync.Mutex
+			carried, sends, largest := map[string]int{}, map[string]int{}, map[string]int{}
+			onBatch := func(p, script string, n int) {
+				bmu.Lock()
+				defer bmu.Unlock()
+				if p != "batch" {
+					t.Errorf("OnBatch told of pool %q", p)
+				}
+				carried[script] += n
+				sends[script]++
+				largest[script] = max(largest[script], n)
+			}
+			r, rdb := startRegistry(t, Options{MaxBatch: maxBatch, OnBatch: onBatch})
 			ctx := context.Background()
 			const pool, workers, capacity, goroutines, rounds = "batch", 4, 4, 32, 40
 			for i := range workers {
@@ -89,7 +102,8 @@ func TestBatchedClaimsAndReleases(t *testing.T) {
 			}
 			wg.Wait()
 			sent := fcalls(t, rdb) - before
-			t.Logf("MaxBatch %d: %d claims and releases (%d granted) in %d FCALLs", max, calls, granted, sent)
+			t.Logf("MaxBatch %d: %d claims and releases (%d granted) in %d FCALLs; OnBatch: %v calls in %v sends, largest %v",
+				maxBatch, calls, granted, sent, carried, sends, largest)
 			if len(failed) > 0 {
 				t.Fatalf("%d calls failed, first: %s", len(failed), failed[0])
 			}
@@ -113,10 +127,22 @@ func TestBatchedClaimsAndReleases(t *testing.T) {
 				t.Errorf("lease owner entries left: %d (%v)", n, err)
 			}
 			switch {
-			case max == 1 && sent < calls:
+			case maxBatch == 1 && sent < calls:
 				t.Errorf("MaxBatch 1: %d FCALLs for %d calls, want one each at least", sent, calls)
-			case max != 1 && sent >= calls:
+			case maxBatch != 1 && sent >= calls:
 				t.Errorf("batched: %d FCALLs for %d calls, want fewer", sent, calls)
+			}
+			// OnBatch saw every release and every FCALL of the two scripts
+			bmu.Lock()
+			defer bmu.Unlock()
+			if carried["lease"] != granted {
+				t.Errorf("OnBatch: %d lease ends carried, want the %d releases", carried["lease"], granted)
+			}
+			if sends["claim"]+sends["lease"] != sent {
+				t.Errorf("OnBatch: told of %d sends, the server ran %d FCALLs", sends["claim"]+sends["lease"], sent)
+			}
+			if big := max(largest["claim"], largest["lease"]); (maxBatch == 1) != (big == 1) {
+				t.Errorf("MaxBatch %d: the largest call carried %d", maxBatch, big)
 			}
 		})
 	}

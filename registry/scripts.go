@@ -167,6 +167,8 @@ type function struct {
 	// many is the name of the function that runs several calls in one
 	// ("" when the script has none).
 	many string
+	// script is the script's own name ("claim", "lease", …).
+	script string
 }
 
 // keyLine matches common.lua's lines that name the keys
@@ -223,7 +225,7 @@ func newLibrary(scripts []libScript) *library {
 	l := &library{name: "grid_" + hex.EncodeToString(sum[:6]), fns: map[string]function{}}
 	l.source = strings.ReplaceAll(b.String(), libNameMark, l.name)
 	for _, s := range scripts {
-		f := function{lib: l, name: l.name + "_" + s.name}
+		f := function{lib: l, name: l.name + "_" + s.name, script: s.name}
 		switch s.ro {
 		case roAlso:
 			f.roFn = f.name + "_ro"
