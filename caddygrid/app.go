@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -104,6 +105,11 @@ type App struct {
 	// DisableReaper turns this instance's reaper off (another process
 	// runs one). Default: false.
 	DisableReaper bool `json:"disable_reaper,omitempty"`
+	// MaxBatch is how many claims (or releases) of one pool this instance
+	// sends to Redis in one call at most, when they arrive while one of
+	// the pool's is in flight (docs/redis.md, "Busy pools"); 1 sends every
+	// call alone. 1 to 256. Default: 32.
+	MaxBatch int `json:"max_batch,omitempty"`
 	// WorkerNetworks are the networks (CIDR, or one IP) a worker's
 	// address must be in for Caddy to dial it; a record outside them is
 	// refused, reported and skipped. Default: DefaultWorkerNetworks
@@ -217,6 +223,8 @@ func (a *App) validate() error {
 		return fmt.Errorf("grid: stale_threshold %s: must be more than 0", time.Duration(a.StaleThreshold))
 	case a.ReaperInterval < 0:
 		return fmt.Errorf("grid: reaper_interval %s: must be more than 0", time.Duration(a.ReaperInterval))
+	case a.MaxBatch < 0 || a.MaxBatch > registry.MaxBatchCap:
+		return fmt.Errorf("grid: max_batch %d: must be from 1 to %d", a.MaxBatch, registry.MaxBatchCap)
 	}
 	return nil
 }
@@ -224,7 +232,7 @@ func (a *App) validate() error {
 // Start begins the background work: the lease keeper of the backend (once
 // per Redis, for as long as anything uses it) and this app's reaper.
 func (a *App) Start() error {
-	a.backend.configure(time.Duration(a.LeaseTTL))
+	a.backend.configure(time.Duration(a.LeaseTTL), a.MaxBatch)
 	a.backend.start()
 	if !a.DisableReaper {
 		a.startReaper()
@@ -235,7 +243,8 @@ func (a *App) Start() error {
 		zap.String("prefix", a.Prefix),
 		zap.Duration("lease_ttl", time.Duration(a.LeaseTTL)),
 		zap.Duration("stale_threshold", time.Duration(a.StaleThreshold)),
-		zap.Bool("reaper", !a.DisableReaper))
+		zap.Bool("reaper", !a.DisableReaper),
+		zap.Int("max_batch", a.backend.reg.MaxBatch()))
 	return nil
 }
 
@@ -249,7 +258,7 @@ func (a *App) Stop() error {
 	// lease_ttl applies again.
 	if cur := running.current(); cur != nil {
 		if b := cur.liveBackend(); b != nil {
-			b.configure(time.Duration(cur.LeaseTTL))
+			b.configure(time.Duration(cur.LeaseTTL), cur.MaxBatch)
 		}
 	}
 	a.mu.Lock()
@@ -297,6 +306,7 @@ func (a *App) Registry() *registry.Registry { return a.backend.reg }
 //	    lease_ttl       <duration>
 //	    stale_threshold <duration>
 //	    reaper_interval <duration>|off
+//	    max_batch       <1-256>
 //	    worker_networks <cidr...>
 //	    allow_unix_workers
 //	    allow_worker_hostnames
@@ -351,6 +361,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("invalid prefix '%s': %v", val, err)
 			}
 			a.Prefix = val
+		case "max_batch":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 1 || n > registry.MaxBatchCap {
+				return d.Errf("invalid max_batch '%s': want a whole number from 1 to %d", val, registry.MaxBatchCap)
+			}
+			a.MaxBatch = n
 		case "lease_ttl", "stale_threshold", "reaper_interval":
 			if name == "reaper_interval" && val == "off" {
 				a.DisableReaper = true

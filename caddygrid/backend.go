@@ -198,11 +198,13 @@ func (b *backend) Destruct() error {
 	return nil
 }
 
-// configure adopts the lease TTL of the grid app that was started last.
+// configure adopts the lease TTL and max_batch (0: the default) of the
+// grid app that was started last.
 // A shorter TTL re-arms the renewal timer at once: leases claimed from now
 // on live only that long, so waiting out a timer set for a longer TTL
 // would let them lapse before their first renewal.
-func (b *backend) configure(leaseTTL time.Duration) {
+func (b *backend) configure(leaseTTL time.Duration, maxBatch int) {
+	b.reg.SetMaxBatch(maxBatch)
 	if old := b.leaseTTL.Swap(int64(leaseTTL)); leaseTTL < time.Duration(old) {
 		select {
 		case b.rearm <- struct{}{}:

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/selection"
@@ -113,8 +114,10 @@ type Registry struct {
 	expireSlots chan struct{}
 	// sweep chooses the claims that free expired leases first (sweep.go).
 	sweep claimSweeper
-	// batch groups a pool's concurrent claims and lease ends (batch.go).
-	batch batcher
+	// batch groups a pool's concurrent claims and lease ends (batch.go);
+	// maxBatch is Options.MaxBatch, changed by SetMaxBatch.
+	batch    batcher
+	maxBatch atomic.Int64
 }
 
 // New returns a Registry over rdb.

@@ -68,11 +68,28 @@ func (b *batcher) queue(f function, pool string) *callQueue {
 	return q.(*callQueue)
 }
 
+// maxBatchOf is n as MaxBatch takes it: DefaultMaxBatch for 0 (or
+// less), at most MaxBatchCap.
+func maxBatchOf(n int) int {
+	if n <= 0 {
+		return DefaultMaxBatch
+	}
+	return min(n, MaxBatchCap)
+}
+
+// SetMaxBatch changes Options.MaxBatch (taken as the option is) for the
+// calls sent from now on: a Caddy reload that changes it keeps its
+// registry. Calls already waiting go in the batches the new value makes.
+func (r *Registry) SetMaxBatch(n int) { r.maxBatch.Store(int64(maxBatchOf(n))) }
+
+// MaxBatch is the MaxBatch in force.
+func (r *Registry) MaxBatch() int { return int(r.maxBatch.Load()) }
+
 // runBatched runs f for pool with its own ARGV args (now from Redis'
 // clock), in a batch when a call of f for pool is in flight (see above).
 // It returns the call's reply as run would give it (Cmd.Result).
 func (r *Registry) runBatched(ctx context.Context, f function, pool string, args ...any) (any, error) {
-	max := r.opts.MaxBatch
+	max := int(r.maxBatch.Load())
 	if f.many == "" {
 		return r.run(ctx, f, pool, 0, args...).Result()
 	}
@@ -120,7 +137,7 @@ func (r *Registry) runBatched(ctx context.Context, f function, pool string, args
 // nextBatch sends the calls that waited while one was in flight, as one
 // call, in the background; with none waiting, the queue is idle again.
 func (r *Registry) nextBatch(q *callQueue, f function, pool string) {
-	max := r.opts.MaxBatch
+	max := int(r.maxBatch.Load())
 	q.mu.Lock()
 	if len(q.waiting) == 0 {
 		q.busy = false

@@ -274,3 +274,56 @@ func TestBatchGivenUpNotSent(t *testing.T) {
 		}
 	}
 }
+
+// TestSetMaxBatch: SetMaxBatch changes how calls go from then on, taken
+// as the option is (0: the default; above the cap: the cap); at 1 every
+// call goes alone, under the same concurrency that batched them before.
+func TestSetMaxBatch(t *testing.T) {
+	var mu sync.Mutex
+	largest := 0
+	r, _ := startRegistry(t, Options{OnBatch: func(_, _ string, n int) {
+		mu.Lock()
+		largest = max(largest, n)
+		mu.Unlock()
+	}})
+	ctx := context.Background()
+	const pool = "batch-set"
+	for i := range 4 {
+		register(t, r, pool, fmt.Sprint("w", i), 8)
+	}
+	load := func() int {
+		mu.Lock()
+		largest = 0
+		mu.Unlock()
+		var wg sync.WaitGroup
+		for range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 20 {
+					c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
+					if err != nil {
+						continue
+					}
+					if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+						t.Error(err)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return largest
+	}
+	for _, tc := range []struct{ set, want int }{{1, 1}, {0, DefaultMaxBatch}, {1000, MaxBatchCap}, {1, 1}} {
+		r.SetMaxBatch(tc.set)
+		if got := r.MaxBatch(); got != tc.want {
+			t.Fatalf("SetMaxBatch(%d): MaxBatch %d, want %d", tc.set, got, tc.want)
+		}
+		big := load()
+		if (tc.want == 1) != (big == 1) {
+			t.Errorf("MaxBatch %d: the largest call carried %d", tc.want, big)
+		}
+	}
+}

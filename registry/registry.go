@@ -52,11 +52,10 @@ func newRegistry(rdb redis.UniversalClient, opts Options) *Registry {
 	if opts.TombstoneTTL <= 0 {
 		opts.TombstoneTTL = defaultTombstoneTTL
 	}
-	if opts.MaxBatch <= 0 {
-		opts.MaxBatch = DefaultMaxBatch
-	}
-	opts.MaxBatch = min(opts.MaxBatch, MaxBatchCap)
-	return &Registry{rdb: rdb, opts: opts, expireSlots: make(chan struct{}, expireConcurrency)}
+	opts.MaxBatch = maxBatchOf(opts.MaxBatch)
+	r := &Registry{rdb: rdb, opts: opts, expireSlots: make(chan struct{}, expireConcurrency)}
+	r.maxBatch.Store(int64(opts.MaxBatch))
+	return r
 }
 
 // Client returns the Redis client the registry uses.
