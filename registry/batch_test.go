@@ -327,3 +327,101 @@ func TestSetMaxBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestSetMaxBatchUnderLoad: a reload changes MaxBatch while a pool's
+// claims and releases are waiting and in flight (between 1, which makes
+// new calls skip the queue, and values that batch them). No call hangs
+// or fails, no slot is held twice, and every slot and lease is free at
+// the end: the calls that waited go out in the batches the new value
+// makes.
+func TestSetMaxBatchUnderLoad(t *testing.T) {
+	var bmu sync.Mutex
+	largest := 0
+	r, rdb := startRegistry(t, Options{OnBatch: func(_, _ string, n int) {
+		bmu.Lock()
+		largest = max(largest, n)
+		bmu.Unlock()
+	}})
+	ctx := context.Background()
+	const pool, workers, capacity, goroutines, rounds = "batch-reload", 4, 4, 32, 60
+	for i := range workers {
+		register(t, r, pool, fmt.Sprint("w", i), capacity)
+	}
+	var mu sync.Mutex
+	held := map[string]int{}
+	granted := 0
+	var over, failed []string
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: fmt.Sprint("g", g),
+					Limits: selection.Limits{MaxConcurrent: capacity}})
+				mu.Lock()
+				if err != nil {
+					if !errors.Is(err, ErrNoWorker) {
+						failed = append(failed, err.Error())
+					}
+					mu.Unlock()
+					continue
+				}
+				granted++
+				if held[c.Worker.ID]++; held[c.Worker.ID] > capacity {
+					over = append(over, c.Worker.ID)
+				}
+				held[c.Worker.ID]--
+				mu.Unlock()
+				if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+					mu.Lock()
+					failed = append(failed, err.Error())
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	// the reloads: each value in turn, every 200µs (a pace, not a wait)
+	tick := time.NewTicker(200 * time.Microsecond)
+	defer tick.Stop()
+	hung := time.After(time.Minute)
+	sets := 0
+	for values := []int{1, 2, 0, 1, 256, 1, 3}; ; sets++ {
+		select {
+		case <-done:
+		case <-hung:
+			t.Fatalf("claims and releases still running a minute after they started (%d MaxBatch changes)", sets)
+		case <-tick.C:
+			r.SetMaxBatch(values[sets%len(values)])
+			continue
+		}
+		break
+	}
+	bmu.Lock()
+	t.Logf("%d claims granted while MaxBatch changed %d times; largest call carried %d", granted, sets, largest)
+	bmu.Unlock()
+	if len(failed) > 0 {
+		t.Fatalf("%d calls failed, first: %s", len(failed), failed[0])
+	}
+	if len(over) > 0 {
+		t.Fatalf("over-admitted: a slot held twice on %v", over)
+	}
+	if granted == 0 {
+		t.Fatal("no claim was granted")
+	}
+	lifetime := 0
+	for id, c := range counts(t, r, pool) {
+		if c[0] != 0 {
+			t.Errorf("worker %s: active %d after every release, want 0", id, c[0])
+		}
+		lifetime += c[1]
+	}
+	if lifetime != granted {
+		t.Errorf("lifetimes add up to %d, want the %d claims granted", lifetime, granted)
+	}
+	if n, err := rdb.ZCard(ctx, r.Key(pool, "lease_owner")).Result(); err != nil || n != 0 {
+		t.Errorf("lease owner entries left: %d (%v)", n, err)
+	}
+}
