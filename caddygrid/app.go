@@ -63,6 +63,13 @@ func (r *runningApps) remove(a *App) {
 	r.apps = slices.DeleteFunc(r.apps, func(x *App) bool { return x == a })
 }
 
+// has reports whether a is started and not yet stopped.
+func (r *runningApps) has(a *App) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Contains(r.apps, a)
+}
+
 // current is the grid app of the running config, or nil.
 func (r *runningApps) current() *App {
 	r.mu.Lock()
@@ -276,6 +283,14 @@ func (a *App) Stop() error {
 // replaced config may still be running (Caddy does not wait for them):
 // they see no backend from then on (see liveBackend).
 func (a *App) Cleanup() error {
+	// A config that fails after its apps started may be cleaned up
+	// without Stop: Caddy does so when the config's loader
+	// (admin.config.load) fails. Stop it here, as Caddy's http app does
+	// its servers, so that its reaper ends and the running config's
+	// lease_ttl and max_batch apply again.
+	if running.has(a) {
+		_ = a.Stop()
+	}
 	a.mu.Lock()
 	b := a.backend
 	a.backend = nil
