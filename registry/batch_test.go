@@ -34,6 +34,88 @@ func fcalls(t *testing.T, rdb redis.UniversalClient) int {
 	return 0
 }
 
+// claimLoad is what a claim-and-release load saw (read once it is done).
+type claimLoad struct {
+	calls, granted int
+	// over: claims that reported their worker above max_concurrent after
+	// themselves (Redis' own count); failed: calls that failed.
+	over, failed []string
+}
+
+// startClaimLoad has goroutines each claim and release in pool rounds
+// times, under max_concurrent capacity (a refusal, ErrNoWorker, counts
+// as a call, not a failure); done closes when all have finished.
+func startClaimLoad(r *Registry, pool string, capacity, goroutines, rounds int) (<-chan struct{}, *claimLoad) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	load := &claimLoad{}
+	note := func(f func()) { mu.Lock(); f(); mu.Unlock() }
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: fmt.Sprint("g", g),
+					Limits: selection.Limits{MaxConcurrent: capacity}})
+				note(func() { load.calls++ })
+				if err != nil {
+					if !errors.Is(err, ErrNoWorker) {
+						note(func() { load.failed = append(load.failed, err.Error()) })
+					}
+					continue
+				}
+				note(func() {
+					load.granted++
+					if c.Worker.Active > capacity {
+						load.over = append(load.over, fmt.Sprintf("%s (active %d)", c.Worker.ID, c.Worker.Active))
+					}
+				})
+				err = r.Release(ctx, pool, c.LeaseID)
+				note(func() {
+					load.calls++
+					if err != nil {
+						load.failed = append(load.failed, err.Error())
+					}
+				})
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	return done, load
+}
+
+// loadEnded fails the test unless a claim-and-release load on pool ended
+// clean: no call failed, no claim over-admitted, some claim was granted,
+// every count and owner entry is 0 and the lifetimes add up to the claims
+// granted.
+func loadEnded(t *testing.T, r *Registry, rdb redis.UniversalClient, pool string, load *claimLoad) {
+	t.Helper()
+	if len(load.failed) > 0 {
+		t.Fatalf("%d calls failed, first: %s", len(load.failed), load.failed[0])
+	}
+	if len(load.over) > 0 {
+		t.Fatalf("over-admitted: %v", load.over)
+	}
+	if load.granted == 0 {
+		t.Fatal("no claim was granted")
+	}
+	lifetime := 0
+	for id, c := range counts(t, r, pool) {
+		if c[0] != 0 {
+			t.Errorf("worker %s: active %d after every release, want 0", id, c[0])
+		}
+		lifetime += c[1]
+	}
+	if lifetime != load.granted {
+		t.Errorf("lifetimes add up to %d, want the %d claims granted", lifetime, load.granted)
+	}
+	if n, err := rdb.ZCard(context.Background(), r.Key(pool, "lease_owner")).Result(); err != nil || n != 0 {
+		t.Errorf("lease owner entries left: %d (%v)", n, err)
+	}
+}
+
 // TestBatchedClaimsAndReleases: 32 goroutines claim and release in one
 // pool of 16 slots. Batched, the pool's claims and releases share calls
 // (fewer FCALLs than calls), no slot is held twice, and every slot and
@@ -55,77 +137,18 @@ func TestBatchedClaimsAndReleases(t *testing.T) {
 				largest[script] = max(largest[script], n)
 			}
 			r, rdb := startRegistry(t, Options{MaxBatch: maxBatch, OnBatch: onBatch})
-			ctx := context.Background()
 			const pool, workers, capacity, goroutines, rounds = "batch", 4, 4, 32, 40
 			for i := range workers {
 				register(t, r, pool, fmt.Sprint("w", i), capacity)
 			}
 			before := fcalls(t, rdb)
-			var mu sync.Mutex
-			held := map[string]int{}
-			var calls, granted int
-			var over, failed []string
-			var wg sync.WaitGroup
-			for g := range goroutines {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for range rounds {
-						c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: fmt.Sprint("g", g),
-							Limits: selection.Limits{MaxConcurrent: capacity}})
-						mu.Lock()
-						calls++
-						if err != nil {
-							if !errors.Is(err, ErrNoWorker) {
-								failed = append(failed, err.Error())
-							}
-							mu.Unlock()
-							continue
-						}
-						granted++
-						held[c.Worker.ID]++
-						if held[c.Worker.ID] > capacity {
-							over = append(over, c.Worker.ID)
-						}
-						mu.Unlock()
-						mu.Lock()
-						held[c.Worker.ID]--
-						calls++
-						mu.Unlock()
-						if err := r.Release(ctx, pool, c.LeaseID); err != nil {
-							mu.Lock()
-							failed = append(failed, err.Error())
-							mu.Unlock()
-						}
-					}
-				}()
-			}
-			wg.Wait()
+			done, load := startClaimLoad(r, pool, capacity, goroutines, rounds)
+			<-done
+			calls, granted := load.calls, load.granted
 			sent := fcalls(t, rdb) - before
 			t.Logf("MaxBatch %d: %d claims and releases (%d granted) in %d FCALLs; OnBatch: %v calls in %v sends, largest %v",
 				maxBatch, calls, granted, sent, carried, sends, largest)
-			if len(failed) > 0 {
-				t.Fatalf("%d calls failed, first: %s", len(failed), failed[0])
-			}
-			if len(over) > 0 {
-				t.Fatalf("over-admitted: a slot held twice on %v", over)
-			}
-			if granted == 0 {
-				t.Fatal("no claim was granted")
-			}
-			lifetime := 0
-			for id, c := range counts(t, r, pool) {
-				if c[0] != 0 {
-					t.Errorf("worker %s: active %d after every release, want 0", id, c[0])
-				}
-				lifetime += c[1]
-			}
-			if lifetime != granted {
-				t.Errorf("lifetimes add up to %d, want the %d claims granted", lifetime, granted)
-			}
-			if n, err := rdb.ZCard(ctx, r.Key(pool, "lease_owner")).Result(); err != nil || n != 0 {
-				t.Errorf("lease owner entries left: %d (%v)", n, err)
-			}
+			loadEnded(t, r, rdb, pool, load)
 			switch {
 			case maxBatch == 1 && sent < calls:
 				t.Errorf("MaxBatch 1: %d FCALLs for %d calls, want one each at least", sent, calls)
@@ -342,47 +365,11 @@ func TestSetMaxBatchUnderLoad(t *testing.T) {
 		largest = max(largest, n)
 		bmu.Unlock()
 	}})
-	ctx := context.Background()
 	const pool, workers, capacity, goroutines, rounds = "batch-reload", 4, 4, 32, 60
 	for i := range workers {
 		register(t, r, pool, fmt.Sprint("w", i), capacity)
 	}
-	var mu sync.Mutex
-	held := map[string]int{}
-	granted := 0
-	var over, failed []string
-	var wg sync.WaitGroup
-	for g := range goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range rounds {
-				c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: fmt.Sprint("g", g),
-					Limits: selection.Limits{MaxConcurrent: capacity}})
-				mu.Lock()
-				if err != nil {
-					if !errors.Is(err, ErrNoWorker) {
-						failed = append(failed, err.Error())
-					}
-					mu.Unlock()
-					continue
-				}
-				granted++
-				if held[c.Worker.ID]++; held[c.Worker.ID] > capacity {
-					over = append(over, c.Worker.ID)
-				}
-				held[c.Worker.ID]--
-				mu.Unlock()
-				if err := r.Release(ctx, pool, c.LeaseID); err != nil {
-					mu.Lock()
-					failed = append(failed, err.Error())
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	done, load := startClaimLoad(r, pool, capacity, goroutines, rounds)
 	// the reloads: each value in turn, every 200µs (a pace, not a wait)
 	tick := time.NewTicker(200 * time.Microsecond)
 	defer tick.Stop()
@@ -400,28 +387,7 @@ func TestSetMaxBatchUnderLoad(t *testing.T) {
 		break
 	}
 	bmu.Lock()
-	t.Logf("%d claims granted while MaxBatch changed %d times; largest call carried %d", granted, sets, largest)
+	t.Logf("%d claims granted while MaxBatch changed %d times; largest call carried %d", load.granted, sets, largest)
 	bmu.Unlock()
-	if len(failed) > 0 {
-		t.Fatalf("%d calls failed, first: %s", len(failed), failed[0])
-	}
-	if len(over) > 0 {
-		t.Fatalf("over-admitted: a slot held twice on %v", over)
-	}
-	if granted == 0 {
-		t.Fatal("no claim was granted")
-	}
-	lifetime := 0
-	for id, c := range counts(t, r, pool) {
-		if c[0] != 0 {
-			t.Errorf("worker %s: active %d after every release, want 0", id, c[0])
-		}
-		lifetime += c[1]
-	}
-	if lifetime != granted {
-		t.Errorf("lifetimes add up to %d, want the %d claims granted", lifetime, granted)
-	}
-	if n, err := rdb.ZCard(ctx, r.Key(pool, "lease_owner")).Result(); err != nil || n != 0 {
-		t.Errorf("lease owner entries left: %d (%v)", n, err)
-	}
+	loadEnded(t, r, rdb, pool, load)
 }
