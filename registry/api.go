@@ -115,7 +115,8 @@ type Registry struct {
 	// sweep chooses the claims that free expired leases first (sweep.go).
 	sweep claimSweeper
 	// batch groups a pool's concurrent claims and lease ends (batch.go);
-	// maxBatch is Options.MaxBatch, changed by SetMaxBatch.
+	// maxBatch is Options.MaxBatch as taken (maxBatchOf), changed by
+	// SetMaxBatch (r.opts.MaxBatch is what the caller gave).
 	batch    batcher
 	maxBatch atomic.Int64
 }

@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -85,29 +84,41 @@ func (r *Registry) SetMaxBatch(n int) { r.maxBatch.Store(int64(maxBatchOf(n))) }
 // MaxBatch is the MaxBatch in force.
 func (r *Registry) MaxBatch() int { return int(r.maxBatch.Load()) }
 
-// runBatched runs f for pool with its own ARGV args (now from Redis'
-// clock), in a batch when a call of f for pool is in flight (see above).
-// It returns the call's reply as run would give it (Cmd.Result).
+// runBatched runs f (a script with a _many function) for pool with its
+// own ARGV args (now from Redis' clock), in a batch when a call of f for
+// pool is in flight (see above). It returns the call's reply as run
+// would give it (Cmd.Result). At MaxBatch 1 every call goes alone at
+// once, past the queue (calls that waited before a change to 1 still go
+// in their batches).
 func (r *Registry) runBatched(ctx context.Context, f function, pool string, args ...any) (any, error) {
-	max := int(r.maxBatch.Load())
 	if f.many == "" {
-		return r.run(ctx, f, pool, 0, args...).Result()
+		panic("registry: " + f.name + " has no _many function")
 	}
-	if max == 1 {
-		r.sent(f, pool, 1)
-		return r.run(ctx, f, pool, 0, args...).Result()
-	}
-	q := r.batch.queue(f, pool)
-	q.mu.Lock()
-	if !q.busy {
-		// nothing in flight: this call goes alone, now
+	if r.MaxBatch() > 1 {
+		q := r.batch.queue(f, pool)
+		q.mu.Lock()
+		if q.busy {
+			return r.wait(ctx, q, args)
+		}
+		// nothing in flight: this call goes alone, now, and the calls
+		// that arrive meanwhile go after it
 		q.busy = true
 		q.mu.Unlock()
-		r.sent(f, pool, 1)
-		res, err := r.run(ctx, f, pool, 0, args...).Result()
-		r.nextBatch(q, f, pool)
-		return res, err
+		defer r.nextBatch(q, f, pool)
 	}
+	return r.runAlone(ctx, f, pool, args)
+}
+
+// runAlone sends one call of f as its own FCALL.
+func (r *Registry) runAlone(ctx context.Context, f function, pool string, args []any) (any, error) {
+	r.sent(f, pool, 1)
+	return r.run(ctx, f, pool, 0, args...).Result()
+}
+
+// wait queues a call behind the one in flight (q.mu held, released here)
+// and returns its reply once a batch carried it, or the caller's context
+// error if it gives up first.
+func (r *Registry) wait(ctx context.Context, q *callQueue, args []any) (any, error) {
 	j := &batchJob{ctx: ctx, args: args, done: make(chan struct{})}
 	q.waiting = append(q.waiting, j)
 	q.mu.Unlock()
@@ -117,18 +128,12 @@ func (r *Registry) runBatched(ctx context.Context, f function, pool string, args
 	case <-ctx.Done():
 	}
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	if !j.sent {
 		// never sent: take it out, nothing ran
-		for i, w := range q.waiting {
-			if w == j {
-				q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
-				break
-			}
-		}
-		q.mu.Unlock()
+		q.waiting = slices.DeleteFunc(q.waiting, func(w *batchJob) bool { return w == j })
 		return nil, fmt.Errorf("waiting for a call in flight: %w", ctx.Err())
 	}
-	q.mu.Unlock()
 	// In flight: it may run, or have run, as a call whose caller gave up
 	// may (the callers cancel or retry as for any failed call).
 	return nil, ctx.Err()
@@ -136,37 +141,31 @@ func (r *Registry) runBatched(ctx context.Context, f function, pool string, args
 
 // nextBatch sends the calls that waited while one was in flight, as one
 // call, in the background; with none waiting, the queue is idle again.
+// Calls whose callers gave up are not sent (each caller, once it has the
+// lock, finds its call unsent and says so).
 func (r *Registry) nextBatch(q *callQueue, f function, pool string) {
-	max := int(r.maxBatch.Load())
+	most := r.MaxBatch()
 	q.mu.Lock()
-	if len(q.waiting) == 0 {
-		q.busy = false
-		q.mu.Unlock()
-		return
-	}
-	// Calls whose callers gave up are not sent (each caller, once it
-	// has the lock, finds its call unsent and says so).
+	defer q.mu.Unlock()
 	var jobs []*batchJob
-	n := 0
-	for _, j := range q.waiting {
-		if len(jobs) == max {
-			break
+	for len(jobs) == 0 {
+		if len(q.waiting) == 0 {
+			q.busy = false
+			return
 		}
-		n++
-		if j.ctx.Err() != nil {
-			continue
+		n := 0
+		for _, j := range q.waiting {
+			if len(jobs) == most {
+				break
+			}
+			n++
+			if j.ctx.Err() == nil {
+				j.sent = true
+				jobs = append(jobs, j)
+			}
 		}
-		j.sent = true
-		jobs = append(jobs, j)
+		q.waiting = slices.Clone(q.waiting[n:])
 	}
-	q.waiting = slices.Clone(q.waiting[n:])
-	if len(jobs) == 0 {
-		// every call taken was given up: look again (the queue stays busy)
-		q.mu.Unlock()
-		r.nextBatch(q, f, pool)
-		return
-	}
-	q.mu.Unlock()
 	go func() {
 		r.sendBatch(f, pool, jobs)
 		r.nextBatch(q, f, pool)
@@ -184,35 +183,34 @@ func (r *Registry) sendBatch(f function, pool string, jobs []*batchJob) {
 	}()
 	ctx, cancel := batchContext(jobs)
 	defer cancel()
-	r.sent(f, pool, len(jobs))
 	if len(jobs) == 1 {
-		jobs[0].res, jobs[0].err = r.run(ctx, f, pool, 0, jobs[0].args...).Result()
+		jobs[0].res, jobs[0].err = r.runAlone(ctx, f, pool, jobs[0].args)
 		return
 	}
-	args := make([]any, 0, 3+len(jobs)*(1+len(jobs[0].args)))
-	args = append(args, int64(0), r.channel(pool), pool)
+	r.sent(f, pool, len(jobs))
+	args := make([]any, 0, len(jobs)*(1+len(jobs[0].args)))
 	for _, j := range jobs {
 		args = append(args, len(j.args))
 		args = append(args, j.args...)
 	}
-	res, err := r.fcallMany(ctx, f, r.poolKeys(pool), args...).Slice()
+	res, err := r.run(ctx, f.manyFn(), pool, 0, args...).Slice()
 	if err == nil && len(res) != len(jobs) {
 		err = fmt.Errorf("calling %s: %d replies for %d batched calls", f.many, len(res), len(jobs))
 	}
 	for i, j := range jobs {
-		if err != nil {
+		switch {
+		case err != nil:
 			j.err = err
-			continue
-		}
-		var rerr redis.Error
-		if e, ok := res[i].(error); ok && errors.As(e, &rerr) {
-			j.err = e
-			continue
-		}
-		j.res = res[i]
-		if j.res == nil {
+		case res[i] == nil:
 			// false from Lua, as a lone call's reply (Cmd.Result gives redis.Nil)
 			j.err = redis.Nil
+		default:
+			// an error reply is a redis.Error in the slice
+			j.res = res[i]
+			j.err, _ = res[i].(error)
+			if j.err != nil {
+				j.res = nil
+			}
 		}
 	}
 }
@@ -238,10 +236,4 @@ func batchContext(jobs []*batchJob) (context.Context, context.CancelFunc) {
 		}
 	}
 	return context.WithDeadline(context.WithoutCancel(jobs[0].ctx), last)
-}
-
-// fcallMany calls f's <script>_many, loading the library where it is
-// missing as fcall does.
-func (r *Registry) fcallMany(ctx context.Context, f function, keys []string, args ...any) *redis.Cmd {
-	return r.fcall(ctx, function{lib: f.lib, name: f.many}, false, keys, args...)
 }

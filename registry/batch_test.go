@@ -34,6 +34,28 @@ func fcalls(t *testing.T, rdb redis.UniversalClient) int {
 	return 0
 }
 
+// largestBatch records the most calls one call to Redis carried
+// (Options.OnBatch).
+type largestBatch struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (l *largestBatch) observe(_, _ string, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n = max(l.n, n)
+}
+
+// take returns the most seen since the last take.
+func (l *largestBatch) take() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.n
+	l.n = 0
+	return n
+}
+
 // claimLoad is what a claim-and-release load saw (read once it is done).
 type claimLoad struct {
 	calls, granted int
@@ -219,7 +241,7 @@ func TestBatchMalformed(t *testing.T) {
 	ctx := context.Background()
 	const pool = "batch-bad"
 	register(t, r, pool, "a", 1)
-	err := r.fcallMany(ctx, scriptLease, r.poolKeys(pool), 0, r.channel(pool), pool, 5, "release").Err()
+	err := r.run(ctx, scriptLease.manyFn(), pool, 0, 5, "release").Err()
 	if err == nil || !strings.Contains(err.Error(), "batched call 1: bad argument count 5") {
 		t.Fatalf("malformed batch: %v, want bad argument count", err)
 	}
@@ -302,50 +324,24 @@ func TestBatchGivenUpNotSent(t *testing.T) {
 // as the option is (0: the default; above the cap: the cap); at 1 every
 // call goes alone, under the same concurrency that batched them before.
 func TestSetMaxBatch(t *testing.T) {
-	var mu sync.Mutex
-	largest := 0
-	r, _ := startRegistry(t, Options{OnBatch: func(_, _ string, n int) {
-		mu.Lock()
-		largest = max(largest, n)
-		mu.Unlock()
-	}})
-	ctx := context.Background()
-	const pool = "batch-set"
-	for i := range 4 {
-		register(t, r, pool, fmt.Sprint("w", i), 8)
-	}
-	load := func() int {
-		mu.Lock()
-		largest = 0
-		mu.Unlock()
-		var wg sync.WaitGroup
-		for range 32 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range 20 {
-					c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t"})
-					if err != nil {
-						continue
-					}
-					if err := r.Release(ctx, pool, c.LeaseID); err != nil {
-						t.Error(err)
-					}
-				}
-			}()
+	var largest largestBatch
+	r, rdb := startRegistry(t, Options{OnBatch: largest.observe})
+	const capacity = 8
+	for round, tc := range []struct{ set, want int }{{1, 1}, {0, DefaultMaxBatch}, {1000, MaxBatchCap}, {1, 1}} {
+		// a pool per round, so that each load's end is judged on its own
+		pool := fmt.Sprint("batch-set-", round)
+		for i := range 4 {
+			register(t, r, pool, fmt.Sprint("w", i), capacity)
 		}
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		return largest
-	}
-	for _, tc := range []struct{ set, want int }{{1, 1}, {0, DefaultMaxBatch}, {1000, MaxBatchCap}, {1, 1}} {
 		r.SetMaxBatch(tc.set)
 		if got := r.MaxBatch(); got != tc.want {
 			t.Fatalf("SetMaxBatch(%d): MaxBatch %d, want %d", tc.set, got, tc.want)
 		}
-		big := load()
-		if (tc.want == 1) != (big == 1) {
+		largest.take()
+		done, load := startClaimLoad(r, pool, capacity, 32, 20)
+		<-done
+		loadEnded(t, r, rdb, pool, load)
+		if big := largest.take(); (tc.want == 1) != (big == 1) {
 			t.Errorf("MaxBatch %d: the largest call carried %d", tc.want, big)
 		}
 	}
@@ -358,13 +354,8 @@ func TestSetMaxBatch(t *testing.T) {
 // the end: the calls that waited go out in the batches the new value
 // makes.
 func TestSetMaxBatchUnderLoad(t *testing.T) {
-	var bmu sync.Mutex
-	largest := 0
-	r, rdb := startRegistry(t, Options{OnBatch: func(_, _ string, n int) {
-		bmu.Lock()
-		largest = max(largest, n)
-		bmu.Unlock()
-	}})
+	var largest largestBatch
+	r, rdb := startRegistry(t, Options{OnBatch: largest.observe})
 	const pool, workers, capacity, goroutines, rounds = "batch-reload", 4, 4, 32, 60
 	for i := range workers {
 		register(t, r, pool, fmt.Sprint("w", i), capacity)
@@ -386,8 +377,6 @@ func TestSetMaxBatchUnderLoad(t *testing.T) {
 		}
 		break
 	}
-	bmu.Lock()
-	t.Logf("%d claims granted while MaxBatch changed %d times; largest call carried %d", load.granted, sets, largest)
-	bmu.Unlock()
+	t.Logf("%d claims granted while MaxBatch changed %d times; largest call carried %d", load.granted, sets, largest.take())
 	loadEnded(t, r, rdb, pool, load)
 }

@@ -52,9 +52,8 @@ func newRegistry(rdb redis.UniversalClient, opts Options) *Registry {
 	if opts.TombstoneTTL <= 0 {
 		opts.TombstoneTTL = defaultTombstoneTTL
 	}
-	opts.MaxBatch = maxBatchOf(opts.MaxBatch)
 	r := &Registry{rdb: rdb, opts: opts, expireSlots: make(chan struct{}, expireConcurrency)}
-	r.maxBatch.Store(int64(opts.MaxBatch))
+	r.SetMaxBatch(opts.MaxBatch)
 	return r
 }
 

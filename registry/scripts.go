@@ -273,6 +273,9 @@ const manyLua = `local function many(keys, args)
 end
 `
 
+// manyFn is f's <script>_many as a function to call (see manyLua).
+func (f function) manyFn() function { return function{lib: f.lib, name: f.many, script: f.script} }
+
 func (l *library) function(name string) function {
 	f, ok := l.fns[name]
 	if !ok {
