@@ -31,7 +31,7 @@ func holdQueue(r *Registry, f function, pool string) *callQueue {
 }
 
 // waitQueued polls until n calls wait in q.
-func waitQueued(t *testing.T, q *callQueue, n int) {
+func waitQueued(t testing.TB, q *callQueue, n int) {
 	t.Helper()
 	testenv.Eventually(t, 30*time.Second, fmt.Sprint(n, " calls queued"), func() bool {
 		q.mu.Lock()
@@ -67,7 +67,7 @@ type batchOf struct {
 // each in its own goroutine), waits until all n wait in the queue, sends
 // them as one batch (nextBatch) and returns the queue once every call has
 // returned.
-func (b batchOf) calls(t *testing.T, r *Registry, f function, call func(i int)) *callQueue {
+func (b batchOf) calls(t testing.TB, r *Registry, f function, call func(i int)) *callQueue {
 	t.Helper()
 	q := holdQueue(r, f, b.pool)
 	var wg sync.WaitGroup
@@ -92,7 +92,7 @@ func (b batchOf) calls(t *testing.T, r *Registry, f function, call func(i int)) 
 
 // claims makes b.n claims like req (in b.pool) in one batch, and
 // returns each one's claim and error.
-func (b batchOf) claims(t *testing.T, r *Registry, req ClaimRequest) ([]*Claim, []error) {
+func (b batchOf) claims(t testing.TB, r *Registry, req ClaimRequest) ([]*Claim, []error) {
 	t.Helper()
 	req.Pool = b.pool
 	claims, errs := make([]*Claim, b.n), make([]error, b.n)
@@ -104,7 +104,7 @@ func (b batchOf) claims(t *testing.T, r *Registry, req ClaimRequest) ([]*Claim, 
 
 // releases releases the leases of claims (in b.pool) in one batch, and
 // returns each release's error.
-func (b batchOf) releases(t *testing.T, r *Registry, claims []*Claim) []error {
+func (b batchOf) releases(t testing.TB, r *Registry, claims []*Claim) []error {
 	t.Helper()
 	b.n = len(claims)
 	errs := make([]error, b.n)

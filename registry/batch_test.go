@@ -18,12 +18,19 @@ import (
 // fcalls is how many FCALLs the server has run (INFO commandstats).
 func fcalls(t *testing.T, rdb redis.UniversalClient) int {
 	t.Helper()
+	return commandCalls(t, rdb, "fcall")
+}
+
+// commandCalls is how many times Redis ran cmd (INFO commandstats; a
+// script's nested commands count too).
+func commandCalls(t *testing.T, rdb redis.UniversalClient, cmd string) int {
+	t.Helper()
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_fcall:calls="); ok {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
 			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
 			if err != nil {
 				t.Fatal(err)

@@ -71,7 +71,7 @@ local cfg = load_cfg()
 local epoch = cfg.epoch
 if not epoch then
   epoch = ARGV[REQ.epoch_new]
-  if not dry then redis.call('HSET', K_CFG, 'epoch', epoch) end
+  if not dry then cfg_set('epoch', epoch) end
 end
 if not dry and ARGV[REQ.epoch_seen] ~= '' and ARGV[REQ.epoch_seen] ~= epoch then
   return { -3, epoch }
@@ -111,10 +111,10 @@ if differ then
     -- A Pick (dry) uses its limits but stores nothing: an admin's preview
     -- must not change what the pool runs under.
     if not dry then
-      redis.call('HSET', K_CFG, 'max_concurrent', fmt(mc), 'max_lifetime', fmt(ml), 'stagger_drains',
+      cfg_set('max_concurrent', fmt(mc), 'max_lifetime', fmt(ml), 'stagger_drains',
         ARGV[REQ.stagger], 'set_at', fmt(cfg_time))
       if want_fs then
-        redis.call('HSET', K_CFG, 'fs_window', fmt(win), 'fs_median', ARGV[REQ.fs_median], 'fs_default_ms', fmt(def))
+        cfg_set('fs_window', fmt(win), 'fs_median', ARGV[REQ.fs_median], 'fs_default_ms', fmt(def))
       end
     end
     cfg.mc, cfg.ml, cfg.stagger, cfg.set_at = mc, ml, stagger, cfg_time
@@ -126,7 +126,7 @@ end
 mc, ml, stagger = cfg.mc, cfg.ml, cfg.stagger
 -- Kept for Inspect and for heartbeat's freshness test (no index depends on them).
 if not dry and (cfg.stale ~= stale or cfg.scan ~= maxscan) then
-  redis.call('HSET', K_CFG, 'stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
+  cfg_set('stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
 end
 local walk = WALKS[policy]
 if not walk then return redis.error_reply('unknown policy ' .. tostring(policy)) end

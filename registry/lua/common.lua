@@ -106,18 +106,49 @@ local function bytes_less(a, b)
   return #a < #b
 end
 
+-- The batch memo. A batched call (registry/scripts.go's manyLua: several
+-- claims, or several lease ends, of one pool in one FCALL) gets a table
+-- shared by the calls of its batch as ARGV.memo, which bind() puts in
+-- MEMO; any other call has none (Redis' own args table has no such field),
+-- so nothing one FCALL keeps can reach another. The calls of a batch run
+-- back to back in one atomic function, so what one read stays true for the
+-- next until one of them writes it: the config hash's HMGET is kept here
+-- (cfg, with cfg_lf, the index key it was read for) and dropped by every
+-- write to the config hash, which goes through cfg_set / cfg_del.
+local MEMO = nil
+
+-- cfg_set and cfg_del are the only writes to the config hash (a test reads
+-- the scripts for any other): each drops the batch memo's copy.
+local function cfg_set(...)
+  if MEMO then MEMO.cfg = nil end
+  return redis.call('HSET', K_CFG, ...)
+end
+
+local function cfg_del(...)
+  if MEMO then MEMO.cfg = nil end
+  return redis.call('HDEL', K_CFG, ...)
+end
+
 -- load_cfg reads the pool's limits in force (config hash): the limits
 -- the newest configuration brought (claim.lua decides), set_at (ms) being
 -- that configuration's time (nil: never set), stale_after_ms and max_scan,
 -- kept from the last claim, and the dataset's epoch (nil: none yet). One
--- HMGET: a claim reads the whole config once (profile item 7).
+-- HMGET: a claim reads the whole config once (profile item 7); in a batch,
+-- once for all its calls until one writes the hash (see MEMO). Each call
+-- gets a table of its own: callers change theirs.
 local function load_cfg()
   -- the config hash is the pool's, the indexes are the version group's:
   -- a group's fields are named after it ('v=1.65:ix', ...; see keys.go)
-  local ixf = string.sub(K_LF, #K_CFG - #'config' + 1, #K_LF - #'idx:lifetime') .. 'ix'
-  local v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms',
-    'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch', ixf, ixf .. ':ring', ixf .. ':fair',
-    ixf .. ':iwrr')
+  local m, v, ixf = MEMO, nil, nil
+  if m and m.cfg and m.cfg_lf == K_LF then
+    v, ixf = m.cfg, m.cfg_ixf
+  else
+    ixf = string.sub(K_LF, #K_CFG - #'config' + 1, #K_LF - #'idx:lifetime') .. 'ix'
+    v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms',
+      'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch', ixf, ixf .. ':ring', ixf .. ':fair',
+      ixf .. ':iwrr')
+    if m then m.cfg, m.cfg_lf, m.cfg_ixf = v, K_LF, ixf end
+  end
   -- the kept indexes (see "Kept indexes"): all of them until a claim
   -- settled which ('ix' unset, and no 'ix:<name>' either: one without
   -- the other is a hand edit, not a pool every index was kept for)
@@ -248,9 +279,42 @@ end
 -- parsed only when the hot figures do not match the list (w.durations
 -- then holds them and w.fs_counted is set: a writing script stores the
 -- figures again, store_hot; otherwise durations_of parses on demand).
+-- rec_copy is a new table with a decoded record's fields (those store()
+-- writes).
+local function rec_copy(w)
+  return {
+    id = w.id, browser = w.browser, addr = w.addr, path = w.path, status = w.status, gen = w.gen,
+    capacity = w.capacity, vnodes = w.vnodes, heartbeat = w.heartbeat, registered = w.registered,
+    expires = w.expires, suspect_until = w.suspect_until, predicted_end = w.predicted_end, sig = w.sig,
+  }
+end
+
+-- decoded is decode(rec), decoded at most twice per batch for each
+-- record string (see MEMO): a batch's claims often take the same worker,
+-- and decode depends on the string alone, so a kept result never goes
+-- stale. The first read of a string only notes it (most strings are read
+-- once), the second keeps a copy, later ones get copies of that: each
+-- caller gets a table of its own (load_worker adds to it).
+local function decoded(rec)
+  local m = MEMO
+  if not (m and rec) then return decode(rec) end
+  local seen = m.rec
+  if not seen then
+    seen = {}
+    m.rec = seen
+  end
+  local d = seen[rec]
+  if d and d ~= true then return rec_copy(d) end
+  local w, err = decode(rec)
+  if w then
+    if d then seen[rec] = rec_copy(w) else seen[rec] = true end
+  end
+  return w, err
+end
+
 local function load_worker(id)
   local rec = redis.call('HGET', K_WORKERS, id)
-  local w, err = decode(rec)
+  local w, err = decoded(rec)
   if not w then return nil, err end
   w.rec = rec
   local a = count(redis.call('HGET', K_ACTIVE, id))
@@ -439,11 +503,11 @@ local function restart_turn(id, now, stale)
   if m and m ~= id and restarting(m, now, stale) then return false end
   for _, o in ipairs(redis.call('SMEMBERS', K_RET)) do
     if o ~= id and restarting(o, now, stale) then
-      redis.call('HSET', K_CFG, 'restarting', o)
+      cfg_set('restarting', o)
       return false
     end
   end
-  redis.call('HSET', K_CFG, 'restarting', id)
+  cfg_set('restarting', id)
   return true
 end
 
@@ -636,7 +700,7 @@ end
 -- ix_drop stops keeping index n and frees its keys.
 local function ix_drop(cfg, n)
   redis.call('UNLINK', unpack(opt_keys(n)))
-  redis.call('HDEL', K_CFG, cfg.ixf .. ':' .. n)
+  cfg_del(cfg.ixf .. ':' .. n)
   cfg.ix[n] = nil
 end
 
@@ -684,12 +748,12 @@ local function ix_settle(cfg, need, now, dry)
   if dry then return need == nil or not cfg.settled or ix_parse(cfg.ix[need]) == 'on' end
   if not cfg.settled then
     -- every index was kept until now: keep need's, drop the rest
-    redis.call('HSET', K_CFG, cfg.ixf, fmt(now))
+    cfg_set(cfg.ixf, fmt(now))
     cfg.settled = true
     for _, n in ipairs(OPT_NAMES) do
       if n == need then
         cfg.ix[n] = 'on ' .. fmt(now)
-        redis.call('HSET', K_CFG, cfg.ixf .. ':' .. n, cfg.ix[n])
+        cfg_set(cfg.ixf .. ':' .. n, cfg.ix[n])
       else
         ix_drop(cfg, n)
       end
@@ -707,11 +771,11 @@ local function ix_settle(cfg, need, now, dry)
       redis.call('UNLINK', unpack(opt_keys(n)))
     end
   end
-  if clear then redis.call('HSET', K_CFG, cfg.ixf, fmt(now)) end
+  if clear then cfg_set(cfg.ixf, fmt(now)) end
   if not need then return true end
   local st, used, cur, rid = ix_parse(cfg.ix[need])
   if st == 'on' then
-    if now - used > IX_RETAIN / 4 then redis.call('HSET', K_CFG, cfg.ixf .. ':' .. need, 'on ' .. fmt(now)) end
+    if now - used > IX_RETAIN / 4 then cfg_set(cfg.ixf .. ':' .. need, 'on ' .. fmt(now)) end
     return true
   end
   if not st then
@@ -726,7 +790,7 @@ local function ix_settle(cfg, need, now, dry)
   cur = ix_step(need, cur, cfg, now)
   if cur == '0' then st = 'on' else st = 'b' .. cur .. '@' .. sid end
   cfg.ix[need] = st .. ' ' .. fmt(now)
-  redis.call('HSET', K_CFG, cfg.ixf .. ':' .. need, cfg.ix[need])
+  cfg_set(cfg.ixf .. ':' .. need, cfg.ix[need])
   return st == 'on'
 end
 
