@@ -21,9 +21,10 @@ package main
 //     (gridbench re-executing itself with -claimer), beside the PINGs per
 //     second the same two processes reach, and beside the same claims
 //     with every call its own FCALL (registry.Options.MaxBatch 1, as
-//     before a busy pool's calls were batched); again with Redis alone on
-//     a core, with how busy Redis was, its CPU per decision and the
-//     FCALLs per decision.
+//     before a busy pool's calls were batched), the two in turns so that
+//     both meet the machine's slow and fast phases (tgtTurns); again with
+//     Redis alone on a core, with how busy Redis was, its CPU per decision
+//     and the FCALLs per decision.
 //   - Stock reverse_proxy least_conn with 1,000 and 10,000 static upstreams
 //     beside the grid over the same workers: sessions/s and connect p50 at
 //     4 and 64 clients, with how busy Redis was during the grid's cell.
@@ -357,22 +358,23 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 	rows = append(rows, tgtRow{"Client-visible claim p50 (lifetime_first)", proxyUS(cp) + " µs", "PING p50 " + proxyUS(pp) + " µs",
 		tgtF(float64(cp)/float64(pp), 2) + "×", "≤ 3× PING", regVerdict(float64(cp) <= 3*float64(pp))})
 
-	// Two claiming processes, then the same with every call its own FCALL
-	// (MaxBatch 1, as before batching), then the same two sending PINGs.
-	dec, err := tgtClaimers(rdb.Options().Addr, pool, "claim", dur)
+	// Two claiming processes, batched and with every call its own FCALL
+	// (MaxBatch 1, as before batching) in turns (tgtTurns), then the same
+	// two sending PINGs.
+	claimers := func(mode string, d time.Duration) (float64, error) {
+		return tgtClaimers(rdb.Options().Addr, pool, mode, d)
+	}
+	both, err := tgtTurns([]string{"claim", "claim-alone"}, dur, claimers, func(a, b float64) float64 { return a + b })
 	if err != nil {
 		return nil, err
 	}
-	alone, err := tgtClaimers(rdb.Options().Addr, pool, "claim-alone", dur)
-	if err != nil {
-		return nil, err
-	}
+	dec, alone := both[0]/tgtTurnsN, both[1]/tgtTurnsN
 	pps, err := tgtClaimers(rdb.Options().Addr, pool, "ping", dur)
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(w, "Two claiming processes, %d connections each, %s, lifetime_first at N=%d: %s decisions/s (claim + release each; %s/s with every call its own FCALL, %s× batched/alone); the same two sending PINGs: %s/s.\n",
-		*tgtConns, dur, n, tgtF(dec, 0), tgtF(alone, 0), tgtF(dec/alone, 2), tgtF(pps, 0))
+	fmt.Fprintf(w, "Two claiming processes, %d connections each, %s, lifetime_first at N=%d: %s decisions/s (claim + release each; %s/s with every call its own FCALL, %s× batched/alone, the two in %d turns each); the same two sending PINGs: %s/s.\n",
+		*tgtConns, dur, n, tgtF(dec, 0), tgtF(alone, 0), tgtF(dec/alone, 2), tgtTurnsN, tgtF(pps, 0))
 	rows = append(rows, tgtRow{fmt.Sprintf("Decisions/s, two claiming processes, N=%d", n), tgtF(dec, 0) + "/s", "PINGs " + tgtF(pps, 0) + "/s",
 		tgtF(dec/pps, 2) + "×", "≥ 20,000/s", regVerdict(dec >= 20000)})
 
@@ -395,7 +397,7 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 		ops, busy float64
 		calls     cmdStat
 	}
-	measure := func(mode string) (pinnedRun, error) {
+	measure := func(mode string, dur time.Duration) (pinnedRun, error) {
 		var m pinnedRun
 		c0, err := tgtRedisCPU(ctx, rdb)
 		if err != nil {
@@ -419,14 +421,21 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 		m.busy, m.calls = c1.sub(c0).total()/dur.Seconds(), s1.sub(s0).scripts()
 		return m, nil
 	}
-	var batched, lone, pinged pinnedRun
-	for _, m := range []struct {
-		mode string
-		run  *pinnedRun
-	}{{"claim", &batched}, {"claim-alone", &lone}, {"ping", &pinged}} {
-		if *m.run, err = measure(m.mode); err != nil {
-			return nil, err
-		}
+	turns, err := tgtTurns([]string{"claim", "claim-alone"}, dur, measure, func(a, b pinnedRun) pinnedRun {
+		return pinnedRun{a.ops + b.ops, a.busy + b.busy, cmdStat{a.calls.calls + b.calls.calls, a.calls.usec + b.calls.usec}}
+	})
+	if err != nil {
+		return nil, err
+	}
+	// each turn's ops/s and busy are rates over a turn: their mean is the
+	// whole run's; the calls add up
+	for i := range turns {
+		turns[i].ops, turns[i].busy = turns[i].ops/tgtTurnsN, turns[i].busy/tgtTurnsN
+	}
+	batched, lone := turns[0], turns[1]
+	pinged, err := measure("ping", dur)
+	if err != nil {
+		return nil, err
 	}
 	// per decision: Redis CPU, FCALLs and µs inside them
 	per := func(m pinnedRun) string {
@@ -440,6 +449,33 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 	rows = append(rows, tgtRow{fmt.Sprintf("Decisions/s, two claiming processes, N=%d (%s)", n, where), tgtF(batched.ops, 0) + "/s", "PINGs " + tgtF(pinged.ops, 0) + "/s",
 		tgtF(batched.ops/pinged.ops, 2) + "×", "≥ 20,000/s", regVerdict(batched.ops >= 20000)})
 	return rows, nil
+}
+
+// tgtTurnsN is how many turns tgtTurns gives each mode.
+const tgtTurnsN = 3
+
+// tgtTurns runs run(mode, dur/tgtTurnsN) for each of modes in turn,
+// tgtTurnsN times round, and returns each mode's results added up (add),
+// in the order of modes. Run one after the other, a mode measured first
+// and one measured second met different phases of this VM, which move a
+// run by a third (docs/perf/registry-profile.md, "Busy pools"); in turns
+// each meets them alike.
+func tgtTurns[T any](modes []string, dur time.Duration, run func(mode string, d time.Duration) (T, error), add func(a, b T) T) ([]T, error) {
+	out := make([]T, len(modes))
+	for turn := range tgtTurnsN {
+		for i, mode := range modes {
+			r, err := run(mode, dur/tgtTurnsN)
+			if err != nil {
+				return nil, err
+			}
+			if turn == 0 {
+				out[i] = r
+			} else {
+				out[i] = add(out[i], r)
+			}
+		}
+	}
+	return out, nil
 }
 
 // tgtPin pins Redis apart from the others and this process
