@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
 )
 
 // Red-team tests of the batch memo (common.lua, MEMO): what an attacker
@@ -88,4 +87,3 @@ func TestMemoRedRecordExtraFields(t *testing.T) {
 		}
 	}
 }
-
