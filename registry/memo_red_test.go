@@ -2,10 +2,15 @@ package registry
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
 // Red-team tests of the batch memo (common.lua, MEMO): what an attacker
@@ -86,4 +91,120 @@ func TestMemoRedRecordExtraFields(t *testing.T) {
 				"(the record's own fields taken as the worker's figures)", i+1, d)
 		}
 	}
+}
+
+// memoOutcome is what one claim got, for comparing a batch with the same
+// claims alone.
+type memoOutcome struct {
+	Worker            string
+	Err               string
+	Limits            PoolLimits
+	Overridden, Build bool
+	Drain             bool
+}
+
+func memoOutcomeOf(c *Claim, err error) memoOutcome {
+	if err != nil {
+		return memoOutcome{Err: err.Error()}
+	}
+	return memoOutcome{Worker: c.Worker.ID, Limits: c.PoolLimits, Overridden: c.LimitsOverridden,
+		Build: c.IndexBuilding, Drain: c.Drain}
+}
+
+// memoDigits stands for the times (ms) in config hash values.
+var memoDigits = regexp.MustCompile(`\d{12,}`)
+
+// memoConfig is pool's config hash without its epoch (random per pool),
+// times written as T.
+func memoConfig(t *testing.T, r *Registry, pool string) map[string]string {
+	t.Helper()
+	cfg, err := r.rdb.HGetAll(context.Background(), r.Key(pool, keyConfig)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(cfg, "epoch")
+	for k, v := range cfg {
+		cfg[k] = memoDigits.ReplaceAllString(v, "T")
+	}
+	return cfg
+}
+
+// TestMemoRedMixedPoliciesAsAlone: claims of one pool under different
+// policies and limits (routes that share the pool's claim queue) in one
+// batch, on a fresh pool of 600 workers (the kept indexes settle, then
+// ring and fair_share build in several steps, each writing the config
+// hash) and on the same pool again once settled: every claim gets the
+// worker, limits and building state the same claim got alone, in the
+// same order, on a twin pool, and the config hashes end alike.
+func TestMemoRedMixedPoliciesAsAlone(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const workers, n = 600, 48
+	base := time.Now().Add(-time.Hour)
+	policies := []Policy{Vnode, FairShare, LifetimeFirst, InterleavedWeightedRoundRobin, FairShare, Vnode,
+		InterleavedWeightedRoundRobin, LifetimeFirst}
+	rng := rand.New(rand.NewPCG(7, 7))
+	reqs := make([]ClaimRequest, n)
+	for i := range reqs {
+		p := policies[i%len(policies)]
+		lim := selection.Limits{MaxConcurrent: []int{0, 2, 3, 1}[rng.IntN(4)], MaxLifetime: []int{0, 50, 3}[rng.IntN(3)],
+			StaggerDrains: rng.IntN(2) == 0}
+		reqs[i] = ClaimRequest{Policy: p, Holder: "t", Limits: lim,
+			ConfigTime: base.Add(time.Duration(rng.IntN(20)) * time.Minute),
+			FairShare: selection.FairShare{Window: []int{0, 5, 20}[rng.IntN(3)], Median: rng.IntN(2) == 0,
+				Default: time.Duration(1+rng.IntN(60)) * time.Second},
+		}
+	}
+	// rands gives claim i of a round the same draws in either pool
+	rands := func(round, i int) selection.Rand { return rand.New(rand.NewPCG(uint64(round), uint64(i))) }
+	type result struct {
+		claims [][]memoOutcome
+		config []map[string]string
+	}
+	run := func(pool string, batched bool) result {
+		for i := range workers {
+			redRegister(t, r, pool, fmt.Sprintf("w%03d", i), 3, 1+i%5)
+		}
+		var res result
+		for round := range 2 {
+			out := make([]memoOutcome, n)
+			claim := func(i int) {
+				req := reqs[i]
+				req.Pool, req.Rand = pool, rands(round, i)
+				c, err := r.Claim(ctx, req)
+				out[i] = memoOutcomeOf(c, err)
+			}
+			if batched {
+				batchOf{pool: pool, n: n, inOrder: true}.calls(t, r, scriptClaim, claim)
+			} else {
+				for i := range n {
+					claim(i)
+				}
+			}
+			res.claims = append(res.claims, out)
+			res.config = append(res.config, memoConfig(t, r, pool))
+			if m, e, l, notes := redAudit(t, r, pool); m+e+l > 0 {
+				t.Errorf("%s round %d: %d missing, %d extra, %d leaked: %v", pool, round, m, e, l, notes)
+			}
+		}
+		return res
+	}
+	alone, batched := run("memo-mix-alone", false), run("memo-mix-batched", true)
+	for round := range alone.claims {
+		for i := range n {
+			if a, b := alone.claims[round][i], batched.claims[round][i]; a != b {
+				t.Errorf("round %d claim %d (%s): batched %+v, alone %+v", round, i, reqs[i].Policy, b, a)
+			}
+		}
+		if !reflect.DeepEqual(alone.config[round], batched.config[round]) {
+			t.Errorf("round %d: config hash batched %v, alone %v", round, batched.config[round], alone.config[round])
+		}
+	}
+	builds := 0
+	for _, o := range alone.claims[0] {
+		if o.Build {
+			builds++
+		}
+	}
+	t.Logf("round 0: %d of %d claims walked while an index was built; config %v", builds, n, alone.config[1])
 }
