@@ -2,11 +2,14 @@ package registry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -207,4 +210,133 @@ func TestMemoRedMixedPoliciesAsAlone(t *testing.T) {
 		}
 	}
 	t.Logf("round 0: %d of %d claims walked while an index was built; config %v", builds, n, alone.config[1])
+}
+
+// TestMemoRedLoadWithChangingLimits: goroutines claim and release in one
+// pool under every policy, each claim bringing its own limits (a
+// configuration of its own time: the newest in force flips as they go),
+// while MaxBatch changes, workers heartbeat and a hand edit adds unknown
+// fields to a worker's record. No claim finds its worker past the cap in
+// force after it (Redis' own count, in the claim's reply), no count
+// sampled between calls is past a worker's capacity, and every slot and
+// lease is free at the end.
+func TestMemoRedLoadWithChangingLimits(t *testing.T) {
+	var largest largestBatch
+	r, rdb := startRegistry(t, Options{OnBatch: largest.observe})
+	ctx := context.Background()
+	const pool, workers, capacity, goroutines, rounds = "memo-load", 8, 3, 24, 80
+	for i := range workers {
+		redRegister(t, r, pool, fmt.Sprint("w", i), capacity, 1+i%3)
+	}
+	base := time.Now().Add(-time.Hour)
+	var mu sync.Mutex
+	var calls, granted, refused int
+	var failed, over []string
+	note := func(f func()) { mu.Lock(); f(); mu.Unlock() }
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			for range rounds {
+				req := ClaimRequest{Pool: pool, Policy: redPolicies[rng.IntN(len(redPolicies))], Holder: fmt.Sprint("g", g),
+					Limits:     selection.Limits{MaxConcurrent: rng.IntN(capacity + 1), StaggerDrains: rng.IntN(2) == 0},
+					ConfigTime: base.Add(time.Duration(rng.IntN(50)) * time.Second),
+					FairShare: selection.FairShare{Window: rng.IntN(10), Median: rng.IntN(2) == 0,
+						Default: time.Duration(1+rng.IntN(30)) * time.Second}}
+				c, err := r.Claim(ctx, req)
+				note(func() { calls++ })
+				if errors.Is(err, ErrNoWorker) {
+					note(func() { refused++ })
+					continue
+				}
+				if err != nil {
+					note(func() { failed = append(failed, "claim: "+err.Error()) })
+					continue
+				}
+				note(func() {
+					granted++
+					if c.Worker.Active > effCap(capacity, c.PoolLimits.MaxConcurrent) {
+						over = append(over, fmt.Sprintf("%s active %d under max_concurrent %d",
+							c.Worker.ID, c.Worker.Active, c.PoolLimits.MaxConcurrent))
+					}
+				})
+				err = r.Release(ctx, pool, c.LeaseID)
+				note(func() {
+					calls++
+					if err != nil {
+						failed = append(failed, "release: "+err.Error())
+					}
+				})
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	hung := time.After(2 * time.Minute)
+	rng := rand.New(rand.NewPCG(99, 99))
+	samples, edits := 0, 0
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		case <-hung:
+			t.Fatalf("claims and releases still running two minutes after they started")
+		case <-tick.C:
+			r.SetMaxBatch([]int{1, 2, 0, 5, 256}[rng.IntN(5)])
+			id := fmt.Sprint("w", rng.IntN(workers))
+			switch rng.IntN(3) {
+			case 0:
+				if _, err := r.Heartbeat(ctx, pool, id, 100*time.Hour); err != nil {
+					t.Errorf("heartbeat %s: %v", id, err)
+				}
+			case 1:
+				// an unknown field and the names of counted figures
+				key := r.Key(pool, keyWorkers)
+				if rec, err := rdb.HGet(ctx, key, id).Result(); err == nil && !strings.Contains(rec, `"zz"`) {
+					rec = strings.TrimSuffix(rec, "}") + `,"zz":[1,{"a":2}],"fs_len":0,"fs_sum":0,"fs_win":0}`
+					if err := rdb.HSet(ctx, key, id, rec).Err(); err != nil {
+						t.Fatal(err)
+					}
+					edits++
+				}
+			}
+			active, err := rdb.HGetAll(ctx, r.Key(pool, keyActive)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for id, v := range active {
+				if n, _ := strconv.Atoi(v); n > capacity {
+					note(func() { over = append(over, fmt.Sprintf("sampled %s active %d", id, n)) })
+				}
+			}
+			samples++
+		}
+	}
+	t.Logf("%d calls: %d claims granted, %d refused, %d failed, %d over-admitted; %d samples, %d record edits, largest call %d",
+		calls, granted, refused, len(failed), len(over), samples, edits, largest.take())
+	if len(failed) > 0 {
+		t.Errorf("%d calls failed, first: %s", len(failed), failed[0])
+	}
+	if len(over) > 0 {
+		t.Errorf("over-admitted: %v", over)
+	}
+	if granted == 0 {
+		t.Error("no claim was granted")
+	}
+	lifetime := 0
+	for _, c := range counts(t, r, pool) {
+		lifetime += c[1]
+	}
+	if lifetime != granted {
+		t.Errorf("lifetimes add up to %d, want the %d claims granted", lifetime, granted)
+	}
+	noDrift(t, r, rdb, pool)
+	if m, e, l, notes := redAudit(t, r, pool); m+e+l > 0 {
+		t.Errorf("indexes: %d missing, %d extra, %d leaked: %v", m, e, l, notes)
+	}
 }
