@@ -340,3 +340,59 @@ func TestMemoRedLoadWithChangingLimits(t *testing.T) {
 		t.Errorf("indexes: %d missing, %d extra, %d leaked: %v", m, e, l, notes)
 	}
 }
+
+// TestMemoRedNotKeptAcrossCalls: what a batch kept of the config hash is
+// gone once its FCALL returns. After a batch of claims read the hash, an
+// operator writes newer limits into it by hand; the next call, alone or
+// in a batch, runs under them.
+func TestMemoRedNotKeptAcrossCalls(t *testing.T) {
+	r, rdb := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool, n = "memo-across", 4
+	req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, Holder: "t", ConfigTime: time.Now().Add(-time.Hour),
+		Limits: selection.Limits{MaxConcurrent: 3, MaxLifetime: 1000}}
+	for i := range 16 {
+		register(t, r, pool, fmt.Sprint("w", i), 0)
+	}
+	var all []*Claim
+	claimed := func(what string, cs []*Claim, errs []error, mc int) {
+		t.Helper()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("%s claim %d: %v", what, i, err)
+			}
+			if got := cs[i].PoolLimits.MaxConcurrent; got != mc {
+				t.Errorf("%s claim %d ran under max_concurrent %d, want %d", what, i, got, mc)
+			}
+		}
+		all = append(all, cs...)
+	}
+	cs, errs := batchOf{pool: pool, n: n}.claims(t, r, req)
+	claimed("first batch", cs, errs, 3)
+
+	edit := func(mc int) {
+		t.Helper()
+		err := rdb.HSet(ctx, r.Key(pool, keyConfig), "max_concurrent", mc,
+			"set_at", time.Now().Add(time.Hour).UnixMilli()).Err()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	edit(2)
+	c, err := r.Claim(ctx, req)
+	claimed("lone", []*Claim{c}, []error{err}, 2)
+
+	cs, errs = batchOf{pool: pool, n: n}.claims(t, r, req)
+	claimed("second batch", cs, errs, 2)
+	edit(1)
+	cs, errs = batchOf{pool: pool, n: 1}.claims(t, r, req)
+	claimed("batch of one", cs, errs, 1)
+	cs, errs = batchOf{pool: pool, n: 2}.claims(t, r, req)
+	claimed("third batch", cs, errs, 1)
+	for _, c := range all {
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noDrift(t, r, rdb, pool)
+}
