@@ -170,18 +170,32 @@ func TestMemoRedMixedPoliciesAsAlone(t *testing.T) {
 		}
 		var res result
 		for round := range 2 {
-			out := make([]memoOutcome, n)
+			out, epochs := make([]memoOutcome, n), make([]string, n)
 			claim := func(i int) {
 				req := reqs[i]
 				req.Pool, req.Rand = pool, rands(round, i)
 				c, err := r.Claim(ctx, req)
 				out[i] = memoOutcomeOf(c, err)
+				if err == nil {
+					epochs[i] = c.Epoch
+				}
 			}
 			if batched {
 				batchOf{pool: pool, n: n, inOrder: true}.calls(t, r, scriptClaim, claim)
 			} else {
 				for i := range n {
 					claim(i)
+				}
+			}
+			// the first claim of the fresh pool stored the epoch: every
+			// later one (the batch's next calls too) reports it
+			stored, err := r.rdb.HGet(ctx, r.Key(pool, keyConfig), "epoch").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, e := range epochs {
+				if e != "" && e != stored {
+					t.Errorf("%s round %d claim %d: epoch %q, the pool's is %q", pool, round, i, e, stored)
 				}
 			}
 			res.claims = append(res.claims, out)
