@@ -410,3 +410,44 @@ func TestMemoRedNotKeptAcrossCalls(t *testing.T) {
 	}
 	noDrift(t, r, rdb, pool)
 }
+
+// TestMemoRedRecordCountCutsNoList: a record carrying "fs_len":0 (a hand
+// edit) does not make a release take the worker's durations list for
+// empty: the list keeps its entries and gains the session's.
+func TestMemoRedRecordCountCutsNoList(t *testing.T) {
+	r, rdb := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "memo-cut"
+	now := time.Now()
+	put(t, r, pool, selection.Worker{ID: "solo", Status: selection.Available, LastHeartbeat: now,
+		Durations: []time.Duration{time.Second, 2 * time.Second, 3 * time.Second}}, 0, time.Time{})
+	key := r.Key(pool, keyWorkers)
+	rec, err := rdb.HGet(ctx, key, "solo").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec = strings.TrimSuffix(rec, "}") + `,"fs_len":0,"fs_sum":0,"fs_win":20}`
+	if err := rdb.HSet(ctx, key, "solo", rec).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HDel(ctx, r.Key(pool, keyHot), "solo").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: FairShare, Holder: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+		info, err := r.Inspect(ctx, pool)
+		if err != nil || len(info.Workers) != 1 {
+			t.Fatalf("inspect: %v (%d workers)", err, len(info.Workers))
+		}
+		if got, want := len(info.Workers[0].Durations), 4+i; got != want {
+			t.Errorf("after session %d: %d durations, want %d (the list cut by the record's fs_len)", i+1, got, want)
+		}
+	}
+	noDrift(t, r, rdb, pool)
+}
