@@ -206,24 +206,28 @@ func TestMemoRedMixedPoliciesAsAlone(t *testing.T) {
 		}
 		return res
 	}
-	alone, batched := run("memo-mix-alone", false), run("memo-mix-batched", true)
-	for round := range alone.claims {
-		for i := range n {
-			if a, b := alone.claims[round][i], batched.claims[round][i]; a != b {
-				t.Errorf("round %d claim %d (%s): batched %+v, alone %+v", round, i, reqs[i].Policy, b, a)
+	// the pool itself, and a version group (its own indexes, its kept
+	// index states in the pool's config hash under its own field names)
+	for _, group := range []string{"", "g@1.65"} {
+		alone, batched := run("memo-mix-alone"+group, false), run("memo-mix-batched"+group, true)
+		for round := range alone.claims {
+			for i := range n {
+				if a, b := alone.claims[round][i], batched.claims[round][i]; a != b {
+					t.Errorf("%q round %d claim %d (%s): batched %+v, alone %+v", group, round, i, reqs[i].Policy, b, a)
+				}
+			}
+			if !reflect.DeepEqual(alone.config[round], batched.config[round]) {
+				t.Errorf("%q round %d: config hash batched %v, alone %v", group, round, batched.config[round], alone.config[round])
 			}
 		}
-		if !reflect.DeepEqual(alone.config[round], batched.config[round]) {
-			t.Errorf("round %d: config hash batched %v, alone %v", round, batched.config[round], alone.config[round])
+		builds := 0
+		for _, o := range alone.claims[0] {
+			if o.Build {
+				builds++
+			}
 		}
+		t.Logf("%q round 0: %d of %d claims walked while an index was built; config %v", group, builds, n, alone.config[1])
 	}
-	builds := 0
-	for _, o := range alone.claims[0] {
-		if o.Build {
-			builds++
-		}
-	}
-	t.Logf("round 0: %d of %d claims walked while an index was built; config %v", builds, n, alone.config[1])
 }
 
 // TestMemoRedLoadWithChangingLimits: goroutines claim and release in one
