@@ -316,6 +316,16 @@ local function load_worker(id)
   local rec = redis.call('HGET', K_WORKERS, id)
   local w, err = decoded(rec)
   if not w then return nil, err end
+  -- A record's JSON may hold more than store() writes (an older or newer
+  -- version's field, a hand edit, an attacker): a field named after a
+  -- figure set below only when missing must not stand in for it (a batch's
+  -- kept copy of the record, rec_copy, has none of them either, so a call
+  -- would count differently batched and alone). The others are set below
+  -- whatever the record holds. Cleared only when present: an assignment of
+  -- nil to a missing field makes a slot for it.
+  if w.durations ~= nil or w.fs_counted ~= nil or w.fs_win ~= nil or w.fs_len ~= nil or w.fs_sum ~= nil then
+    w.durations, w.fs_counted, w.fs_win, w.fs_len, w.fs_sum = nil, nil, nil, nil, nil
+  end
   w.rec = rec
   local a = count(redis.call('HGET', K_ACTIVE, id))
   if not a then return nil, 'active count is missing or not a whole number' end
