@@ -52,26 +52,7 @@ func TestMemoRedRecordExtraFields(t *testing.T) {
 		if err := rdb.HDel(ctx, r.Key(pool, keyHot), "solo").Err(); err != nil {
 			t.Fatal(err)
 		}
-		claims := make([]*Claim, n)
-		claim := func(i int) {
-			req := req
-			req.Pool = pool
-			c, err := r.Claim(ctx, req)
-			if err != nil {
-				t.Errorf("%s claim %d: %v", pool, i, err)
-			}
-			claims[i] = c
-		}
-		if batched {
-			batchOf{pool: pool, n: n, inOrder: true}.calls(t, r, scriptClaim, claim)
-		} else {
-			for i := range n {
-				claim(i)
-			}
-		}
-		if t.Failed() {
-			t.FailNow()
-		}
+		claims := claimEach(t, r, pool, req, n, batched)
 		var moved []time.Duration
 		for i := 1; i < n; i++ {
 			moved = append(moved, claims[i].Worker.PredictedEnd.Sub(claims[i-1].Worker.PredictedEnd))

@@ -139,6 +139,38 @@ func TestConfigWritesDropTheMemo(t *testing.T) {
 	}
 }
 
+// eachCall makes call(0) … call(n-1) of f in pool, in that order: in one
+// batch, or each alone after the one before.
+func eachCall(t *testing.T, r *Registry, f function, pool string, n int, batched bool, call func(i int)) {
+	t.Helper()
+	if batched {
+		batchOf{pool: pool, n: n, inOrder: true}.calls(t, r, f, call)
+		return
+	}
+	for i := range n {
+		call(i)
+	}
+}
+
+// claimEach makes n claims like req in pool (eachCall) and returns them;
+// it ends the test when one failed.
+func claimEach(t *testing.T, r *Registry, pool string, req ClaimRequest, n int, batched bool) []*Claim {
+	t.Helper()
+	req.Pool = pool
+	claims := make([]*Claim, n)
+	eachCall(t, r, scriptClaim, pool, n, batched, func(i int) {
+		c, err := r.Claim(context.Background(), req)
+		if err != nil {
+			t.Errorf("%s claim %d: %v", pool, i, err)
+		}
+		claims[i] = c
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	return claims
+}
+
 // TestBatchSameWorkerAsAlone: the claims and releases of one batch that
 // read the same worker (its record decoded once for the batch) each see
 // the figures the calls before them wrote, as the same calls sent alone
@@ -157,43 +189,17 @@ func TestBatchSameWorkerAsAlone(t *testing.T) {
 	// each phase in one batch, and returns what each call left.
 	run := func(pool string, batched bool) []step {
 		register(t, r, pool, "solo", 0)
-		claims := make([]*Claim, n)
-		claim := func(i int) {
-			req := req
-			req.Pool = pool
-			c, err := r.Claim(ctx, req)
-			if err != nil {
-				t.Errorf("%s claim %d: %v", pool, i, err)
-			}
-			claims[i] = c
-		}
-		if batched {
-			batchOf{pool: pool, n: n, inOrder: true}.calls(t, r, scriptClaim, claim)
-		} else {
-			for i := range n {
-				claim(i)
-			}
-		}
-		if t.Failed() {
-			t.FailNow()
-		}
+		claims := claimEach(t, r, pool, req, n, batched)
 		var out []step
 		for i, c := range claims {
 			ahead := i == 0 || c.Worker.PredictedEnd.After(claims[i-1].Worker.PredictedEnd)
 			out = append(out, step{c.Worker.Active, c.Worker.Lifetime, len(c.Worker.Durations), ahead})
 		}
-		release := func(i int) {
+		eachCall(t, r, scriptLease, pool, n, batched, func(i int) {
 			if err := r.Release(ctx, pool, claims[i].LeaseID); err != nil {
 				t.Errorf("%s release %d: %v", pool, i, err)
 			}
-		}
-		if batched {
-			batchOf{pool: pool, n: n, inOrder: true}.calls(t, r, scriptLease, release)
-		} else {
-			for i := range n {
-				release(i)
-			}
-		}
+		})
 		info, err := r.Inspect(ctx, pool)
 		if err != nil || len(info.Workers) != 1 {
 			t.Fatalf("%s: inspect: %v (%d workers)", pool, err, len(info.Workers))
