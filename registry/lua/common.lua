@@ -112,9 +112,11 @@ end
 -- MEMO; any other call has none (Redis' own args table has no such field),
 -- so nothing one FCALL keeps can reach another. The calls of a batch run
 -- back to back in one atomic function, so what one read stays true for the
--- next until one of them writes it: the config hash's HMGET is kept here
--- (cfg, with cfg_lf, the index key it was read for) and dropped by every
--- write to the config hash, which goes through cfg_set / cfg_del.
+-- next until one of them writes it. Two reads are kept: the config hash's
+-- HMGET (cfg, with cfg_lf, the index key it was read for: a batch's calls
+-- share their keys, the check only guards that), dropped by every write to
+-- the config hash, which goes through cfg_set / cfg_del; and the decoded
+-- records (rec, see decoded), which a write cannot make stale.
 local MEMO = nil
 
 -- cfg_set and cfg_del are the only writes to the config hash (a test reads
@@ -256,29 +258,6 @@ local function load_durations(id)
   return parse_durations(raw), raw
 end
 
--- Hot figures (KEYS 21, hot). What claims and releases change lives
--- beside the record, not in it, so that they never re-encode the record
--- (the record's JSON changes only at registration, heartbeat and update):
--- the predicted end and the end of a suspicion (ms), and the fair-share
--- estimate's inputs as running figures, so that no claim or release
--- parses the durations list in the usual case: the window they were
--- counted for, the list's length and the sum of its last <window>
--- entries (all of them for window 0), with a copy of the list they were
--- counted from. The figures hold only while that copy is the stored list;
--- a list Redis lost or an operator edited no longer matches, and the
--- next read counts it again (and validates it: a bad list makes the
--- worker bad, as before). A worker with no hot value (written by a
--- version without it, or Redis lost it) uses the record's predicted_end
--- and suspect_until, which every record write keeps as a copy (older
--- versions read only those).
-
--- load_worker reads a worker's record, counters, durations and hot
--- figures. Returns the worker or nil and 'missing' / a reason the record
--- is bad. w.rec, w.dur_raw and w.hot are the stored record, durations and
--- hot strings, for replies ('' for no hot value). The durations are
--- parsed only when the hot figures do not match the list (w.durations
--- then holds them and w.fs_counted is set: a writing script stores the
--- figures again, store_hot; otherwise durations_of parses on demand).
 -- rec_copy is a new table with a decoded record's fields (those store()
 -- writes).
 local function rec_copy(w)
@@ -312,6 +291,29 @@ local function decoded(rec)
   return w, err
 end
 
+-- Hot figures (KEYS 21, hot). What claims and releases change lives
+-- beside the record, not in it, so that they never re-encode the record
+-- (the record's JSON changes only at registration, heartbeat and update):
+-- the predicted end and the end of a suspicion (ms), and the fair-share
+-- estimate's inputs as running figures, so that no claim or release
+-- parses the durations list in the usual case: the window they were
+-- counted for, the list's length and the sum of its last <window>
+-- entries (all of them for window 0), with a copy of the list they were
+-- counted from. The figures hold only while that copy is the stored list;
+-- a list Redis lost or an operator edited no longer matches, and the
+-- next read counts it again (and validates it: a bad list makes the
+-- worker bad, as before). A worker with no hot value (written by a
+-- version without it, or Redis lost it) uses the record's predicted_end
+-- and suspect_until, which every record write keeps as a copy (older
+-- versions read only those).
+
+-- load_worker reads a worker's record, counters, durations and hot
+-- figures. Returns the worker or nil and 'missing' / a reason the record
+-- is bad. w.rec, w.dur_raw and w.hot are the stored record, durations and
+-- hot strings, for replies ('' for no hot value). The durations are
+-- parsed only when the hot figures do not match the list (w.durations
+-- then holds them and w.fs_counted is set: a writing script stores the
+-- figures again, store_hot; otherwise durations_of parses on demand).
 local function load_worker(id)
   local rec = redis.call('HGET', K_WORKERS, id)
   local w, err = decoded(rec)
