@@ -455,24 +455,20 @@ func tgtScripts(cfg *config, n, batch, rounds, samples int, dur time.Duration) (
 const tgtTurnsN = 3
 
 // tgtTurns runs run(mode, dur/tgtTurnsN) for each of modes in turn,
-// tgtTurnsN times round, and returns each mode's results added up (add),
-// in the order of modes. Run one after the other, a mode measured first
+// tgtTurnsN times round, and returns each mode's results added up (add,
+// starting from T's zero value), in the order of modes. Run one after the other, a mode measured first
 // and one measured second met different phases of this VM, which move a
 // run by a third (docs/perf/registry-profile.md, "Busy pools"); in turns
 // each meets them alike.
 func tgtTurns[T any](modes []string, dur time.Duration, run func(mode string, d time.Duration) (T, error), add func(a, b T) T) ([]T, error) {
 	out := make([]T, len(modes))
-	for turn := range tgtTurnsN {
+	for range tgtTurnsN {
 		for i, mode := range modes {
 			r, err := run(mode, dur/tgtTurnsN)
 			if err != nil {
 				return nil, err
 			}
-			if turn == 0 {
-				out[i] = r
-			} else {
-				out[i] = add(out[i], r)
-			}
+			out[i] = add(out[i], r)
 		}
 	}
 	return out, nil

@@ -258,8 +258,8 @@ local function load_durations(id)
   return parse_durations(raw), raw
 end
 
--- rec_copy is a new table with a decoded record's fields (those store()
--- writes).
+-- rec_copy is a new table with a record's fields: what store() writes,
+-- and what a batch keeps of a decoded record (decoded).
 local function rec_copy(w)
   return {
     id = w.id, browser = w.browser, addr = w.addr, path = w.path, status = w.status, gen = w.gen,
@@ -397,12 +397,7 @@ end
 -- suspect_until go in as copies of the hot figures, for versions that
 -- read only the record.
 local function store(id, w)
-  local raw = cjson.encode({
-    id = w.id, browser = w.browser, addr = w.addr, path = w.path, status = w.status, gen = w.gen,
-    capacity = w.capacity, vnodes = w.vnodes, heartbeat = w.heartbeat, registered = w.registered,
-    expires = w.expires, suspect_until = w.suspect_until, predicted_end = w.predicted_end,
-    sig = w.sig,
-  })
+  local raw = cjson.encode(rec_copy(w))
   redis.call('HSET', K_WORKERS, id, raw)
   w.rec = raw
   return raw
