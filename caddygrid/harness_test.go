@@ -384,3 +384,32 @@ func mustDial(t *testing.T, u string) *session {
 	}
 	return s
 }
+
+// listeners counts the sockets listening on TCP port (any address, IPv4
+// and IPv6) in the machine's network namespace. Caddy binds each config's
+// listeners with SO_REUSEPORT, so while a new config starts, or a failed
+// one is being stopped, a port has two.
+func listeners(t *testing.T, port int) int {
+	t.Helper()
+	n := 0
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(table)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 4 || f[3] != "0A" { // 0A: TCP_LISTEN
+				continue
+			}
+			_, hexPort, ok := strings.Cut(f[1], ":")
+			if p, err := strconv.ParseUint(hexPort, 16, 16); ok && err == nil && int(p) == port {
+				n++
+			}
+		}
+	}
+	return n
+}
