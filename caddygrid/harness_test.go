@@ -385,6 +385,19 @@ func mustDial(t *testing.T, u string) *session {
 	return s
 }
 
+// failedListenersClosed waits until the site's port has one listener
+// again, the running config's. Caddy stops a failed config's servers in
+// goroutines it does not wait for, and Linux resets the connections
+// queued on a listener that closes (SO_REUSEPORT hands each new
+// connection to one of the port's listeners): a session dialled before
+// then can be cut by Caddy, never having reached the grid.
+func (c *caddy) failedListenersClosed() {
+	c.t.Helper()
+	testenv.Eventually(c.t, 10*time.Second, "the failed configs' listeners closed, the running one's left", func() bool {
+		return listeners(c.t, c.httpPort) == 1
+	})
+}
+
 // listeners counts the sockets listening on TCP port (any address, IPv4
 // and IPv6) in the machine's network namespace. Caddy binds each config's
 // listeners with SO_REUSEPORT, so while a new config starts, or a failed

@@ -88,14 +88,7 @@ func TestMaxBatchFailedReload(t *testing.T) {
 	if code, body := c.admin(http.MethodGet, "/grid/pools"); code != http.StatusOK {
 		t.Errorf("GET /grid/pools after the failed reloads: %d %s; want 200 from the running config", code, body)
 	}
-	// Caddy stops a failed config's servers in goroutines it does not
-	// wait for, and Linux resets the connections queued on a listener
-	// that closes (SO_REUSEPORT hands each new connection to one of the
-	// port's listeners). A session dialled before the failed config's
-	// listener is gone can be cut by Caddy, not by the grid.
-	testenv.Eventually(t, 10*time.Second, "the failed configs' listeners closed, the running one's left", func() bool {
-		return listeners(t, c.httpPort) == 1
-	})
+	c.failedListenersClosed()
 
 	// lease_ttl: the running config's 30s, not the failed one's 5m
 	s := mustDial(t, c.url("/playwright/chromium"))
