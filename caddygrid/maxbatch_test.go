@@ -88,8 +88,6 @@ func TestMaxBatchFailedReload(t *testing.T) {
 	if code, body := c.admin(http.MethodGet, "/grid/pools"); code != http.StatusOK {
 		t.Errorf("GET /grid/pools after the failed reloads: %d %s; want 200 from the running config", code, body)
 	}
-	c.failedListenersClosed()
-
 	// lease_ttl: the running config's 30s, not the failed one's 5m
 	s := mustDial(t, c.url("/playwright/chromium"))
 	leases, err := g.rdb.ZRangeWithScores(context.Background(), "{grid:chromium}:lease_expiry", 0, -1).Result()
@@ -165,5 +163,6 @@ func loadWithFailingLoader(t *testing.T, c *caddy, o caddyOpts, addr string) (in
 	}
 	defer resp.Body.Close()
 	got, _ := io.ReadAll(resp.Body)
+	c.replacedListenersClosed()
 	return resp.StatusCode, got
 }

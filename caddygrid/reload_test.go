@@ -168,7 +168,6 @@ func TestFailedReloadKeepsAdminAPI(t *testing.T) {
 	}
 	// The running config still serves sessions, with its own lease_ttl
 	// (30s by default), not the failed config's 5m.
-	c.failedListenersClosed()
 	s := mustDial(t, c.url("/playwright/chromium"))
 	defer s.close()
 	leases, err := g.rdb.ZRangeWithScores(context.Background(), "{grid:chromium}:lease_expiry", 0, -1).Result()
