@@ -192,6 +192,12 @@ type run struct {
 	healBound time.Duration
 	// outages: dial failures overlapping one are on the failed component.
 	outages [][2]time.Time
+	// swaps: the reloads' listener swaps. Caddy binds the new config's
+	// listeners beside the old ones (SO_REUSEPORT) and closes the old
+	// ones after answering the reload; Linux resets the handshakes still
+	// queued on a listener that closes. Stock reverse_proxy loses them
+	// the same way: a handshake cut during a swap is not the grid's.
+	swaps [][2]time.Time
 	// killedFrontend[i]: when frontend i was killed.
 	killedFrontend map[int]time.Time
 	// workerKills excuse that many sessions broken by a killed worker.
@@ -288,6 +294,26 @@ func (r *run) clients(concurrency int, lifetimeAt func(time.Time) int, interval 
 	r.smp = newSampler(r.reg, interval, concurrency, lifetimeAt)
 	r.smp.logf = r.logf
 	r.smp.start()
+}
+
+// reload applies lim to Caddy instance i with `caddy reload`, and notes
+// the listener swap it makes (see run.swaps): from the reload's start to
+// a second after Caddy answered it, while the old servers close.
+func (r *run) reload(i int, lim limits) error {
+	start := time.Now()
+	err := r.e.caddies[i].reload(r.e.bins, lim)
+	r.swaps = append(r.swaps, [2]time.Time{start, time.Now().Add(time.Second)})
+	return err
+}
+
+func countOf(outs []*outcome, f func(*outcome) bool) int {
+	n := 0
+	for _, o := range outs {
+		if f(o) {
+			n++
+		}
+	}
+	return n
 }
 
 // fault records the moment the fault ended (or struck, for an instant
@@ -394,13 +420,23 @@ func (r *run) phantomLifetime() int {
 func (r *run) classify(outs []*outcome) {
 	kills := make([]int, len(r.workerKills))
 	for _, o := range outs {
-		o.excused = false
+		o.excused, o.swapCut = false, false
 		if o.err == nil {
 			continue
 		}
 		if at, ok := r.killedFrontend[o.frontend]; ok && !o.end.Before(at) && o.start.Before(at.Add(time.Second)) {
 			o.excused = true
 			continue
+		}
+		if o.cut {
+			for _, w := range r.swaps {
+				if !o.start.After(w[1]) && !o.end.Before(w[0]) {
+					o.excused, o.swapCut = true, true
+				}
+			}
+			if o.swapCut {
+				continue
+			}
 		}
 		if !o.broke {
 			for _, w := range r.outages {
@@ -453,6 +489,9 @@ func (r *run) result() Result {
 		res.Heal, res.Healed = healTime(outs, during, r.faultAt)
 	}
 	res.Notes = append(res.Notes, r.notes...)
+	if n := countOf(outs, func(o *outcome) bool { return o.swapCut }); n > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("%d handshakes cut by a reload's listener swap (Caddy and Linux, not the grid)", n))
+	}
 	if r.phantomLife > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d lifetime counts with no session", r.phantomLife))
 	}

@@ -62,12 +62,16 @@ func TestHealTime(t *testing.T) {
 func TestClassify(t *testing.T) {
 	r := &run{
 		outages:        [][2]time.Time{{at(1000), at(2000)}},
+		swaps:          [][2]time.Time{{at(10000), at(11000)}},
 		killedFrontend: map[int]time.Time{1: at(5000)},
 		workerKills:    []workerKill{{at: at(8000), live: 2}},
 		slowRefusal:    3 * time.Second,
 	}
 	broke := func(fe, opened, end int) *outcome {
 		return &outcome{frontend: fe, start: at(opened - 10), opened: at(opened), end: at(end), err: errors.New("broke"), broke: true}
+	}
+	cut := func(start, end int) *outcome {
+		return &outcome{start: at(start), end: at(end), err: errors.New("EOF"), cut: true}
 	}
 	refused := func(fe, start, end int) *outcome {
 		return &outcome{frontend: fe, start: at(start), end: at(end), err: errors.New("503"), status: 503}
@@ -87,6 +91,11 @@ func TestClassify(t *testing.T) {
 		{"broke on the other frontend at the kill", broke(0, 4000, 5000), false},
 		{"broke when the worker was killed", broke(0, 7000, 8100), true},
 		{"opened after the worker was killed", broke(0, 8050, 8100), false},
+		{"a handshake cut during a reload's listener swap", cut(10500, 10510), true},
+		{"a handshake cut overlapping the swap's end", cut(10990, 11010), true},
+		{"a handshake cut after the swap", cut(11100, 11110), false},
+		{"refused during the swap", refused(0, 10500, 10510), false},
+		{"a session that broke during the swap", broke(0, 9000, 10500), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -103,7 +103,7 @@ var scenarios = []Scenario{
 				return err
 			}
 			lim.MaxLifetime = 5
-			if err := r.e.caddies[0].reload(r.e.bins, lim); err != nil {
+			if err := r.reload(0, lim); err != nil {
 				return err
 			}
 			// A claim the old config granted just before the reload
@@ -334,7 +334,7 @@ var scenarios = []Scenario{
 			r.tr.churn(6, churnHold)
 			r.warm()
 			lim.SelectTimeout = selectTimeout + time.Second // a real change
-			if err := r.e.caddies[0].reload(r.e.bins, lim); err != nil {
+			if err := r.reload(0, lim); err != nil {
 				return err
 			}
 			r.fault(time.Now())

@@ -2,9 +2,12 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
@@ -25,6 +28,13 @@ type outcome struct {
 	status int
 	// broke: the session opened, then failed before the client closed it.
 	broke bool
+	// cut: the handshake's connection was reset or closed before any
+	// HTTP answer (not refused, not timed out), as Linux does to the
+	// connections queued on a listener that closes.
+	cut bool
+	// swapCut: excused as cut by a reload's listener swap (see
+	// run.swaps).
+	swapCut bool
 	// excused: the failure is on the component the scenario killed or
 	// stalled (see scenario.excuse).
 	excused bool
@@ -137,6 +147,9 @@ func (tr *traffic) dial(ctx context.Context, fe int, o *outcome) (*websocket.Con
 	c, resp, err := websocket.Dial(ctx, tr.frontends[fe], nil)
 	if err != nil && resp != nil && resp.StatusCode != 101 {
 		o.status = resp.StatusCode
+	}
+	if err != nil && resp == nil && ctx.Err() == nil && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+		o.cut = true
 	}
 	return c, err
 }
