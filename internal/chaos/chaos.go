@@ -195,7 +195,7 @@ type run struct {
 	// swaps: the reloads' listener swaps, each from the reload's start
 	// until its port had one listener again. Caddy binds the new config's
 	// listeners beside the old ones (SO_REUSEPORT) and closes the old
-	// ones after answering the reload. A handshake sent to the old
+	// ones as it answers the reload. A handshake sent to the old
 	// listener by then can be cut before any answer: Linux resets those
 	// still queued on it when it closes, and net/http closes unanswered a
 	// connection whose request it reads once the old server's shutdown
@@ -517,6 +517,9 @@ func (r *run) result() Result {
 		case err != nil:
 			res.Failures = append(res.Failures, err.Error())
 		case n > 0:
+			if len(first) > 300 {
+				first = first[:300] + "…"
+			}
 			res.Failures = append(res.Failures, fmt.Sprintf("Caddy logged %d handler panics, first: %s", n, first))
 		}
 	}
