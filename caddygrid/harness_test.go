@@ -391,9 +391,11 @@ func mustDial(t *testing.T, u string) *session {
 // listeners beside the old ones (Caddy sets SO_REUSEPORT, and the kernel
 // hands each new connection to one of a port's listeners), then stops
 // the replaced config's servers, or the failed config's, in goroutines
-// it does not wait for; Linux resets the connections queued on a
-// listener that closes. A session dialled before then can be cut by
-// Caddy, never having reached the grid.
+// whose end it does not wait for. Go's HTTP server closes unanswered a
+// connection whose request it reads once its shutdown has begun, and
+// Linux resets the connections still queued on a listener that closes:
+// a session dialled before then can be cut by Caddy, never having
+// reached the grid. A listener still open after 10 s is a leak.
 func (c *caddy) replacedListenersClosed() {
 	c.t.Helper()
 	testenv.Eventually(c.t, 10*time.Second, "the replaced configs' listeners closed, the running one's left", func() bool {

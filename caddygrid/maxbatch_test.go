@@ -54,7 +54,8 @@ func TestMaxBatchReaches(t *testing.T) {
 // in force, and the admin API answering from it. Two ways to fail late:
 // a site on a taken port (Caddy stops the apps it started) and a config
 // loader that cannot load (admin.config.load: Caddy fails the reload
-// after every app started and only cleans them up, without Stop).
+// after every app started and only cleans them up; the http app's
+// Cleanup stops its servers).
 func TestMaxBatchFailedReload(t *testing.T) {
 	g := newGrid(t)
 	g.worker("chromium", "w1", fake.Behavior{})

@@ -192,11 +192,15 @@ type run struct {
 	healBound time.Duration
 	// outages: dial failures overlapping one are on the failed component.
 	outages [][2]time.Time
-	// swaps: the reloads' listener swaps. Caddy binds the new config's
+	// swaps: the reloads' listener swaps, each from the reload's start
+	// until its port had one listener again. Caddy binds the new config's
 	// listeners beside the old ones (SO_REUSEPORT) and closes the old
-	// ones after answering the reload; Linux resets the handshakes still
-	// queued on a listener that closes. Stock reverse_proxy loses them
-	// the same way: a handshake cut during a swap is not the grid's.
+	// ones as it answers the reload. A handshake sent to the old
+	// listener by then can be cut before any answer: Linux resets those
+	// still queued on it when it closes, and net/http closes unanswered a
+	// connection whose request it reads once the old server's shutdown
+	// has begun. Stock reverse_proxy loses them the same way; a handler
+	// panic, which also closes unanswered, fails the run (result).
 	swaps [][2]time.Time
 	// killedFrontend[i]: when frontend i was killed.
 	killedFrontend map[int]time.Time
@@ -297,13 +301,22 @@ func (r *run) clients(concurrency int, lifetimeAt func(time.Time) int, interval 
 }
 
 // reload applies lim to Caddy instance i with `caddy reload`, and notes
-// the listener swap it makes (see run.swaps): from the reload's start to
-// a second after Caddy answered it, while the old servers close.
+// the listener swap it makes (see run.swaps): a handshake it cuts began
+// before the old listener closed, so the swap ends when the port is seen
+// with one listener again.
 func (r *run) reload(i int, lim limits) error {
+	c := r.e.caddies[i]
 	start := time.Now()
-	err := r.e.caddies[i].reload(r.e.bins, lim)
-	r.swaps = append(r.swaps, [2]time.Time{start, time.Now().Add(time.Second)})
-	return err
+	if err := c.reload(r.e.bins, lim); err != nil {
+		return err
+	}
+	end, err := oneListener(c.port, 10*time.Second)
+	r.swaps = append(r.swaps, [2]time.Time{start, end})
+	r.logf("reloaded %s: its old listener closed %s after the reload began", c.name, end.Sub(start).Round(time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("after reloading %s: %w", c.name, err)
+	}
+	return nil
 }
 
 func countOf(outs []*outcome, f func(*outcome) bool) int {
@@ -490,7 +503,25 @@ func (r *run) result() Result {
 	}
 	res.Notes = append(res.Notes, r.notes...)
 	if n := countOf(outs, func(o *outcome) bool { return o.swapCut }); n > 0 {
-		res.Notes = append(res.Notes, fmt.Sprintf("%d handshakes cut by a reload's listener swap (Caddy and Linux, not the grid)", n))
+		reset := countOf(outs, func(o *outcome) bool { return o.swapCut && o.cutReset })
+		res.Notes = append(res.Notes, fmt.Sprintf("%d handshakes cut by a reload's listener swap: %d reset while queued on the old listener, %d closed unanswered by the old server shutting down (Caddy, Go and Linux, not the grid)", n, reset, n-reset))
+	}
+	if r.e != nil {
+		var logs []string
+		for _, c := range r.e.caddies {
+			logs = append(logs, c.p.log)
+		}
+		// A handler panic closes the client's connection unanswered, as
+		// a reload's cut does: it must not pass for one.
+		switch n, first, err := panicsIn(logs); {
+		case err != nil:
+			res.Failures = append(res.Failures, err.Error())
+		case n > 0:
+			if len(first) > 300 {
+				first = first[:300] + "…"
+			}
+			res.Failures = append(res.Failures, fmt.Sprintf("Caddy logged %d handler panics, first: %s", n, first))
+		}
 	}
 	if r.phantomLife > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d lifetime counts with no session", r.phantomLife))

@@ -94,6 +94,8 @@ func TestClassify(t *testing.T) {
 		{"a handshake cut during a reload's listener swap", cut(10500, 10510), true},
 		{"a handshake cut overlapping the swap's end", cut(10990, 11010), true},
 		{"a handshake cut after the swap", cut(11100, 11110), false},
+		{"a handshake cut before the swap", cut(9900, 9990), false},
+		{"a handshake begun before the swap, cut in it", cut(9990, 10010), true},
 		{"refused during the swap", refused(0, 10500, 10510), false},
 		{"a session that broke during the swap", broke(0, 9000, 10500), false},
 	}

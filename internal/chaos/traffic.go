@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -28,10 +29,11 @@ type outcome struct {
 	status int
 	// broke: the session opened, then failed before the client closed it.
 	broke bool
-	// cut: the handshake's connection was reset or closed before any
-	// HTTP answer (not refused, not timed out), as Linux does to the
-	// connections queued on a listener that closes.
-	cut bool
+	// cut: Caddy ended the handshake's connection, with a reset or a
+	// FIN, before sending a byte (not refused, not timed out), as a
+	// reload does to a few (see endedBeforeAnyByte); cutReset: with a
+	// reset.
+	cut, cutReset bool
 	// swapCut: excused as cut by a reload's listener swap (see
 	// run.swaps).
 	swapCut bool
@@ -144,14 +146,78 @@ func (tr *traffic) dial(ctx context.Context, fe int, o *outcome) (*websocket.Con
 	// The timeout bounds the handshake only: the connection outlives it.
 	ctx, cancel := context.WithTimeout(ctx, tr.handshake)
 	defer cancel()
-	c, resp, err := websocket.Dial(ctx, tr.frontends[fe], nil)
+	// A transport of its own, to see the connection: a refused
+	// handshake's connection, kept alive in its pool, is closed when dial
+	// returns (a client's next handshake opens a new one).
+	var hc handshakeConn
+	tp := http.DefaultTransport.(*http.Transport).Clone()
+	tp.DialContext = hc.dial
+	defer tp.CloseIdleConnections()
+	c, resp, err := websocket.Dial(ctx, tr.frontends[fe], &websocket.DialOptions{HTTPClient: &http.Client{Transport: tp}})
 	if err != nil && resp != nil && resp.StatusCode != 101 {
 		o.status = resp.StatusCode
 	}
-	if err != nil && resp == nil && ctx.Err() == nil && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
-		o.cut = true
+	if err != nil && resp == nil && ctx.Err() == nil {
+		o.cut, o.cutReset = hc.endedBeforeAnyByte()
 	}
 	return c, err
+}
+
+// handshakeConn keeps the handshake's TCP connection, to ask the kernel
+// how it ended once the handshake failed: before the transport closes
+// it (which can come before or after Dial returns), or after.
+type handshakeConn struct {
+	mu     sync.Mutex
+	tc     *net.TCPConn
+	looked bool
+	ended  bool
+	reset  bool
+}
+
+func (h *handshakeConn) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if errors.Is(err, syscall.ECONNRESET) {
+		// The kernel completed the connection, queued it, then reset it
+		// before connect returned: as endedBeforeAnyByte's reset.
+		h.mu.Lock()
+		h.looked, h.ended, h.reset = true, true, true
+		h.mu.Unlock()
+	}
+	if err != nil {
+		return nil, err
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c, nil
+	}
+	h.mu.Lock()
+	h.tc, h.looked = tc, false
+	h.mu.Unlock()
+	return lookingConn{tc, h}, nil
+}
+
+// endedBeforeAnyByte: see the function of that name; read once, the
+// first time it is asked (by the connection's Close or by dial).
+func (h *handshakeConn) endedBeforeAnyByte() (ended, reset bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.looked && h.tc != nil {
+		h.looked = true
+		h.ended, h.reset = endedBeforeAnyByte(h.tc)
+	}
+	return h.ended, h.reset
+}
+
+// lookingConn reads how the connection ended before closing it.
+type lookingConn struct {
+	*net.TCPConn
+	h *handshakeConn
+}
+
+func (c lookingConn) Close() error {
+	c.h.endedBeforeAnyByte()
+	return c.TCPConn.Close()
 }
 
 func (tr *traffic) closeOK(o *outcome, c *websocket.Conn) *outcome {
