@@ -138,8 +138,10 @@ type App struct {
 	// never logged. Default: none (records are not signed).
 	WorkerSecret string `json:"worker_secret,omitempty"`
 
-	// backend is nil once Cleanup ran; read it with liveBackend.
+	// backend is nil once Cleanup ran; read it with liveBackend. key
+	// names it (Redis URL and prefix), set at Provision.
 	backend *backend
+	key     backendKey
 	logger  *zap.Logger
 	// provisioned is when this config was provisioned; limits holds when
 	// each set of limits its policies claim with was first configured, and
@@ -208,7 +210,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if strings.TrimSpace(url) == "" {
 		return fmt.Errorf("grid: redis URL %q is empty after expanding placeholders", a.Redis)
 	}
-	b, err := loadBackend(backendKey{url: url, prefix: a.Prefix}, a.logger)
+	a.key = backendKey{url: url, prefix: a.Prefix}
+	b, err := loadBackend(a.key, a.logger)
 	if err != nil {
 		return fmt.Errorf("grid: %w", err)
 	}
@@ -306,6 +309,22 @@ func (a *App) liveBackend() *backend {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.backend
+}
+
+// requestBackend is the backend a request of this app's config claims
+// through: its own, or, once Cleanup ran, the running config's when that
+// names the same Redis and prefix. Caddy does not wait for a replaced
+// config's requests, so one still on its way to the grid handler (behind
+// an auth check, say) when a reload ends is served, not refused. nil
+// when neither is there (the running config names another Redis).
+func (a *App) requestBackend() *backend {
+	if b := a.liveBackend(); b != nil {
+		return b
+	}
+	if cur := running.current(); cur != nil && cur != a && cur.key == a.key {
+		return cur.liveBackend()
+	}
+	return nil
 }
 
 // Registry is the registry over the app's Redis (for the admin API and

@@ -448,10 +448,11 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	// A retry uses the backend the session holds a reference on: the
 	// config that made this policy may have been replaced and cleaned up
 	// meanwhile (Caddy does not wait for its requests), which leaves its
-	// app without one.
+	// app without one; a first try then takes the running config's
+	// (requestBackend).
 	b := s.heldBackend()
 	if b == nil {
-		b = c.app.liveBackend()
+		b = c.app.requestBackend()
 	}
 	if b == nil {
 		s.setOutcome(outcomeStopped, time.Second)

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -227,4 +229,88 @@ func TestRetryAfterConfigCleanup(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "every claim settled", func() bool {
 		return g.info("chromium", "w1").Active == 0 && g.info("chromium", "w2").Active == 0
 	})
+}
+
+// TestRequestReachingACleanedUpConfig: a request still on its way to the
+// grid handler when a reload replaces and cleans up its config (Caddy does
+// not wait for its requests; here an auth check holds it) is served
+// through the running config's backend when that names the same Redis and
+// prefix, not refused; when the running config names another prefix, it
+// is refused with a 503 and claims nothing from either.
+func TestRequestReachingACleanedUpConfig(t *testing.T) {
+	t.Run("same Redis", func(t *testing.T) {
+		g, w, res := requestAcrossCleanup(t, "")
+		if res.err != nil {
+			t.Fatalf("the request whose config was cleaned up on its way: %v", res.err)
+		}
+		res.s.close()
+		if w.Stats().Sessions != 1 {
+			t.Errorf("the worker served %d sessions, want 1", w.Stats().Sessions)
+		}
+		testenv.Eventually(t, 10*time.Second, "the claim released", func() bool {
+			return g.info("chromium", "w1").Active == 0
+		})
+	})
+	t.Run("another prefix", func(t *testing.T) {
+		g, w, res := requestAcrossCleanup(t, "prefix other")
+		if res.err == nil {
+			res.s.close()
+			t.Fatal("the request was served; want a 503: its config's Redis is no longer in use")
+		}
+		if !strings.Contains(res.err.Error(), "503") || !strings.Contains(res.err.Error(), "configuration was replaced") {
+			t.Fatalf("the request: %v; want a 503 saying the configuration was replaced", res.err)
+		}
+		if n := w.Stats().Sessions; n != 0 || g.info("chromium", "w1").Lifetime != 0 {
+			t.Errorf("worker sessions %d, lifetime %d; want nothing claimed", n, g.info("chromium", "w1").Lifetime)
+		}
+	})
+}
+
+type dialResult struct {
+	s   *session
+	err error
+}
+
+// requestAcrossCleanup holds a session's request at an auth check in
+// front of browser_grid, reloads Caddy to a config with newGlobal in its
+// grid option (and a longer select_timeout, so the old config is cleaned
+// up), then lets the request go on, and returns what the client got.
+func requestAcrossCleanup(t *testing.T, newGlobal string) (*grid, *fake.Server, dialResult) {
+	g := newGrid(t)
+	w := g.worker("chromium", "w1", fake.Behavior{})
+	asked, answer := make(chan struct{}, 1), make(chan struct{})
+	auth := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		asked <- struct{}{}
+		<-answer
+		rw.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(auth.Close)
+	var once sync.Once
+	release := func() { once.Do(func() { close(answer) }) }
+	t.Cleanup(release)
+	config := func(global, selectTimeout string) caddyOpts {
+		return caddyOpts{redisURL: g.redis.URL(), global: global, site: fmt.Sprintf(`
+	route /playwright/* {
+		forward_auth %s {
+			uri /check
+		}
+		browser_grid chromium {
+			select_timeout %s
+		}
+	}`, auth.Listener.Addr(), selectTimeout)}
+	}
+	c := startCaddy(t, config("", "5s"))
+	done := make(chan dialResult, 1)
+	go func() {
+		s, err := dial(context.Background(), c.url("/playwright/chromium"))
+		done <- dialResult{s, err}
+	}()
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request never reached the auth check")
+	}
+	c.reload(config(newGlobal, "6s"))
+	release()
+	return g, w, <-done
 }
