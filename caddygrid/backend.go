@@ -466,7 +466,7 @@ func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 	}
 	if ce := b.logger.Check(zapcore.DebugLevel, "claim ended"); ce != nil {
 		ce.Write(zap.String("outcome", outcome), zap.String("pool", c.Pool),
-			zap.String("worker_id", c.Worker.ID))
+			zap.String("worker_id", c.Worker.ID), zap.String("lease_id", c.LeaseID))
 	}
 }
 
