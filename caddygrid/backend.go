@@ -511,8 +511,16 @@ func (b *backend) keepLeases() {
 	}
 }
 
+// renewAll renews every live lease of this process to ttl from now.
 func (b *backend) renewAll(ctx context.Context, ttl time.Duration) {
+	b.renewBatch(ctx, ttl, b.renewals())
+}
+
+// renewals takes the snapshot of the leases to renew, by pool: those of
+// the live sessions, but the ones found ended.
+func (b *backend) renewals() map[string][]registry.LeaseRenewal {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	batch := make(map[string][]registry.LeaseRenewal, len(b.leases))
 	for pool, ls := range b.leases {
 		for _, l := range ls {
@@ -521,7 +529,11 @@ func (b *backend) renewAll(ctx context.Context, ttl time.Duration) {
 			}
 		}
 	}
-	b.mu.Unlock()
+	return batch
+}
+
+// renewBatch renews a snapshot taken by renewals, one call per pool.
+func (b *backend) renewBatch(ctx context.Context, ttl time.Duration, batch map[string][]registry.LeaseRenewal) {
 	// Owed stays set if any pool's renewal fails; cleared first so that a
 	// failure meanwhile (another caller's) is not lost.
 	b.renewOwed.Store(false)
