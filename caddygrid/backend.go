@@ -436,12 +436,10 @@ func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 		}
 		return b.reg.Undo(ctx, c.Pool, c.LeaseID, d)
 	}
+	b.forget(c)
 	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
 	err := end(ctx)
 	cancel()
-	b.mu.Lock()
-	delete(b.leases[c.Pool], c.LeaseID)
-	b.mu.Unlock()
 	metrics.activeSessions.WithLabelValues(c.Pool).Dec()
 	metrics.releases.WithLabelValues(c.Pool, outcome).Inc()
 	if err != nil {
@@ -468,6 +466,18 @@ func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 		ce.Write(zap.String("outcome", outcome), zap.String("pool", c.Pool),
 			zap.String("worker_id", c.Worker.ID), zap.String("lease_id", c.LeaseID))
 	}
+}
+
+// forget takes a claim whose session is over out of the leases this
+// process renews. It runs before the lease is ended in Redis: a renewal
+// whose snapshot still held the lease, and which reaches Redis after the
+// release, then finds the lease gone here when its answer comes back, and
+// does not report the release's own tombstone as a live session's lease
+// ended elsewhere (renewBatch).
+func (b *backend) forget(c *registry.Claim) {
+	b.mu.Lock()
+	delete(b.leases[c.Pool], c.LeaseID)
+	b.mu.Unlock()
 }
 
 // liveLeases counts the leases this process holds, by pool.
@@ -559,16 +569,24 @@ func (b *backend) renewBatch(ctx context.Context, ttl time.Duration, batch map[s
 		if len(res.Ended) == 0 {
 			continue
 		}
+		// Only the leases whose sessions still run here were ended
+		// elsewhere: a session that finished since the snapshot (forget)
+		// met its own release's tombstone, its slot rightly free.
+		var lost []string
 		b.mu.Lock()
 		for _, id := range res.Ended {
 			if l := b.leases[pool][id]; l != nil {
 				l.ended = true
+				lost = append(lost, id)
 			}
 		}
 		b.mu.Unlock()
-		metrics.leasesLost.WithLabelValues(pool).Add(float64(len(res.Ended)))
+		if len(lost) == 0 {
+			continue
+		}
+		metrics.leasesLost.WithLabelValues(pool).Add(float64(len(lost)))
 		b.logger.Warn("leases of live sessions were ended elsewhere (released or cancelled); no longer renewed",
-			zap.String("pool", pool), zap.Strings("lease_ids", res.Ended))
+			zap.String("pool", pool), zap.Strings("lease_ids", lost))
 	}
 }
 
