@@ -436,12 +436,10 @@ func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 		}
 		return b.reg.Undo(ctx, c.Pool, c.LeaseID, d)
 	}
+	b.forget(c)
 	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
 	err := end(ctx)
 	cancel()
-	b.mu.Lock()
-	delete(b.leases[c.Pool], c.LeaseID)
-	b.mu.Unlock()
 	metrics.activeSessions.WithLabelValues(c.Pool).Dec()
 	metrics.releases.WithLabelValues(c.Pool, outcome).Inc()
 	if err != nil {
@@ -466,8 +464,20 @@ func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 	}
 	if ce := b.logger.Check(zapcore.DebugLevel, "claim ended"); ce != nil {
 		ce.Write(zap.String("outcome", outcome), zap.String("pool", c.Pool),
-			zap.String("worker_id", c.Worker.ID))
+			zap.String("worker_id", c.Worker.ID), zap.String("lease_id", c.LeaseID))
 	}
+}
+
+// forget takes a claim whose session is over out of the leases this
+// process renews. It runs before the lease is ended in Redis: a renewal
+// whose snapshot still held the lease, and which reaches Redis after the
+// release, then finds the lease gone here when its answer comes back, and
+// does not report the release's own tombstone as a live session's lease
+// ended elsewhere (renewBatch).
+func (b *backend) forget(c *registry.Claim) {
+	b.mu.Lock()
+	delete(b.leases[c.Pool], c.LeaseID)
+	b.mu.Unlock()
 }
 
 // liveLeases counts the leases this process holds, by pool.
@@ -511,8 +521,16 @@ func (b *backend) keepLeases() {
 	}
 }
 
+// renewAll renews every live lease of this process to ttl from now.
 func (b *backend) renewAll(ctx context.Context, ttl time.Duration) {
+	b.renewBatch(ctx, ttl, b.renewals())
+}
+
+// renewals takes the snapshot of the leases to renew, by pool: those of
+// the live sessions, but the ones found ended.
+func (b *backend) renewals() map[string][]registry.LeaseRenewal {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	batch := make(map[string][]registry.LeaseRenewal, len(b.leases))
 	for pool, ls := range b.leases {
 		for _, l := range ls {
@@ -521,7 +539,11 @@ func (b *backend) renewAll(ctx context.Context, ttl time.Duration) {
 			}
 		}
 	}
-	b.mu.Unlock()
+	return batch
+}
+
+// renewBatch renews a snapshot taken by renewals, one call per pool.
+func (b *backend) renewBatch(ctx context.Context, ttl time.Duration, batch map[string][]registry.LeaseRenewal) {
 	// Owed stays set if any pool's renewal fails; cleared first so that a
 	// failure meanwhile (another caller's) is not lost.
 	b.renewOwed.Store(false)
@@ -547,16 +569,24 @@ func (b *backend) renewAll(ctx context.Context, ttl time.Duration) {
 		if len(res.Ended) == 0 {
 			continue
 		}
+		// Only the leases whose sessions still run here were ended
+		// elsewhere: a session that finished since the snapshot (forget)
+		// met its own release's tombstone, its slot rightly free.
+		var lost []string
 		b.mu.Lock()
 		for _, id := range res.Ended {
 			if l := b.leases[pool][id]; l != nil {
 				l.ended = true
+				lost = append(lost, id)
 			}
 		}
 		b.mu.Unlock()
-		metrics.leasesLost.WithLabelValues(pool).Add(float64(len(res.Ended)))
+		if len(lost) == 0 {
+			continue
+		}
+		metrics.leasesLost.WithLabelValues(pool).Add(float64(len(lost)))
 		b.logger.Warn("leases of live sessions were ended elsewhere (released or cancelled); no longer renewed",
-			zap.String("pool", pool), zap.Strings("lease_ids", res.Ended))
+			zap.String("pool", pool), zap.Strings("lease_ids", lost))
 	}
 }
 

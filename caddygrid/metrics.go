@@ -107,7 +107,7 @@ var metrics = struct {
 	}, []string{"op"}),
 	leasesLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "leases_lost_total",
-		Help: "Leases of live sessions that a renewal found ended by someone else (released or cancelled); they are no longer renewed.",
+		Help: "Leases of live sessions that a renewal found ended by someone else (released or cancelled); they are no longer renewed. A session that finished while the renewal was on its way is not counted.",
 	}, []string{"pool"}),
 	leasesReasserted: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "leases_reasserted_total",
