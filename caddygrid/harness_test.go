@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
+	"github.com/browsergrid/caddy-browser-grid/internal/sockets"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
@@ -399,35 +400,10 @@ func mustDial(t *testing.T, u string) *session {
 func (c *caddy) replacedListenersClosed() {
 	c.t.Helper()
 	testenv.Eventually(c.t, 10*time.Second, "the replaced configs' listeners closed, the running one's left", func() bool {
-		return listeners(c.t, c.httpPort) <= 1
-	})
-}
-
-// listeners counts the sockets listening on TCP port (any address, IPv4
-// and IPv6) in the machine's network namespace. Caddy binds each config's
-// listeners with SO_REUSEPORT, so while a new config starts, or a failed
-// one is being stopped, a port has two.
-func listeners(t *testing.T, port int) int {
-	t.Helper()
-	n := 0
-	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		data, err := os.ReadFile(table)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
+		n, err := sockets.Listening(c.httpPort)
 		if err != nil {
-			t.Fatal(err)
+			c.t.Fatal(err)
 		}
-		for _, line := range strings.Split(string(data), "\n")[1:] {
-			f := strings.Fields(line)
-			if len(f) < 4 || f[3] != "0A" { // 0A: TCP_LISTEN
-				continue
-			}
-			_, hexPort, ok := strings.Cut(f[1], ":")
-			if p, err := strconv.ParseUint(hexPort, 16, 16); ok && err == nil && int(p) == port {
-				n++
-			}
-		}
-	}
-	return n
+		return n <= 1
+	})
 }

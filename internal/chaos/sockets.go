@@ -2,40 +2,13 @@ package chaos
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
-)
 
-// listeners counts the sockets listening on TCP port (any address, IPv4
-// and IPv6), from /proc/net/tcp and tcp6 of the harness's network
-// namespace, which its Caddy instances share.
-func listeners(port int) (int, error) {
-	n := 0
-	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		data, err := os.ReadFile(table)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return 0, fmt.Errorf("reading the listening sockets: %w", err)
-		}
-		for _, line := range strings.Split(string(data), "\n")[1:] {
-			f := strings.Fields(line)
-			if len(f) < 4 || f[3] != "0A" { // 0A: TCP_LISTEN
-				continue
-			}
-			_, hexPort, ok := strings.Cut(f[1], ":")
-			if p, err := strconv.ParseUint(hexPort, 16, 16); ok && err == nil && int(p) == port {
-				n++
-			}
-		}
-	}
-	return n, nil
-}
+	"github.com/browsergrid/caddy-browser-grid/internal/sockets"
+)
 
 // oneListener waits until port has at most one listener, the running
 // config's, and returns when it saw that: a reload's replaced listener
@@ -44,7 +17,7 @@ func listeners(port int) (int, error) {
 func oneListener(port int, timeout time.Duration) (time.Time, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		n, err := listeners(port)
+		n, err := sockets.Listening(port)
 		if err != nil {
 			return time.Now(), err
 		}
