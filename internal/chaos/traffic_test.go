@@ -123,14 +123,7 @@ func TestDialMarksHandshakeCutByShutdown(t *testing.T) {
 	go srv.Serve(ln)
 	tr := newTraffic([]string{"ws://" + ln.Addr().String() + "/playwright/chromium"}, 10*time.Second)
 	o := &outcome{}
-	done := make(chan error, 1)
-	go func() {
-		c, err := tr.dial(context.Background(), 0, o)
-		if err == nil {
-			c.CloseNow()
-		}
-		done <- err
-	}()
+	done := dialInBackground(tr, o)
 	<-accepted
 	go srv.Shutdown(context.Background())
 	if err := <-done; err == nil {
@@ -152,14 +145,7 @@ func TestDialMarksQueuedHandshakeCut(t *testing.T) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	tr := newTraffic([]string{"ws://" + ln.Addr().String() + "/playwright/chromium"}, 10*time.Second)
 	o := &outcome{}
-	done := make(chan error, 1)
-	go func() {
-		c, err := tr.dial(context.Background(), 0, o)
-		if err == nil {
-			c.CloseNow()
-		}
-		done <- err
-	}()
+	done := dialInBackground(tr, o)
 	testenv.Eventually(t, 5*time.Second, "the handshake's request queued on the listener", func() bool {
 		return queuedRequests(t, port) == 1
 	})
@@ -245,4 +231,18 @@ func TestDialLeavesNoConnection(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, "the refused handshakes' connections closed", func() bool {
 		return open.Load() == 0
 	})
+}
+
+// dialInBackground runs tr.dial for o on its own goroutine and sends its
+// error when it returns (a connection it opened is closed at once).
+func dialInBackground(tr *traffic, o *outcome) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		c, err := tr.dial(context.Background(), 0, o)
+		if err == nil {
+			c.CloseNow()
+		}
+		done <- err
+	}()
+	return done
 }
