@@ -315,13 +315,18 @@ func (a *App) liveBackend() *backend {
 // through: its own, or, once Cleanup ran, the running config's when that
 // names the same Redis and prefix. Caddy does not wait for a replaced
 // config's requests, so one still on its way to the grid handler (behind
-// an auth check, say) when a reload ends is served, not refused. nil
-// when neither is there (the running config names another Redis).
+// an auth check, say) when a reload ends is served, not refused. Only a
+// config the running one replaced (provisioned before it) falls back: a
+// config whose reload failed is newer than the running one, and its
+// request would bring its limits with its newer configuration time, which
+// would win in Redis over the config Caddy went back to. nil when neither
+// is there (the running config names another Redis, or is older).
 func (a *App) requestBackend() *backend {
 	if b := a.liveBackend(); b != nil {
 		return b
 	}
-	if cur := running.current(); cur != nil && cur != a && cur.key == a.key {
+	if cur := running.current(); cur != nil && cur != a && cur.key == a.key &&
+		cur.provisioned.After(a.provisioned) {
 		return cur.liveBackend()
 	}
 	return nil
