@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -406,4 +408,27 @@ func (c *caddy) replacedListenersClosed() {
 		}
 		return n <= 1
 	})
+}
+
+// heldServer is an HTTP server that holds every request until release is
+// called, then answers status: an auth check or a config loader that a
+// test keeps waiting. asked gets a value when a request first arrives
+// (later arrivals while it is full are not announced). release is safe
+// to call twice; the test's cleanup calls it too.
+func heldServer(t *testing.T, status int) (addr string, asked <-chan struct{}, release func()) {
+	t.Helper()
+	ask, answer := make(chan struct{}, 1), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		select {
+		case ask <- struct{}{}:
+		default:
+		}
+		<-answer
+		rw.WriteHeader(status)
+	}))
+	var once sync.Once
+	release = func() { once.Do(func() { close(answer) }) }
+	t.Cleanup(srv.Close)
+	t.Cleanup(release) // runs first: the server's Close waits for its held requests
+	return srv.Listener.Addr().String(), ask, release
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,34 +22,10 @@ import (
 func TestFailedConfigRequestKeepsRunningLimits(t *testing.T) {
 	g := newGrid(t)
 	g.worker("chromium", "w1", fake.Behavior{})
-	asked, answer := make(chan struct{}, 1), make(chan struct{})
-	auth := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		select {
-		case asked <- struct{}{}:
-		default:
-		}
-		<-answer
-		rw.WriteHeader(http.StatusOK)
-	}))
-	t.Cleanup(auth.Close)
-	var authOnce sync.Once
-	releaseAuth := func() { authOnce.Do(func() { close(answer) }) }
-	t.Cleanup(releaseAuth)
+	authAddr, asked, releaseAuth := heldServer(t, http.StatusOK)
 	// The config loader of the failed config answers 400, once a request
 	// of that config reached its auth check.
-	loaderAsked, loaderAnswer := make(chan struct{}, 1), make(chan struct{})
-	loader := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		select {
-		case loaderAsked <- struct{}{}:
-		default:
-		}
-		<-loaderAnswer
-		rw.WriteHeader(http.StatusBadRequest)
-	}))
-	t.Cleanup(loader.Close)
-	var loaderOnce sync.Once
-	releaseLoader := func() { loaderOnce.Do(func() { close(loaderAnswer) }) }
-	t.Cleanup(releaseLoader)
+	loaderAddr, loaderAsked, releaseLoader := heldServer(t, http.StatusBadRequest)
 
 	running := caddyOpts{redisURL: g.redis.URL(), site: `
 	route /playwright/* {
@@ -71,10 +45,10 @@ func TestFailedConfigRequestKeepsRunningLimits(t *testing.T) {
 			max_concurrent 5
 			select_timeout 2s
 		}
-	}`, auth.Listener.Addr())
+	}`, authAddr)
 	loaded := make(chan int, 1)
 	go func() {
-		code, _ := loadWithFailingLoader(t, c, failed, loader.Listener.Addr().String())
+		code, _ := loadWithFailingLoader(t, c, failed, loaderAddr)
 		loaded <- code
 	}()
 	select {

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -278,16 +276,7 @@ type dialResult struct {
 func requestAcrossCleanup(t *testing.T, newGlobal string) (*grid, *fake.Server, dialResult) {
 	g := newGrid(t)
 	w := g.worker("chromium", "w1", fake.Behavior{})
-	asked, answer := make(chan struct{}, 1), make(chan struct{})
-	auth := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		asked <- struct{}{}
-		<-answer
-		rw.WriteHeader(http.StatusOK)
-	}))
-	t.Cleanup(auth.Close)
-	var once sync.Once
-	release := func() { once.Do(func() { close(answer) }) }
-	t.Cleanup(release)
+	authAddr, asked, release := heldServer(t, http.StatusOK)
 	config := func(global, selectTimeout string) caddyOpts {
 		return caddyOpts{redisURL: g.redis.URL(), global: global, site: fmt.Sprintf(`
 	route /playwright/* {
@@ -297,7 +286,7 @@ func requestAcrossCleanup(t *testing.T, newGlobal string) (*grid, *fake.Server, 
 		browser_grid chromium {
 			select_timeout %s
 		}
-	}`, auth.Listener.Addr(), selectTimeout)}
+	}`, authAddr, selectTimeout)}
 	}
 	c := startCaddy(t, config("", "5s"))
 	done := make(chan dialResult, 1)
