@@ -454,11 +454,23 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	if b == nil {
 		b = c.app.requestBackend()
 	}
+	// The claim holds a reference of its own on the backend until the
+	// session has adopted it (or given it back): a reload may clean up the
+	// config the backend came from while the claim is in flight, and the
+	// last reference going would close the Redis client under it, leaving
+	// a lease nobody can end before lease_ttl.
+	if b != nil {
+		var err error
+		if b, err = b.retain(); err != nil {
+			b = nil
+		}
+	}
 	if b == nil {
 		s.setOutcome(outcomeStopped, time.Second)
 		w.Header().Set("Retry-After", retryAfterSeconds(time.Second))
 		return nil
 	}
+	defer b.drop()
 	route := &versionRoute{on: opts.routing(), client: clientVersion(r)}
 	claim, o, err := c.claimAllowed(r.Context(), b, req, route, samples, opts.QueueSize, deadline)
 	if o == outcomeUnknownVersion {

@@ -1,0 +1,188 @@
+package caddygrid_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+)
+
+// TestClaimInFlightAcrossCleanup: a reload that moves the grid to another
+// Redis cleans up the old config while a claim on the old Redis is in
+// flight. The claim ran in Redis, so its slot is taken; the session it
+// made is served and, once closed, its slot is free again at once, not
+// after lease_ttl. Before the claim held its own reference on the
+// backend, the old config's cleanup closed the Redis client under the
+// claim: the client got an error and the lease stayed until lease_ttl.
+func TestClaimInFlightAcrossCleanup(t *testing.T) {
+	g := newGrid(t)
+	w := g.worker("chromium", "w1", fake.Behavior{})
+	other := testenv.StartRedis(t)
+	p := startHoldProxy(t, g.redis.Addr)
+	site := `
+	route /playwright/* {
+		browser_grid chromium
+	}`
+	// lease_ttl far above what the test waits: a leaked lease shows.
+	const global = "lease_ttl 60s\n\t\treaper_interval 10m"
+	c := startCaddy(t, caddyOpts{redisURL: "redis://" + p.addr() + "/0", global: global, site: site})
+	mustDial(t, c.url("/playwright/chromium")).close()
+	testenv.Eventually(t, 10*time.Second, "the first session released", func() bool {
+		return g.info("chromium", "w1").Active == 0
+	})
+
+	claimSent := p.holdReplies("_claim")
+	done := make(chan dialResult, 1)
+	go func() {
+		s, err := dial(context.Background(), c.url("/playwright/chromium"))
+		done <- dialResult{s, err}
+	}()
+	select {
+	case <-claimSent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no claim reached Redis")
+	}
+	// The claim ran in Redis; its reply waits in the proxy while the
+	// reload cleans up the config it came from.
+	testenv.Eventually(t, 5*time.Second, "the claim taking the slot", func() bool {
+		return g.info("chromium", "w1").Active == 1
+	})
+	c.reload(caddyOpts{redisURL: other.URL(), global: global, site: site})
+	p.release()
+
+	res := <-done
+	t.Logf("the session whose claim was in flight across the cleanup: error %v", res.err)
+	if res.err != nil {
+		t.Errorf("the session whose claim was in flight: %v; want it served (the claim took a slot)", res.err)
+	} else {
+		res.s.close()
+	}
+	if n := w.Stats().Sessions; n != 2 {
+		t.Errorf("the worker served %d sessions, want 2", n)
+	}
+	start := time.Now()
+	testenv.Eventually(t, 10*time.Second, "the slot of the claim in flight free again (lease_ttl is 60s)", func() bool {
+		info := g.info("chromium", "w1")
+		return info.Active == 0
+	})
+	t.Logf("slot free %s after the session ended", time.Since(start).Round(time.Millisecond))
+}
+
+// holdProxy relays TCP connections to a Redis; once told to, it holds
+// every reply from Redis (on every connection) until release.
+type holdProxy struct {
+	l      net.Listener
+	target string
+
+	mu      sync.Mutex
+	held    bool
+	resumed chan struct{}
+	watch   string
+	seen    chan struct{}
+}
+
+func startHoldProxy(t *testing.T, target string) *holdProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &holdProxy{l: l, target: target}
+	t.Cleanup(func() {
+		l.Close()
+		p.release()
+	})
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(c)
+		}
+	}()
+	return p
+}
+
+func (p *holdProxy) addr() string { return p.l.Addr().String() }
+
+// holdReplies holds Redis' replies from now on; the channel closes when
+// a command containing watch has gone to Redis.
+func (p *holdProxy) holdReplies(watch string) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held, p.resumed = true, make(chan struct{})
+	p.watch, p.seen = watch, make(chan struct{})
+	return p.seen
+}
+
+// release lets the held replies go.
+func (p *holdProxy) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held {
+		p.held = false
+		close(p.resumed)
+	}
+}
+
+// gate blocks while replies are held.
+func (p *holdProxy) gate() {
+	p.mu.Lock()
+	held, resumed := p.held, p.resumed
+	p.mu.Unlock()
+	if held {
+		<-resumed
+	}
+}
+
+func (p *holdProxy) sent(b []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.watch != "" && bytes.Contains(b, []byte(p.watch)) {
+		p.watch = ""
+		close(p.seen)
+	}
+}
+
+func (p *holdProxy) serve(c net.Conn) {
+	defer c.Close()
+	up, err := net.Dial("tcp", p.target)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	go func() {
+		defer up.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				if _, werr := up.Write(buf[:n]); werr != nil {
+					return
+				}
+				p.sent(buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := up.Read(buf)
+		if n > 0 {
+			p.gate()
+			if _, werr := c.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
