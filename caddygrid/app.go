@@ -270,6 +270,14 @@ func (a *App) Stop() error {
 		if b := cur.liveBackend(); b != nil {
 			b.configure(time.Duration(cur.LeaseTTL), cur.MaxBatch)
 		}
+		// The failed config may have served claims with limits of its
+		// own: they were stored with its newer configuration time, and
+		// would stay in force over the running config's.
+		if cur.provisioned.Before(a.provisioned) && a.limits.brought(a.provisioned) {
+			cur.limits.outrank(a.provisioned)
+			a.logger.Warn("a config whose load failed claimed with limits of its own; the running config's limits take over again from its next claim",
+				zap.Time("failed_config_provisioned", a.provisioned))
+		}
 	}
 	a.mu.Lock()
 	stop, done := a.stopReaper, a.reaperDone

@@ -23,6 +23,7 @@ import (
 	"github.com/browsergrid/caddy-browser-grid/internal/sockets"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
 // The tests of this file's package drive a real bin/caddy (make build), a
@@ -81,6 +82,16 @@ func (g *grid) info(pool, id string) registry.WorkerInfo {
 		g.t.Fatalf("reading worker %s: %v", id, err)
 	}
 	return w
+}
+
+// limits reads the limits a pool runs under (the last a claim stored).
+func (g *grid) limits(pool string) selection.Limits {
+	g.t.Helper()
+	info, err := g.reg.Inspect(context.Background(), pool)
+	if err != nil {
+		g.t.Fatalf("inspecting pool %s: %v", pool, err)
+	}
+	return info.Limits
 }
 
 // caddy is a running bin/caddy.

@@ -22,26 +22,60 @@ import (
 type limitsClock struct {
 	mu    sync.Mutex
 	since map[string]time.Time
+	// floor is the earliest time any of these limits may claim with (zero:
+	// none): set when a newer config that failed claimed with limits of
+	// its own (see outrank).
+	floor time.Time
 }
 
 // configTime returns when these limits were configured: their time in the
 // previous running config (prev) when it used them, else at (this config's
-// provisioning).
+// provisioning); never before the floor.
 func (c *limitsClock) configTime(key string, prev map[string]time.Time, at time.Time) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if t, ok := c.since[key]; ok {
-		return t
+	t, ok := c.since[key]
+	if !ok {
+		t = at
+		if p, ok := prev[key]; ok {
+			t = p
+		}
+		if c.since == nil {
+			c.since = map[string]time.Time{}
+		}
+		c.since[key] = t
 	}
-	t := at
-	if p, ok := prev[key]; ok {
-		t = p
+	return laterOf(t, c.floor)
+}
+
+// brought reports whether c claimed with limits first configured at at
+// (limits of the config provisioned then, not inherited from an older one).
+func (c *limitsClock) brought(at time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, t := range c.since {
+		if t.Equal(at) {
+			return true
+		}
 	}
-	if c.since == nil {
-		c.since = map[string]time.Time{}
+	return false
+}
+
+// outrank makes every set of these limits claim as configured just after
+// t: the running config's limits then win again over what a config
+// provisioned at t, whose reload failed, stored in Redis while it served
+// (its claims carried t, newer than the running config's times).
+func (c *limitsClock) outrank(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.floor = laterOf(c.floor, t.Add(time.Millisecond))
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
 	}
-	c.since[key] = t
-	return t
+	return a
 }
 
 // snapshot copies the times (a new config keeps a copy, not the previous
@@ -52,16 +86,13 @@ func (c *limitsClock) configTime(key string, prev map[string]time.Time, at time.
 func (c *limitsClock) snapshot(prev map[string]time.Time) map[string]time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.since) == 0 {
-		out := make(map[string]time.Time, len(prev))
-		for k, v := range prev {
-			out[k] = v
-		}
-		return out
+	from := c.since
+	if len(from) == 0 {
+		from = prev
 	}
-	out := make(map[string]time.Time, len(c.since))
-	for k, v := range c.since {
-		out[k] = v
+	out := make(map[string]time.Time, len(from))
+	for k, v := range from {
+		out[k] = laterOf(v, c.floor)
 	}
 	return out
 }

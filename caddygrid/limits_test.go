@@ -45,3 +45,42 @@ func TestLimitsConfigTime(t *testing.T) {
 		t.Fatal("limitsKey does not tell different limits apart")
 	}
 }
+
+// TestLimitsOutrankFailedConfig: after a newer config that claimed with
+// limits of its own failed, the running config's limits claim as
+// configured just after it, and hand that time on to the next config that
+// keeps them; a failed config that brought no limits of its own (it
+// claimed with the running config's) changes nothing.
+func TestLimitsOutrankFailedConfig(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	key := func(mc int) string {
+		return limitsKey(registry.ClaimRequest{Policy: registry.LifetimeFirst, Limits: selection.Limits{MaxConcurrent: mc}})
+	}
+	var running limitsClock
+	running.configTime(key(1), nil, t0)
+
+	failedAt := t0.Add(time.Hour)
+	var same limitsClock // claimed with the running config's limits only
+	same.configTime(key(1), running.snapshot(nil), failedAt)
+	if same.brought(failedAt) {
+		t.Fatal("a config that claimed only with inherited limits reports limits of its own")
+	}
+	var failed limitsClock // claimed with max_concurrent 5
+	if got := failed.configTime(key(5), running.snapshot(nil), failedAt); !got.Equal(failedAt) || !failed.brought(failedAt) {
+		t.Fatalf("the failed config's new limits: %s (brought %v), want its provisioning", got, failed.brought(failedAt))
+	}
+
+	running.outrank(failedAt)
+	want := failedAt.Add(time.Millisecond)
+	if got := running.configTime(key(1), nil, t0); !got.Equal(want) {
+		t.Fatalf("the running config's limits after the failure: %s, want just after the failed config's %s", got, want)
+	}
+	if got := running.configTime(key(2), nil, t0); !got.Equal(want) {
+		t.Fatalf("limits the running config had not claimed with yet: %s, want %s", got, want)
+	}
+	running.outrank(t0)  // an older failure does not lower it
+	var next limitsClock // a reload keeping max_concurrent 1
+	if got := next.configTime(key(1), running.snapshot(nil), failedAt.Add(time.Hour)); !got.Equal(want) {
+		t.Fatalf("the next config keeping the running limits: %s, want the raised %s", got, want)
+	}
+}

@@ -22,11 +22,91 @@ import (
 func TestFailedConfigRequestKeepsRunningLimits(t *testing.T) {
 	g := newGrid(t)
 	g.worker("chromium", "w1", fake.Behavior{})
-	authAddr, asked, releaseAuth := heldServer(t, http.StatusOK)
-	// The config loader of the failed config answers 400, once a request
-	// of that config reached its auth check.
-	loaderAddr, loaderAsked, releaseLoader := heldServer(t, http.StatusBadRequest)
+	c, f := startFailingLoad(t, g)
+	f.releaseLoader()
+	if code := <-f.loaded; code == http.StatusOK {
+		t.Fatal("the load with a failing loader succeeded")
+	}
+	f.releaseAuth()
+	if res := <-f.done; res.err != nil || res.code != http.StatusServiceUnavailable {
+		t.Errorf("the failed config's request after Caddy rolled back: %d %v; want a 503", res.code, res.err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
+		return g.info("chromium", "w1").Active == 0
+	})
+	runningLimitsInForce(t, c)
+}
 
+// TestFailedConfigServedLimitsDoNotStay: a request of a config whose load
+// failed, served while that config was live (its auth check answered
+// before the loader failed), stores the failed config's limits in Redis
+// with its newer configuration time. Once Caddy rolled back, the running
+// config's limits are in force again from its next claim, not the failed
+// config's max_concurrent 5 until an operator changes them.
+func TestFailedConfigServedLimitsDoNotStay(t *testing.T) {
+	g := newGrid(t)
+	w := g.worker("chromium", "w1", fake.Behavior{})
+	c, f := startFailingLoad(t, g)
+	f.releaseAuth()
+	if res := <-f.done; res.err != nil || res.code != http.StatusSwitchingProtocols {
+		t.Fatalf("the failed config's request while it was live: %d %v; want it served (101)", res.code, res.err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the worker counting the session", func() bool {
+		return w.Stats().Sessions == 1
+	})
+	if mc := g.limits("chromium").MaxConcurrent; mc != 5 {
+		t.Fatalf("the pool's max_concurrent after the failed config's session: %d, want its 5", mc)
+	}
+	f.releaseLoader()
+	if code := <-f.loaded; code == http.StatusOK {
+		t.Fatal("the load with a failing loader succeeded")
+	}
+	testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
+		return g.info("chromium", "w1").Active == 0
+	})
+	runningLimitsInForce(t, c)
+	if mc := g.limits("chromium").MaxConcurrent; mc != 1 {
+		t.Errorf("the pool's max_concurrent after the running config's claims: %d, want its 1", mc)
+	}
+}
+
+// runningLimitsInForce checks that the running config's max_concurrent 1
+// holds on the pool's one worker: a second session is not served.
+func runningLimitsInForce(t *testing.T, c *caddy) {
+	t.Helper()
+	u := c.url("/playwright/chromium")
+	first := mustDial(t, u)
+	defer first.close()
+	if s, err := dial(context.Background(), u); err == nil {
+		s.close()
+		t.Fatal("a second session on the worker was served: the failed config's max_concurrent 5 is in force, want the running config's 1")
+	}
+}
+
+type upgradeResult struct {
+	code int
+	err  error
+}
+
+// failingLoad is a config load under way whose loader will fail, with one
+// request of that config held at its auth check.
+type failingLoad struct {
+	// loaded gets the load's status once the loader answered.
+	loaded chan int
+	// done gets what the held request's client got once it is let go.
+	done                       chan upgradeResult
+	releaseAuth, releaseLoader func()
+}
+
+// startFailingLoad starts Caddy with the running config (max_concurrent 1
+// on /playwright/*), then loads a config with max_concurrent 5 on /n/*,
+// behind an auth check, whose config loader will answer 400; it returns
+// once a request of that config is held at the auth check (the loader is
+// held too, so that config is live until releaseLoader).
+func startFailingLoad(t *testing.T, g *grid) (*caddy, *failingLoad) {
+	t.Helper()
+	authAddr, asked, releaseAuth := heldServer(t, http.StatusOK)
+	loaderAddr, loaderAsked, releaseLoader := heldServer(t, http.StatusBadRequest)
 	running := caddyOpts{redisURL: g.redis.URL(), site: `
 	route /playwright/* {
 		browser_grid chromium {
@@ -46,10 +126,11 @@ func TestFailedConfigRequestKeepsRunningLimits(t *testing.T) {
 			select_timeout 2s
 		}
 	}`, authAddr)
-	loaded := make(chan int, 1)
+	f := &failingLoad{loaded: make(chan int, 1), done: make(chan upgradeResult, 64),
+		releaseAuth: releaseAuth, releaseLoader: releaseLoader}
 	go func() {
 		code, _ := loadWithFailingLoader(t, c, failed, loaderAddr)
-		loaded <- code
+		f.loaded <- code
 	}()
 	select {
 	case <-loaderAsked:
@@ -59,10 +140,6 @@ func TestFailedConfigRequestKeepsRunningLimits(t *testing.T) {
 	// Both configs' servers accept on the port now: try, each time on a
 	// new connection, until a request reaches the failed config's auth
 	// check (the running config answers 404).
-	type upgradeResult struct {
-		code int
-		err  error
-	}
 	noKeepAlive := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	upgrade := func() upgradeResult {
 		req, err := http.NewRequest(http.MethodGet, "http://"+c.addr()+"/n/chromium", nil)
@@ -80,40 +157,20 @@ func TestFailedConfigRequestKeepsRunningLimits(t *testing.T) {
 		resp.Body.Close() // a served session ends here
 		return upgradeResult{code: resp.StatusCode}
 	}
-	done := make(chan upgradeResult, 64)
 	deadline := time.Now().Add(20 * time.Second)
 	for reached := false; !reached; {
 		if time.Now().After(deadline) {
 			t.Fatal("no request reached the failed config's auth check")
 		}
-		go func() { done <- upgrade() }()
+		go func() { f.done <- upgrade() }()
 		select {
 		case <-asked:
 			reached = true
-		case res := <-done:
+		case res := <-f.done:
 			if res.code == http.StatusSwitchingProtocols {
 				t.Fatal("a request of the failed config served before its auth check answered")
 			}
 		}
 	}
-	releaseLoader()
-	if code := <-loaded; code == http.StatusOK {
-		t.Fatal("the load with a failing loader succeeded")
-	}
-	releaseAuth()
-	if res := <-done; res.err != nil || res.code != http.StatusServiceUnavailable {
-		t.Errorf("the failed config's request after Caddy rolled back: %d %v; want a 503", res.code, res.err)
-	}
-	testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
-		return g.info("chromium", "w1").Active == 0
-	})
-
-	// The running config's max_concurrent 1: a second session is not served.
-	u := c.url("/playwright/chromium")
-	first := mustDial(t, u)
-	defer first.close()
-	if s, err := dial(context.Background(), u); err == nil {
-		s.close()
-		t.Fatal("a second session on the worker was served: the failed config's max_concurrent 5 is in force, want the running config's 1")
-	}
+	return c, f
 }
