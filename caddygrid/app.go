@@ -148,7 +148,7 @@ type App struct {
 	// prevLimits the running config's at provisioning (limits.go).
 	provisioned time.Time
 	limits      limitsClock
-	prevLimits  map[string]time.Time
+	prevLimits  limitsTimes
 	dial        *dialPolicy
 
 	mu         sync.Mutex
@@ -270,14 +270,6 @@ func (a *App) Stop() error {
 		if b := cur.liveBackend(); b != nil {
 			b.configure(time.Duration(cur.LeaseTTL), cur.MaxBatch)
 		}
-		// The failed config may have served claims with limits of its
-		// own: they were stored with its newer configuration time, and
-		// would stay in force over the running config's.
-		if cur.provisioned.Before(a.provisioned) && a.limits.brought(a.provisioned) {
-			cur.limits.outrank(a.provisioned)
-			a.logger.Warn("a config whose load failed claimed with limits of its own; the running config's limits take over again from its next claim",
-				zap.Time("failed_config_provisioned", a.provisioned))
-		}
 	}
 	a.mu.Lock()
 	stop, done := a.stopReaper, a.reaperDone
@@ -309,7 +301,31 @@ func (a *App) Cleanup() error {
 	if b != nil {
 		b.drop()
 	}
+	a.handLimitsBack()
 	return nil
+}
+
+// handLimitsBack: when a is a config that failed after it started (newer
+// than the running one) and claimed for some pools with limits of its own,
+// those were stored with its newer configuration time and would stay in
+// force over the running config's; the running config's claims for these
+// pools then carry a time just after a's (limitsClock.outrank). Called once
+// the backend is gone (Cleanup), so that no claim of a's comes after: a
+// request of a that claims has recorded its limits (configTime) before it
+// took the backend, and once a is cleaned up it gets none (requestBackend),
+// while a retry keeps the pool of its first try.
+func (a *App) handLimitsBack() {
+	cur := running.current()
+	if cur == nil || cur == a || !cur.provisioned.Before(a.provisioned) || cur.key != a.key {
+		return
+	}
+	pools := a.limits.ownPools()
+	if len(pools) == 0 {
+		return
+	}
+	cur.limits.outrank(pools, a.provisioned)
+	a.logger.Warn("a config that failed after it started served claims with limits of its own; the running config's limits of these pools take over again from their next claim",
+		zap.Strings("pools", pools), zap.Time("failed_config_provisioned", a.provisioned))
 }
 
 // liveBackend is the app's backend, or nil once Cleanup ran.

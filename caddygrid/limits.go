@@ -2,6 +2,7 @@ package caddygrid
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,22 +23,32 @@ import (
 type limitsClock struct {
 	mu    sync.Mutex
 	since map[string]time.Time
-	// floor is the earliest time any of these limits may claim with (zero:
-	// none): set when a newer config that failed claimed with limits of
-	// its own (see outrank).
-	floor time.Time
+	// own holds the pools this config claimed for with limits first
+	// configured at its provisioning (not inherited from an older config).
+	own map[string]bool
+	// floors is, per pool, the earliest time its claims carry: set when a
+	// newer config that failed claimed for the pool with limits of its
+	// own (see outrank).
+	floors map[string]time.Time
 }
 
-// configTime returns when these limits were configured: their time in the
-// previous running config (prev) when it used them, else at (this config's
-// provisioning); never before the floor.
-func (c *limitsClock) configTime(key string, prev map[string]time.Time, at time.Time) time.Time {
+// limitsTimes is what a config hands on to the next (snapshot).
+type limitsTimes struct {
+	since  map[string]time.Time // per set of limits (limitsKey)
+	floors map[string]time.Time // per pool
+}
+
+// configTime returns when the limits (key) a claim for pool carries were
+// configured: their time in the previous running config (prev) when it
+// used them, else at (this config's provisioning); never before the
+// pool's floor.
+func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Time) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t, ok := c.since[key]
 	if !ok {
 		t = at
-		if p, ok := prev[key]; ok {
+		if p, ok := prev.since[key]; ok {
 			t = p
 		}
 		if c.since == nil {
@@ -45,30 +56,44 @@ func (c *limitsClock) configTime(key string, prev map[string]time.Time, at time.
 		}
 		c.since[key] = t
 	}
-	return laterOf(t, c.floor)
-}
-
-// brought reports whether c claimed with limits first configured at at
-// (limits of the config provisioned then, not inherited from an older one).
-func (c *limitsClock) brought(at time.Time) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, t := range c.since {
-		if t.Equal(at) {
-			return true
+	if t.Equal(at) {
+		if c.own == nil {
+			c.own = map[string]bool{}
 		}
+		c.own[pool] = true
 	}
-	return false
+	return laterOf(t, laterOf(c.floors[pool], prev.floors[pool]))
 }
 
-// outrank makes every set of these limits claim as configured just after
-// t: the running config's limits then win again over what a config
-// provisioned at t, whose reload failed, stored in Redis while it served
-// (its claims carried t, newer than the running config's times).
-func (c *limitsClock) outrank(t time.Time) {
+// ownPools lists the pools c claimed for with limits of its own (first
+// configured at its provisioning), sorted.
+func (c *limitsClock) ownPools() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.floor = laterOf(c.floor, t.Add(time.Millisecond))
+	out := make([]string, 0, len(c.own))
+	for p := range c.own {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// outrank makes the claims for pools carry a time just after t: the
+// running config's limits of these pools then win again over what a
+// config provisioned at t, whose reload failed, stored for them while it
+// served (its claims carried t, newer than the running config's times).
+// Other pools keep their times: raising them would make the running
+// config's limits win over a newer configuration from another instance
+// that the failed config never overrode.
+func (c *limitsClock) outrank(pools []string, t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.floors == nil {
+		c.floors = map[string]time.Time{}
+	}
+	for _, p := range pools {
+		c.floors[p] = laterOf(c.floors[p], t.Add(time.Millisecond))
+	}
 }
 
 func laterOf(a, b time.Time) time.Time {
@@ -82,17 +107,26 @@ func laterOf(a, b time.Time) time.Time {
 // app, so configs do not chain in memory). The times are learnt at claims:
 // a config that served none hands on the times it was handed (prev), so
 // that reloading an idle instance twice does not make its unchanged limits
-// new again (and win over a newer configuration elsewhere).
-func (c *limitsClock) snapshot(prev map[string]time.Time) map[string]time.Time {
+// new again (and win over a newer configuration elsewhere). Floors are
+// handed on too (the later of prev's and c's).
+func (c *limitsClock) snapshot(prev limitsTimes) limitsTimes {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	from := c.since
 	if len(from) == 0 {
-		from = prev
+		from = prev.since
 	}
-	out := make(map[string]time.Time, len(from))
+	out := limitsTimes{since: make(map[string]time.Time, len(from))}
 	for k, v := range from {
-		out[k] = laterOf(v, c.floor)
+		out.since[k] = v
+	}
+	if len(prev.floors)+len(c.floors) > 0 {
+		out.floors = make(map[string]time.Time, len(prev.floors)+len(c.floors))
+		for _, m := range []map[string]time.Time{prev.floors, c.floors} {
+			for p, v := range m {
+				out.floors[p] = laterOf(out.floors[p], v)
+			}
+		}
 	}
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,6 +106,14 @@ type failingLoad struct {
 // held too, so that config is live until releaseLoader).
 func startFailingLoad(t *testing.T, g *grid) (*caddy, *failingLoad) {
 	t.Helper()
+	return startFailingLoadWith(t, g, "", nil)
+}
+
+// startFailingLoadWith is startFailingLoad with more routes in the running
+// config (runningSites, not in the failed one) and between, when not nil,
+// called once Caddy runs the running config, before the failing load.
+func startFailingLoadWith(t *testing.T, g *grid, runningSites string, between func(c *caddy)) (*caddy, *failingLoad) {
+	t.Helper()
 	authAddr, asked, releaseAuth := heldServer(t, http.StatusOK)
 	loaderAddr, loaderAsked, releaseLoader := heldServer(t, http.StatusBadRequest)
 	running := caddyOpts{redisURL: g.redis.URL(), site: `
@@ -113,8 +122,11 @@ func startFailingLoad(t *testing.T, g *grid) (*caddy, *failingLoad) {
 			max_concurrent 1
 			select_timeout 1s
 		}
-	}`}
+	}` + runningSites}
 	c := startCaddy(t, running)
+	if between != nil {
+		between(c)
+	}
 	failed := running
 	failed.site = fmt.Sprintf(`
 	route /n/* {
@@ -173,4 +185,60 @@ func startFailingLoad(t *testing.T, g *grid) (*caddy, *failingLoad) {
 		}
 	}
 	return c, f
+}
+
+// TestFailedConfigDoesNotRaiseOtherPools: a failed config that served a
+// session on one pool (chromium, its own max_concurrent 5) must not make
+// the running config's limits of another pool, which the failed config
+// never served (nor even routed to), win over a newer configuration of
+// that pool from another Caddy instance sharing the Redis. Instance B is
+// loaded after A's running config, before A's failed reload, with
+// firefox max_concurrent 3; once A rolled back, A's firefox claims carry
+// A's older configuration time and run under B's 3, as they did before
+// the failed reload.
+func TestFailedConfigDoesNotRaiseOtherPools(t *testing.T) {
+	g := newGrid(t)
+	w := g.worker("chromium", "w1", fake.Behavior{})
+	g.worker("firefox", "f1", fake.Behavior{})
+	firefox := func(mc int) string {
+		return fmt.Sprintf(`
+	route /f/* {
+		browser_grid firefox {
+			max_concurrent %d
+			select_timeout 1s
+		}
+	}`, mc)
+	}
+	c, f := startFailingLoadWith(t, g, firefox(1), func(*caddy) {
+		time.Sleep(20 * time.Millisecond) // B's configuration is newer by more than a millisecond
+		b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: firefox(3)})
+		mustDial(t, b.url("/f/firefox")).close()
+		if mc := g.limits("firefox").MaxConcurrent; mc != 3 {
+			t.Fatalf("firefox max_concurrent after instance B's claim: %d, want B's 3", mc)
+		}
+	})
+	f.releaseAuth()
+	if res := <-f.done; res.err != nil || res.code != http.StatusSwitchingProtocols {
+		t.Fatalf("the failed config's request while it was live: %d %v; want it served (101)", res.code, res.err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the worker counting the session", func() bool {
+		return w.Stats().Sessions == 1
+	})
+	f.releaseLoader()
+	if code := <-f.loaded; code == http.StatusOK {
+		t.Fatal("the load with a failing loader succeeded")
+	}
+	testenv.Eventually(t, 10*time.Second, "the firefox worker free", func() bool {
+		return g.info("firefox", "f1").Active == 0
+	})
+	s := mustDial(t, c.url("/f/firefox")) // A's claim on firefox, after the rollback
+	defer s.close()
+	if mc := g.limits("firefox").MaxConcurrent; mc != 3 {
+		t.Errorf("firefox max_concurrent after A's claim: %d, want instance B's newer 3 (A's running config is older; its failed reload never touched firefox)", mc)
+	}
+	// chromium: the fix this guards stays (the running config's 1 again).
+	runningLimitsInForce(t, c)
+	if out := c.proc.Output(); strings.Count(out, "served claims with limits of its own") != 1 || !strings.Contains(out, `"pools":["chromium"]`) {
+		t.Errorf("want one warning naming the pool chromium only; Caddy's output:\n%s", out)
+	}
 }
