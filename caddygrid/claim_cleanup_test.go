@@ -42,18 +42,21 @@ func TestClaimInFlightAcrossCleanup(t *testing.T) {
 		s, err := dial(context.Background(), c.url("/playwright/chromium"))
 		done <- dialResult{s, err}
 	}()
+	var held time.Time
 	select {
 	case <-claimSent:
+		held = time.Now()
 	case <-time.After(10 * time.Second):
 		t.Fatal("no claim reached Redis")
 	}
 	// The claim ran in Redis; its reply waits in the proxy while the
-	// reload cleans up the config it came from.
+	// reload cleans up the config it came from (nothing else is held).
 	testenv.Eventually(t, 5*time.Second, "the claim taking the slot", func() bool {
 		return g.info("chromium", "w1").Active == 1
 	})
 	c.reload(caddyOpts{redisURL: other.URL(), global: global, site: site})
 	p.release()
+	t.Logf("the claim's reply held %s (its deadline is 2s)", time.Since(held).Round(time.Millisecond))
 
 	res := <-done
 	t.Logf("the session whose claim was in flight across the cleanup: error %v", res.err)
@@ -74,14 +77,18 @@ func TestClaimInFlightAcrossCleanup(t *testing.T) {
 }
 
 // holdProxy relays TCP connections to a Redis; once told to, it holds
-// every reply from Redis (on every connection) until release.
+// the replies on the connection that next carries a given command, until
+// release. Only that connection: a call still in flight when the hold
+// begins (the previous session's release, the reaper's pass the reload
+// waits for, a new connection's HELLO) must not be held too, or the
+// claim misses its 2s deadline on a loaded machine for want of a
+// connection, or the reload waits for the reaper past it.
 type holdProxy struct {
 	l      net.Listener
 	target string
 
 	mu      sync.Mutex
-	held    bool
-	resumed chan struct{}
+	resumed chan struct{} // closed by release
 	watch   string
 	seen    chan struct{}
 }
@@ -110,12 +117,13 @@ func startHoldProxy(t *testing.T, target string) *holdProxy {
 
 func (p *holdProxy) addr() string { return p.l.Addr().String() }
 
-// holdReplies holds Redis' replies from now on; the channel closes when
-// a command containing watch has gone to Redis.
+// holdReplies holds the replies on the next connection to send a command
+// containing watch (from before it goes to Redis); the channel closes
+// once the command has gone.
 func (p *holdProxy) holdReplies(watch string) <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.held, p.resumed = true, make(chan struct{})
+	p.resumed = make(chan struct{})
 	p.watch, p.seen = watch, make(chan struct{})
 	return p.seen
 }
@@ -124,29 +132,22 @@ func (p *holdProxy) holdReplies(watch string) <-chan struct{} {
 func (p *holdProxy) release() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.held {
-		p.held = false
+	if p.resumed != nil {
 		close(p.resumed)
+		p.resumed = nil
 	}
 }
 
-// gate blocks while replies are held.
-func (p *holdProxy) gate() {
-	p.mu.Lock()
-	held, resumed := p.held, p.resumed
-	p.mu.Unlock()
-	if held {
-		<-resumed
-	}
-}
-
-func (p *holdProxy) sent(b []byte) {
+// matches reports whether b is the watched command, which the connection
+// it goes on is then to hold replies for: the channel that release closes.
+func (p *holdProxy) matches(b []byte) (chan struct{}, chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.watch != "" && bytes.Contains(b, []byte(p.watch)) {
-		p.watch = ""
-		close(p.seen)
+	if p.watch == "" || !bytes.Contains(b, []byte(p.watch)) {
+		return nil, nil
 	}
+	p.watch = ""
+	return p.resumed, p.seen
 }
 
 func (p *holdProxy) serve(c net.Conn) {
@@ -156,16 +157,26 @@ func (p *holdProxy) serve(c net.Conn) {
 		return
 	}
 	defer up.Close()
+	var mu sync.Mutex
+	var hold chan struct{} // this connection's replies wait for it to close
 	go func() {
 		defer up.Close()
 		buf := make([]byte, 64<<10)
 		for {
 			n, err := c.Read(buf)
 			if n > 0 {
+				resumed, seen := p.matches(buf[:n])
+				if resumed != nil {
+					mu.Lock()
+					hold = resumed
+					mu.Unlock()
+				}
 				if _, werr := up.Write(buf[:n]); werr != nil {
 					return
 				}
-				p.sent(buf[:n])
+				if seen != nil {
+					close(seen)
+				}
 			}
 			if err != nil {
 				return
@@ -176,7 +187,12 @@ func (p *holdProxy) serve(c net.Conn) {
 	for {
 		n, err := up.Read(buf)
 		if n > 0 {
-			p.gate()
+			mu.Lock()
+			h := hold
+			mu.Unlock()
+			if h != nil {
+				<-h
+			}
 			if _, werr := c.Write(buf[:n]); werr != nil {
 				return
 			}
