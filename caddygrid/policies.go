@@ -458,7 +458,8 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	// session has adopted it (or given it back): a reload may clean up the
 	// config the backend came from while the claim is in flight, and the
 	// last reference going would close the Redis client under it, leaving
-	// a lease nobody can end before lease_ttl.
+	// a lease nobody can end before lease_ttl. A first claim's session
+	// keeps that reference (adopt).
 	if b != nil {
 		var err error
 		if b, err = b.retain(); err != nil {
@@ -470,7 +471,12 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 		w.Header().Set("Retry-After", retryAfterSeconds(time.Second))
 		return nil
 	}
-	defer b.drop()
+	kept := false
+	defer func() {
+		if !kept {
+			b.drop()
+		}
+	}()
 	route := &versionRoute{on: opts.routing(), client: clientVersion(r)}
 	claim, o, err := c.claimAllowed(r.Context(), b, req, route, samples, opts.QueueSize, deadline)
 	if o == outcomeUnknownVersion {
@@ -490,7 +496,8 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 		}
 		return nil
 	}
-	if !s.adopt(b, claim) {
+	var adopted bool
+	if adopted, kept = s.adopt(b, claim); !adopted {
 		return nil
 	}
 	pointAt(r, claim)

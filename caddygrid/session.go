@@ -126,24 +126,20 @@ func (s *session) heldBackend() *backend {
 	return s.b
 }
 
-// adopt makes c the session's live claim. When the request already ended
+// adopt makes c the session's live claim; the caller holds a reference
+// on b for it. The session keeps that reference when it holds none yet
+// (kept: the caller must not drop it). When the request already ended
 // (the client left while the claim was in flight), the claim is undone at
 // once and adopt reports false.
-func (s *session) adopt(b *backend, c *registry.Claim) bool {
+func (s *session) adopt(b *backend, c *registry.Claim) (ok, kept bool) {
 	s.mu.Lock()
 	if s.finished {
 		s.mu.Unlock()
 		b.finish(c, false, false)
-		return false
+		return false, false
 	}
 	if s.b == nil {
-		rb, err := b.retain()
-		if err != nil {
-			s.mu.Unlock()
-			b.finish(c, false, false)
-			return false
-		}
-		s.b = rb
+		s.b, kept = b, true
 	}
 	s.claim = c
 	s.attempts++
@@ -153,7 +149,7 @@ func (s *session) adopt(b *backend, c *registry.Claim) bool {
 	if s.repl != nil {
 		s.repl.Delete(statusPlaceholder)
 	}
-	return true
+	return true, kept
 }
 
 // finish ends the live claim exactly once: released when the worker
