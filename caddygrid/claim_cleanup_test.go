@@ -1,10 +1,7 @@
 package caddygrid_test
 
 import (
-	"bytes"
 	"context"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +20,7 @@ func TestClaimInFlightAcrossCleanup(t *testing.T) {
 	g := newGrid(t)
 	w := g.worker("chromium", "w1", fake.Behavior{})
 	other := testenv.StartRedis(t)
-	p := startHoldProxy(t, g.redis.Addr)
+	p := startRedisProxy(t, g.redis.Addr)
 	site := `
 	route /playwright/* {
 		browser_grid chromium
@@ -74,131 +71,4 @@ func TestClaimInFlightAcrossCleanup(t *testing.T) {
 		return info.Active == 0
 	})
 	t.Logf("slot free %s after the session ended", time.Since(start).Round(time.Millisecond))
-}
-
-// holdProxy relays TCP connections to a Redis; once told to, it holds
-// the replies on the connection that next carries a given command, until
-// release. Only that connection: a call still in flight when the hold
-// begins (the previous session's release, the reaper's pass the reload
-// waits for, a new connection's HELLO) must not be held too, or the
-// claim misses its 2s deadline on a loaded machine for want of a
-// connection, or the reload waits for the reaper past it.
-type holdProxy struct {
-	l      net.Listener
-	target string
-
-	mu      sync.Mutex
-	resumed chan struct{} // closed by release
-	watch   string
-	seen    chan struct{}
-}
-
-func startHoldProxy(t *testing.T, target string) *holdProxy {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &holdProxy{l: l, target: target}
-	t.Cleanup(func() {
-		l.Close()
-		p.release()
-	})
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(c)
-		}
-	}()
-	return p
-}
-
-func (p *holdProxy) addr() string { return p.l.Addr().String() }
-
-// holdReplies holds the replies on the next connection to send a command
-// containing watch (from before it goes to Redis); the channel closes
-// once the command has gone.
-func (p *holdProxy) holdReplies(watch string) <-chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.resumed = make(chan struct{})
-	p.watch, p.seen = watch, make(chan struct{})
-	return p.seen
-}
-
-// release lets the held replies go.
-func (p *holdProxy) release() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.resumed != nil {
-		close(p.resumed)
-		p.resumed = nil
-	}
-}
-
-// matches reports whether b is the watched command, which the connection
-// it goes on is then to hold replies for: the channel that release closes.
-func (p *holdProxy) matches(b []byte) (chan struct{}, chan struct{}) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.watch == "" || !bytes.Contains(b, []byte(p.watch)) {
-		return nil, nil
-	}
-	p.watch = ""
-	return p.resumed, p.seen
-}
-
-func (p *holdProxy) serve(c net.Conn) {
-	defer c.Close()
-	up, err := net.Dial("tcp", p.target)
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	var mu sync.Mutex
-	var hold chan struct{} // this connection's replies wait for it to close
-	go func() {
-		defer up.Close()
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := c.Read(buf)
-			if n > 0 {
-				resumed, seen := p.matches(buf[:n])
-				if resumed != nil {
-					mu.Lock()
-					hold = resumed
-					mu.Unlock()
-				}
-				if _, werr := up.Write(buf[:n]); werr != nil {
-					return
-				}
-				if seen != nil {
-					close(seen)
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := up.Read(buf)
-		if n > 0 {
-			mu.Lock()
-			h := hold
-			mu.Unlock()
-			if h != nil {
-				<-h
-			}
-			if _, werr := c.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
 }

@@ -3,13 +3,10 @@ package caddygrid_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,13 +27,13 @@ import (
 func TestReloadBetweenRedisUnderTraffic(t *testing.T) {
 	p65 := registry.GroupPool("chromium", "1.65")
 	grids := []*grid{newGrid(t), newGrid(t)}
-	proxies := make([]*countingProxy, 2)
+	proxies := make([]*redisProxy, 2)
 	for i, g := range grids {
 		for _, id := range []string{"ok1", "ok2"} {
 			g.worker(p65, id, fake.Behavior{AcceptDelay: 50 * time.Millisecond})
 		}
 		g.worker(p65, "bad", fake.Behavior{Refuse: http.StatusInternalServerError})
-		proxies[i] = startCountingProxy(t, g.redis.Addr)
+		proxies[i] = startRedisProxy(t, g.redis.Addr)
 	}
 	workers := []string{"ok1", "ok2", "bad"}
 	config := func(i int) caddyOpts {
@@ -142,55 +139,4 @@ func TestReloadBetweenRedisUnderTraffic(t *testing.T) {
 	if out := c.proc.Output(); strings.Contains(out, "panic") || strings.Contains(out, "DATA RACE") {
 		t.Errorf("caddy panicked or raced (a -race build):\n%s", out)
 	}
-}
-
-// countingProxy relays TCP connections to a Redis and counts the live ones.
-type countingProxy struct {
-	l      net.Listener
-	target string
-	n      atomic.Int64
-	total  atomic.Int64
-}
-
-func startCountingProxy(t *testing.T, target string) *countingProxy {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &countingProxy{l: l, target: target}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(c)
-		}
-	}()
-	return p
-}
-
-func (p *countingProxy) addr() string { return p.l.Addr().String() }
-func (p *countingProxy) live() int64  { return p.n.Load() }
-
-func (p *countingProxy) serve(c net.Conn) {
-	p.n.Add(1)
-	p.total.Add(1)
-	defer p.n.Add(-1)
-	defer c.Close()
-	up, err := net.Dial("tcp", p.target)
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	done := make(chan struct{})
-	go func() {
-		io.Copy(up, c)
-		up.Close()
-		close(done)
-	}()
-	io.Copy(c, up)
-	c.Close()
-	<-done
 }
