@@ -36,6 +36,12 @@ const (
 	// (the worker lifecycle says 300s; the registry frees expired leases on every claim
 	// and heartbeat, so the reaper is the backstop, not the only healer).
 	DefaultReaperInterval = 60 * time.Second
+	// reaperStopWait is how long Stop waits for a reaper pass under way
+	// to notice it was stopped. A pass waiting on a stalled Redis goes on
+	// in the background (until its call's read timeout, or the backend's
+	// close when no config uses it any more) rather than hold up a
+	// reload or a shutdown: the next config's reaper already runs.
+	reaperStopWait = time.Second
 )
 
 // running holds the grid apps that are started and not yet stopped, for
@@ -277,7 +283,12 @@ func (a *App) Stop() error {
 	a.mu.Unlock()
 	if stop != nil {
 		stop()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(reaperStopWait):
+			a.logger.Warn("stopped this config's reaper, but its pass under way is still waiting on Redis; it ends in the background",
+				zap.String("redis", registry.RedactURL(a.key.url)), zap.Duration("waited", reaperStopWait))
+		}
 	}
 	return nil
 }
