@@ -320,7 +320,7 @@ func (a *App) Cleanup() error {
 // than the running one) and claimed for some pools with limits of its own,
 // those were stored with its newer configuration time and would stay in
 // force over the running config's; the running config's claims for these
-// pools then carry a time just after a's (limitsClock.outrank). Called once
+// pools then replace what carries a's time (limitsClock.handBack). Called once
 // the backend is gone (Cleanup), so that no claim of a's comes after: a
 // request of a that claims has recorded its limits (configTime) before it
 // took the backend, and once a is cleaned up it gets none (requestBackend),
@@ -334,7 +334,7 @@ func (a *App) handLimitsBack() {
 	if len(pools) == 0 {
 		return
 	}
-	cur.limits.outrank(pools, a.provisioned)
+	cur.limits.handBack(pools, a.provisioned)
 	a.logger.Warn("a config that failed after it started served claims with limits of its own; the running config's limits of these pools take over again from their next claim",
 		zap.Strings("pools", pools), zap.Time("failed_config_provisioned", a.provisioned))
 }

@@ -26,23 +26,24 @@ type limitsClock struct {
 	// own holds the pools this config claimed for with limits first
 	// configured at its provisioning (not inherited from an older config).
 	own map[string]bool
-	// floors is, per pool, the earliest time its claims carry: set when a
-	// newer config that failed claimed for the pool with limits of its
-	// own (see outrank).
-	floors map[string]time.Time
+	// failed is, per pool, the provisioning time of the newest config
+	// that failed after it claimed for the pool with limits of its own
+	// (see handBack): the limits it stored carry that time.
+	failed map[string]time.Time
 }
 
 // limitsTimes is what a config hands on to the next (snapshot).
 type limitsTimes struct {
 	since  map[string]time.Time // per set of limits (limitsKey)
-	floors map[string]time.Time // per pool
+	failed map[string]time.Time // per pool
 }
 
 // configTime returns when the limits (key) a claim for pool carries were
 // configured: their time in the previous running config (prev) when it
-// used them, else at (this config's provisioning); never before the
-// pool's floor.
-func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Time) time.Time {
+// used them, else at (this config's provisioning). supersedes is the time
+// of the newest failed config that stored limits for pool (zero: none),
+// whose stored limits the claim's replace (registry.ClaimRequest.Supersedes).
+func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Time) (t, supersedes time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t, ok := c.since[key]
@@ -62,7 +63,7 @@ func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Tim
 		}
 		c.own[pool] = true
 	}
-	return laterOf(t, laterOf(c.floors[pool], prev.floors[pool]))
+	return t, laterOf(c.failed[pool], prev.failed[pool])
 }
 
 // ownPools lists the pools c claimed for with limits of its own (first
@@ -78,21 +79,23 @@ func (c *limitsClock) ownPools() []string {
 	return out
 }
 
-// outrank makes the claims for pools carry a time just after t: the
-// running config's limits of these pools then win again over what a
-// config provisioned at t, whose reload failed, stored for them while it
-// served (its claims carried t, newer than the running config's times).
-// Other pools keep their times: raising them would make the running
-// config's limits win over a newer configuration from another instance
-// that the failed config never overrode.
-func (c *limitsClock) outrank(pools []string, t time.Time) {
+// handBack makes the claims for pools supersede t: what a config
+// provisioned at t, whose reload failed, stored for them while it served
+// (with t, newer than the running config's times) is replaced by the
+// running config's limits at its next claim, and those keep their own
+// time. So the pools go back to what they ran under before the failed
+// config: a newer configuration from another instance wins again at its
+// next claim (until then the running config's limits apply). Raising the
+// running config's times instead would let them win over that newer
+// configuration for good.
+func (c *limitsClock) handBack(pools []string, t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.floors == nil {
-		c.floors = map[string]time.Time{}
+	if c.failed == nil {
+		c.failed = map[string]time.Time{}
 	}
 	for _, p := range pools {
-		c.floors[p] = laterOf(c.floors[p], t.Add(time.Millisecond))
+		c.failed[p] = laterOf(c.failed[p], t)
 	}
 }
 
@@ -107,8 +110,8 @@ func laterOf(a, b time.Time) time.Time {
 // app, so configs do not chain in memory). The times are learnt at claims:
 // a config that served none hands on the times it was handed (prev), so
 // that reloading an idle instance twice does not make its unchanged limits
-// new again (and win over a newer configuration elsewhere). Floors are
-// handed on too (the later of prev's and c's).
+// new again (and win over a newer configuration elsewhere). The failed
+// configs' times are handed on too (the later of prev's and c's).
 func (c *limitsClock) snapshot(prev limitsTimes) limitsTimes {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -120,11 +123,11 @@ func (c *limitsClock) snapshot(prev limitsTimes) limitsTimes {
 	for k, v := range from {
 		out.since[k] = v
 	}
-	if len(prev.floors)+len(c.floors) > 0 {
-		out.floors = make(map[string]time.Time, len(prev.floors)+len(c.floors))
-		for _, m := range []map[string]time.Time{prev.floors, c.floors} {
+	if len(prev.failed)+len(c.failed) > 0 {
+		out.failed = make(map[string]time.Time, len(prev.failed)+len(c.failed))
+		for _, m := range []map[string]time.Time{prev.failed, c.failed} {
 			for p, v := range m {
-				out.floors[p] = laterOf(out.floors[p], v)
+				out.failed[p] = laterOf(out.failed[p], v)
 			}
 		}
 	}

@@ -29,8 +29,8 @@ func TestFailedConfigClaimBetweenStopAndCleanup(t *testing.T) {
 	_ = failed.Stop()
 	failed.limits.configTime(key(5), "chromium", failed.prevLimits, failedAt) // the late claim, through the still live backend
 	_ = failed.Cleanup()
-	if got := cur.limits.configTime(key(1), "chromium", limitsTimes{}, t0); !got.After(failedAt) {
-		t.Fatalf("the running config's limits after the failed config's late claim: %s, want after the failed config's %s", got, failedAt)
+	if _, sup := cur.limits.configTime(key(1), "chromium", limitsTimes{}, t0); !sup.Equal(failedAt) {
+		t.Fatalf("the running config's claims after the failed config's late claim supersede %s, want the failed config's %s", sup, failedAt)
 	}
 }
 
@@ -53,14 +53,14 @@ func TestHandLimitsBackOnlyFailedSameRedis(t *testing.T) {
 	cur := mk(t0.Add(time.Minute), r1)
 	_ = old.Stop()
 	_ = old.Cleanup()
-	if got := cur.limits.configTime(key, "chromium", limitsTimes{}, cur.provisioned); !got.Equal(cur.provisioned) {
-		t.Errorf("after a successful reload: %s, want the new config's %s", got, cur.provisioned)
+	if got, sup := cur.limits.configTime(key, "chromium", limitsTimes{}, cur.provisioned); !got.Equal(cur.provisioned) || !sup.IsZero() {
+		t.Errorf("after a successful reload: %s superseding %s, want the new config's %s superseding nothing", got, sup, cur.provisioned)
 	}
 	// A failed config on another prefix.
 	other := mk(t0.Add(2*time.Minute), backendKey{url: r1.url, prefix: "other"})
 	_ = other.Cleanup()
-	if got := cur.limits.configTime(key, "chromium", limitsTimes{}, cur.provisioned); !got.Equal(cur.provisioned) {
-		t.Errorf("after a failed config on another prefix: %s, want %s", got, cur.provisioned)
+	if got, sup := cur.limits.configTime(key, "chromium", limitsTimes{}, cur.provisioned); !got.Equal(cur.provisioned) || !sup.IsZero() {
+		t.Errorf("after a failed config on another prefix: %s superseding %s, want %s superseding nothing", got, sup, cur.provisioned)
 	}
 	// caddy stop.
 	_ = cur.Stop()

@@ -18,26 +18,26 @@ func TestLimitsConfigTime(t *testing.T) {
 		return limitsKey(registry.ClaimRequest{Policy: registry.LifetimeFirst, Limits: selection.Limits{MaxConcurrent: mc}})
 	}
 	var gen1 limitsClock
-	if got := gen1.configTime(key(2), "p", limitsTimes{}, t0); !got.Equal(t0) {
+	if got, _ := gen1.configTime(key(2), "p", limitsTimes{}, t0); !got.Equal(t0) {
 		t.Fatalf("first config: %s, want its provisioning %s", got, t0)
 	}
 	var gen2 limitsClock // reload at t0+1h, same limits
-	if got := gen2.configTime(key(2), "p", gen1.snapshot(limitsTimes{}), t0.Add(time.Hour)); !got.Equal(t0) {
+	if got, _ := gen2.configTime(key(2), "p", gen1.snapshot(limitsTimes{}), t0.Add(time.Hour)); !got.Equal(t0) {
 		t.Fatalf("reload keeping max_concurrent 2: %s, want the first configuration's %s", got, t0)
 	}
 	var gen3 limitsClock // reload at t0+2h to 3
-	if got := gen3.configTime(key(3), "p", gen2.snapshot(limitsTimes{}), t0.Add(2*time.Hour)); !got.Equal(t0.Add(2 * time.Hour)) {
+	if got, _ := gen3.configTime(key(3), "p", gen2.snapshot(limitsTimes{}), t0.Add(2*time.Hour)); !got.Equal(t0.Add(2 * time.Hour)) {
 		t.Fatalf("reload to max_concurrent 3: %s, want the reload's time", got)
 	}
 	var gen4 limitsClock // back to 2 at t0+3h: newest again
-	if got := gen4.configTime(key(2), "p", gen3.snapshot(limitsTimes{}), t0.Add(3*time.Hour)); !got.Equal(t0.Add(3 * time.Hour)) {
+	if got, _ := gen4.configTime(key(2), "p", gen3.snapshot(limitsTimes{}), t0.Add(3*time.Hour)); !got.Equal(t0.Add(3 * time.Hour)) {
 		t.Fatalf("reload back to max_concurrent 2: %s, want the reload's time", got)
 	}
 	// Two reloads of an idle instance (no claim in between): the limits
 	// keep their first time.
 	var idle, gen5 limitsClock
 	prev := idle.snapshot(gen4.snapshot(limitsTimes{}))
-	if got := gen5.configTime(key(2), "p", prev, t0.Add(4*time.Hour)); !got.Equal(t0.Add(3 * time.Hour)) {
+	if got, _ := gen5.configTime(key(2), "p", prev, t0.Add(4*time.Hour)); !got.Equal(t0.Add(3 * time.Hour)) {
 		t.Fatalf("reload after an idle config keeping max_concurrent 2: %s, want gen4's %s", got, t0.Add(3*time.Hour))
 	}
 	if key(2) == key(3) || limitsKey(registry.ClaimRequest{Policy: registry.FairShare, FairShare: selection.FairShare{Window: 5}}) ==
@@ -46,14 +46,13 @@ func TestLimitsConfigTime(t *testing.T) {
 	}
 }
 
-// TestLimitsOutrankFailedConfig: after a newer config that claimed for a
+// TestLimitsHandBackFailedConfig: after a newer config that claimed for a
 // pool with limits of its own failed, the running config's claims for
-// that pool carry a time just after it, and hand that time on to the next
-// config; its other pools keep their times (raising them would beat
-// another instance's newer configuration the failed config never
-// overrode); a failed config that claimed only with limits inherited from
-// the running config changes nothing.
-func TestLimitsOutrankFailedConfig(t *testing.T) {
+// that pool supersede the failed config's time and keep their own, and
+// the next config is handed both; its other pools supersede nothing (the
+// failed config stored nothing there); a failed config that claimed only
+// with limits inherited from the running config hands nothing back.
+func TestLimitsHandBackFailedConfig(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	key := func(mc int) string {
 		return limitsKey(registry.ClaimRequest{Policy: registry.LifetimeFirst, Limits: selection.Limits{MaxConcurrent: mc}})
@@ -62,6 +61,13 @@ func TestLimitsOutrankFailedConfig(t *testing.T) {
 	var running limitsClock
 	running.configTime(key(1), "chromium", none, t0)
 	running.configTime(key(1), "firefox", none, t0)
+	check := func(what string, c *limitsClock, k, pool string, prev limitsTimes, at, want, wantSup time.Time) {
+		t.Helper()
+		got, sup := c.configTime(k, pool, prev, at)
+		if !got.Equal(want) || !sup.Equal(wantSup) {
+			t.Fatalf("%s: time %s, supersedes %s; want %s, %s", what, got, sup, want, wantSup)
+		}
+	}
 
 	failedAt := t0.Add(time.Hour)
 	var same limitsClock // claimed with the running config's limits only
@@ -70,37 +76,23 @@ func TestLimitsOutrankFailedConfig(t *testing.T) {
 		t.Fatalf("a config that claimed only with inherited limits reports limits of its own for %v", p)
 	}
 	var failed limitsClock // claimed for chromium with max_concurrent 5
-	if got := failed.configTime(key(5), "chromium", running.snapshot(none), failedAt); !got.Equal(failedAt) {
-		t.Fatalf("the failed config's new limits: %s, want its provisioning", got)
-	}
+	check("the failed config's new limits", &failed, key(5), "chromium", running.snapshot(none), failedAt, failedAt, time.Time{})
 	failed.configTime(key(1), "firefox", running.snapshot(none), failedAt)
 	pools := failed.ownPools()
 	if len(pools) != 1 || pools[0] != "chromium" {
 		t.Fatalf("the failed config's pools with limits of its own: %v, want [chromium]", pools)
 	}
 
-	running.outrank(pools, failedAt)
-	want := failedAt.Add(time.Millisecond)
-	if got := running.configTime(key(1), "chromium", none, t0); !got.Equal(want) {
-		t.Fatalf("the running config's chromium limits after the failure: %s, want just after the failed config's %s", got, want)
-	}
-	if got := running.configTime(key(2), "chromium", none, t0); !got.Equal(want) {
-		t.Fatalf("chromium limits the running config had not claimed with yet: %s, want %s", got, want)
-	}
-	if got := running.configTime(key(1), "firefox", none, t0); !got.Equal(t0) {
-		t.Fatalf("the running config's firefox limits (a pool the failed config brought nothing to): %s, want still %s", got, t0)
-	}
-	running.outrank(pools, t0) // an older failure does not lower it
-	var next limitsClock       // a reload keeping max_concurrent 1
+	running.handBack(pools, failedAt)
+	check("the running config's chromium limits after the failure", &running, key(1), "chromium", none, t0, t0, failedAt)
+	check("chromium limits the running config had not claimed with yet", &running, key(2), "chromium", none, t0, t0, failedAt)
+	check("the running config's firefox limits (a pool the failed config stored nothing for)", &running, key(1), "firefox", none, t0, t0, time.Time{})
+	running.handBack(pools, t0) // an older failure does not replace it
 	prev := running.snapshot(none)
-	if got := next.configTime(key(1), "chromium", prev, failedAt.Add(time.Hour)); !got.Equal(want) {
-		t.Fatalf("the next config keeping the running chromium limits: %s, want the raised %s", got, want)
-	}
-	if got := next.configTime(key(1), "firefox", prev, failedAt.Add(time.Hour)); !got.Equal(t0) {
-		t.Fatalf("the next config keeping the running firefox limits: %s, want %s", got, t0)
-	}
-	var idle limitsClock // an idle config in between hands the floor on
-	if got := new(limitsClock).configTime(key(1), "chromium", idle.snapshot(prev), failedAt.Add(2*time.Hour)); !got.Equal(want) {
-		t.Fatalf("after an idle config: %s, want the raised %s", got, want)
-	}
+	var next limitsClock // a reload keeping max_concurrent 1
+	later := failedAt.Add(time.Hour)
+	check("the next config keeping the running chromium limits", &next, key(1), "chromium", prev, later, t0, failedAt)
+	check("the next config keeping the running firefox limits", &next, key(1), "firefox", prev, later, t0, time.Time{})
+	var idle limitsClock // an idle config in between hands it on
+	check("after an idle config", new(limitsClock), key(1), "chromium", idle.snapshot(prev), failedAt.Add(2*time.Hour), t0, failedAt)
 }

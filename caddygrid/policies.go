@@ -441,7 +441,7 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	}
 	req.Vnode.Limits = req.Limits
 	req.FairShare.Limits = req.Limits
-	req.ConfigTime = c.app.limits.configTime(limitsKey(req), req.Pool, c.app.prevLimits, c.app.provisioned)
+	req.ConfigTime, req.Supersedes = c.app.limits.configTime(limitsKey(req), req.Pool, c.app.prevLimits, c.app.provisioned)
 	if opts.ClientLimit > 0 {
 		req.ClientKey, req.ClientLimit = clientKey(r, opts.ClientKey), opts.ClientLimit
 	}

@@ -242,3 +242,66 @@ func TestFailedConfigDoesNotRaiseOtherPools(t *testing.T) {
 		t.Errorf("want one warning naming the pool chromium only; Caddy's output:\n%s", out)
 	}
 }
+
+// TestFailedConfigHandsBackToNewerInstance: instance B configures chromium
+// (max_concurrent 3) after A's running config (1) and before A's reload
+// that fails after serving a session with 5. Once A rolled back, its next
+// claim puts its 1 back in place of the failed config's 5, and B's newer
+// 3 wins again at B's next claim, for A's claims too: the pool runs as it
+// did before the failed reload. (A's running limits once outranked the
+// failed config's time instead, and so B's newer ones for good.)
+func TestFailedConfigHandsBackToNewerInstance(t *testing.T) {
+	g := newGrid(t)
+	w := g.worker("chromium", "w1", fake.Behavior{})
+	var b *caddy
+	c, f := startFailingLoadWith(t, g, "", func(*caddy) {
+		time.Sleep(20 * time.Millisecond) // B's configuration is newer by more than a millisecond
+		b = startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			max_concurrent 3
+			select_timeout 1s
+		}
+	}`})
+		mustDial(t, b.url("/playwright/chromium")).close()
+		if mc := g.limits("chromium").MaxConcurrent; mc != 3 {
+			t.Fatalf("max_concurrent after instance B's claim: %d, want B's 3", mc)
+		}
+	})
+	f.releaseAuth()
+	if res := <-f.done; res.err != nil || res.code != http.StatusSwitchingProtocols {
+		t.Fatalf("the failed config's request while it was live: %d %v; want it served (101)", res.code, res.err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the worker counting the session", func() bool {
+		return w.Stats().Sessions == 2
+	})
+	if mc := g.limits("chromium").MaxConcurrent; mc != 5 {
+		t.Fatalf("max_concurrent after the failed config's session: %d, want its 5", mc)
+	}
+	f.releaseLoader()
+	if code := <-f.loaded; code == http.StatusOK {
+		t.Fatal("the load with a failing loader succeeded")
+	}
+	testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
+		return g.info("chromium", "w1").Active == 0
+	})
+	runningLimitsInForce(t, c) // A's 1 replaced the failed config's 5
+	testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
+		return g.info("chromium", "w1").Active == 0
+	})
+	mustDial(t, b.url("/playwright/chromium")).close()
+	if mc := g.limits("chromium").MaxConcurrent; mc != 3 {
+		t.Fatalf("max_concurrent after B's next claim: %d, want B's newer 3 (A's running config is older)", mc)
+	}
+	u := c.url("/playwright/chromium")
+	for i := range 3 {
+		s, err := dial(context.Background(), u)
+		if err != nil {
+			t.Fatalf("A's session %d of 3 under B's max_concurrent 3: %v", i+1, err)
+		}
+		defer s.close()
+	}
+	if mc := g.limits("chromium").MaxConcurrent; mc != 3 {
+		t.Errorf("max_concurrent after A's claims: %d, want B's 3", mc)
+	}
+}

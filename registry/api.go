@@ -371,6 +371,14 @@ type ClaimRequest struct {
 	// now: the claim's limits win whenever they differ. Clocks of the
 	// claimers should agree to within the time between two reloads.
 	ConfigTime time.Time
+	// Supersedes, when not zero, is a configuration time whose stored
+	// limits this claim's replace whatever ConfigTime: that of a newer
+	// configuration which stored limits and then went away (Caddy: a
+	// reload that failed after its config served claims). Once replaced,
+	// the claim's limits carry ConfigTime, so any configuration newer
+	// than it wins again, as it did before. Limits stored with any other
+	// time are compared by ConfigTime as usual. Compared in milliseconds.
+	Supersedes time.Time
 	// Epoch is the pool's dataset epoch this caller last saw (Claim.Epoch,
 	// NoWorkerError.Epoch); "" for none. When Redis no longer has it (it
 	// restarted empty, or failed over to a replica without it), the claim

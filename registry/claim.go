@@ -165,6 +165,7 @@ func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, lease
 		set("lease_id", leaseID).set("lease_ttl_ms", ms(req.LeaseTTL)).set("holder", req.Holder).
 		set("command_ttl_ms", ms(r.opts.CommandTTL)).set("durations_kept", r.opts.DurationWindow).
 		set("lease_sweep", sweep).set("config_time_ms", toMS(req.ConfigTime)).
+		set("config_supersedes_ms", toMS(req.Supersedes)).
 		set("epoch_seen", req.Epoch).set("epoch_new", newToken(8)).
 		set("client", ClientHash(req.ClientKey)).set("client_limit", req.ClientLimit)
 	args, err := a.list()

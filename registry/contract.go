@@ -33,7 +33,7 @@ var claimArgs = []string{
 	// FairShare's, stored only by fair_share claims.
 	"fs_window", "fs_median", "fs_default_ms",
 	"lease_id", "lease_ttl_ms", "holder", "command_ttl_ms",
-	"durations_kept", "lease_sweep", "config_time_ms",
+	"durations_kept", "lease_sweep", "config_time_ms", "config_supersedes_ms",
 	"epoch_seen", "epoch_new",
 	"client", "client_limit",
 }

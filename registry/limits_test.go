@@ -244,6 +244,61 @@ func TestNewestConfigurationWins(t *testing.T) {
 	}
 }
 
+// A claim that supersedes a configuration time replaces the limits stored
+// with exactly that time, however new, and stores its own with its own
+// (older) time, so a configuration newer than that wins again; limits
+// stored with any other time are untouched by it.
+func TestSupersededConfigurationHandsBack(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "cfg-sup"
+	register(t, r, pool, "a", 0)
+	t0 := time.Now().Add(-time.Hour)
+	claim := func(mc int, at, supersedes time.Time) *Claim {
+		t.Helper()
+		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: at, Supersedes: supersedes,
+			Limits: selection.Limits{MaxConcurrent: mc, MaxLifetime: 100}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	stored := func() selection.Limits {
+		t.Helper()
+		info, err := r.Inspect(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Limits
+	}
+	running, other, failed := t0, t0.Add(time.Minute), t0.Add(2*time.Minute)
+	claim(3, other, time.Time{})  // another instance's newer configuration
+	claim(5, failed, time.Time{}) // a configuration newer still, which then fails
+	if mc := stored().MaxConcurrent; mc != 5 {
+		t.Fatalf("stored after the failed configuration's claim: %d, want 5", mc)
+	}
+	// A supersedes time that is not the stored one changes nothing.
+	if c := claim(1, running, failed.Add(-time.Millisecond)); !c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 5 {
+		t.Fatalf("claim superseding another time: overridden %v, in force %d; want overridden by 5", c.LimitsOverridden, c.PoolLimits.MaxConcurrent)
+	}
+	if c := claim(1, running, failed); c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 1 || stored().MaxConcurrent != 1 {
+		t.Fatalf("claim superseding the failed configuration: overridden %v, in force %d, stored %d; want its own 1",
+			c.LimitsOverridden, c.PoolLimits.MaxConcurrent, stored().MaxConcurrent)
+	}
+	// The running configuration's limits carry its own time: the other
+	// instance's newer configuration wins again at its next claim, and then
+	// over the running one's, supersedes or not.
+	if c := claim(3, other, time.Time{}); c.LimitsOverridden || stored().MaxConcurrent != 3 {
+		t.Fatalf("the newer instance's claim after the hand-back: overridden %v, stored %d; want its own 3", c.LimitsOverridden, stored().MaxConcurrent)
+	}
+	if c := claim(1, running, failed); !c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 3 {
+		t.Fatalf("the running configuration after that: overridden %v, in force %d; want overridden by 3", c.LimitsOverridden, c.PoolLimits.MaxConcurrent)
+	}
+}
+
 // A lowered max_lifetime costs nothing per claim: the lifetime-first walk
 // stops at lifetime max_lifetime - 1, so the many workers past the new
 // limit still in the index are never walked.
