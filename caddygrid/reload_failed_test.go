@@ -114,8 +114,6 @@ func startFailingLoad(t *testing.T, g *grid) (*caddy, *failingLoad) {
 // called once Caddy runs the running config, before the failing load.
 func startFailingLoadWith(t *testing.T, g *grid, runningSites string, between func(c *caddy)) (*caddy, *failingLoad) {
 	t.Helper()
-	authAddr, asked, releaseAuth := heldServer(t, http.StatusOK)
-	loaderAddr, loaderAsked, releaseLoader := heldServer(t, http.StatusBadRequest)
 	running := caddyOpts{redisURL: g.redis.URL(), site: `
 	route /playwright/* {
 		browser_grid chromium {
@@ -127,6 +125,16 @@ func startFailingLoadWith(t *testing.T, g *grid, runningSites string, between fu
 	if between != nil {
 		between(c)
 	}
+	return c, beginFailingLoad(t, c, running)
+}
+
+// beginFailingLoad loads into c, running the config running, the failed
+// config of startFailingLoad and returns once a request of it is held at
+// its auth check.
+func beginFailingLoad(t *testing.T, c *caddy, running caddyOpts) *failingLoad {
+	t.Helper()
+	authAddr, asked, releaseAuth := heldServer(t, http.StatusOK)
+	loaderAddr, loaderAsked, releaseLoader := heldServer(t, http.StatusBadRequest)
 	failed := running
 	failed.site = fmt.Sprintf(`
 	route /n/* {
@@ -184,7 +192,7 @@ func startFailingLoadWith(t *testing.T, g *grid, runningSites string, between fu
 			}
 		}
 	}
-	return c, f
+	return f
 }
 
 // TestFailedConfigDoesNotRaiseOtherPools: a failed config that served a
@@ -303,5 +311,54 @@ func TestFailedConfigHandsBackToNewerInstance(t *testing.T) {
 	}
 	if mc := g.limits("chromium").MaxConcurrent; mc != 3 {
 		t.Errorf("max_concurrent after A's claims: %d, want B's 3", mc)
+	}
+}
+
+// TestTwoFailedReloadsHandBack: two reloads in a row fail after each
+// served a session with the same limits of its own (max_concurrent 5),
+// with no claim of the running config in between. The second failed
+// config's claim finds its limits already stored (by the first, with the
+// first's time), so it stored nothing: the pool's limits still carry the
+// first failed config's time. The running config's claims must still put
+// its max_concurrent 1 back, although they supersede the second failed
+// config's time. (They supersede only the newest failed time, and the
+// stored limits kept the first's: the failed config's 5 stayed in force.)
+func TestTwoFailedReloadsHandBack(t *testing.T) {
+	g := newGrid(t)
+	w := g.worker("chromium", "w1", fake.Behavior{})
+	c, f := startFailingLoad(t, g)
+	running := caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			max_concurrent 1
+			select_timeout 1s
+		}
+	}`}
+	for i := range 2 {
+		if i > 0 {
+			time.Sleep(20 * time.Millisecond) // the second failed config is newer by more than a millisecond
+			f = beginFailingLoad(t, c, running)
+		}
+		f.releaseAuth()
+		if res := <-f.done; res.err != nil || res.code != http.StatusSwitchingProtocols {
+			t.Fatalf("failed config %d's request while it was live: %d %v; want it served (101)", i+1, res.code, res.err)
+		}
+		testenv.Eventually(t, 10*time.Second, "the worker counting the session", func() bool {
+			return w.Stats().Sessions == int64(i+1)
+		})
+		if mc := g.limits("chromium").MaxConcurrent; mc != 5 {
+			t.Fatalf("max_concurrent after failed config %d's session: %d, want its 5", i+1, mc)
+		}
+		f.releaseLoader()
+		if code := <-f.loaded; code == http.StatusOK {
+			t.Fatal("the load with a failing loader succeeded")
+		}
+		testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
+			return g.info("chromium", "w1").Active == 0
+		})
+	}
+	runningLimitsInForce(t, c)
+	if mc := g.limits("chromium").MaxConcurrent; mc != 1 {
+		t.Errorf("max_concurrent after the running config's claims: %d, want its 1", mc)
 	}
 }

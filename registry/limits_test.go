@@ -581,3 +581,48 @@ func TestWaitingHeartbeatsAreCheap(t *testing.T) {
 		}
 	}
 }
+
+// A claim that supersedes the stored limits' time replaces them even when
+// they equal its own: the time that went away must not stay on them. Else
+// (1) a second failed configuration with the same limits as the first
+// stores nothing, the limits keep the first's time, and the running
+// configuration, which supersedes the newest failed time, runs under them
+// for good; (2) limits a failed configuration stored that equal the
+// running configuration's keep the failed (newer) time and beat another
+// instance's configuration newer than the running one.
+func TestSupersedingEqualLimitsRestamps(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "cfg-sup-eq"
+	register(t, r, pool, "a", 0)
+	t0 := time.Now().Add(-time.Hour)
+	claim := func(mc int, at, supersedes time.Time) *Claim {
+		t.Helper()
+		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: at, Supersedes: supersedes,
+			Limits: selection.Limits{MaxConcurrent: mc, MaxLifetime: 100}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	running, other, failed1, failed2 := t0, t0.Add(time.Minute), t0.Add(2*time.Minute), t0.Add(3*time.Minute)
+	// (1) Two failed configurations with max_concurrent 5; the second's
+	// claims supersede the first's time.
+	claim(5, failed1, time.Time{})
+	claim(5, failed2, failed1)
+	if c := claim(1, running, failed2); c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 1 {
+		t.Fatalf("the running configuration after two failed ones with equal limits: overridden %v, in force %d; want its own 1",
+			c.LimitsOverridden, c.PoolLimits.MaxConcurrent)
+	}
+	// (2) A failed configuration stored the running configuration's limits
+	// (1) with its newer time; another instance configured 3 in between.
+	claim(1, failed2.Add(time.Minute), time.Time{})
+	claim(1, running, failed2.Add(time.Minute))
+	if c := claim(3, other, time.Time{}); c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 3 {
+		t.Fatalf("the other instance's newer configuration after the hand-back of equal limits: overridden %v, in force %d; want its 3",
+			c.LimitsOverridden, c.PoolLimits.MaxConcurrent)
+	}
+}

@@ -102,17 +102,23 @@ end
 -- A claim may also name a configuration time it supersedes
 -- (config_supersedes_ms, 0: none): limits stored with exactly that time
 -- are replaced whatever config_time_ms (a configuration that went away,
--- ClaimRequest.Supersedes).
+-- ClaimRequest.Supersedes), even by equal limits: set_at must stop
+-- carrying the time that went away, or equal limits of the running
+-- configuration would keep it (newer than another instance's), and a
+-- second failed configuration with the same limits would store nothing
+-- and leave the first one's time, which the running configuration no
+-- longer supersedes (it supersedes the newest).
 local cfg_time = tonumber(ARGV[REQ.config_time_ms])
 if cfg_time == 0 then cfg_time = now end
 local supersedes = tonumber(ARGV[REQ.config_supersedes_ms])
+local superseded = supersedes ~= 0 and cfg.set_at == supersedes
 local want_fs = policy == 'fair_share'
 local win, med, def = tonumber(ARGV[REQ.fs_window]), ARGV[REQ.fs_median] == '1', tonumber(ARGV[REQ.fs_default_ms])
-local differ = cfg.set_at == nil or cfg.mc ~= mc or cfg.ml ~= ml or cfg.stagger ~= stagger
+local differ = superseded or cfg.set_at == nil or cfg.mc ~= mc or cfg.ml ~= ml or cfg.stagger ~= stagger
 if want_fs and (cfg.win ~= win or cfg.med ~= med or cfg.def ~= def) then differ = true end
 local overridden = 0
 if differ then
-  if cfg.set_at == nil or cfg_time >= cfg.set_at or (supersedes ~= 0 and cfg.set_at == supersedes) then
+  if cfg.set_at == nil or cfg_time >= cfg.set_at or superseded then
     -- A Pick (dry) uses its limits but stores nothing: an admin's preview
     -- must not change what the pool runs under.
     if not dry then
