@@ -319,8 +319,11 @@ func (a *App) Cleanup() error {
 // handLimitsBack: when a is a config that failed after it started (newer
 // than the running one) and claimed for some pools with limits of its own,
 // those were stored with its newer configuration time and would stay in
-// force over the running config's; the running config's claims for these
-// pools then replace what carries a's time (limitsClock.handBack). Called once
+// force over the running config's and over any older configuration. The
+// running config's claims for these pools replace what carries a's time
+// (limitsClock.handBack), and the stored limits carrying it are dropped
+// at once (registry.ForgetLimits, in the background), which also frees
+// pools the running config does not serve from them. Called once
 // the backend is gone (Cleanup), so that no claim of a's comes after: a
 // request of a that claims has recorded its limits (configTime) before it
 // took the backend, and once a is cleaned up it gets none (requestBackend),
@@ -335,8 +338,23 @@ func (a *App) handLimitsBack() {
 		return
 	}
 	cur.limits.handBack(pools, a.provisioned)
-	a.logger.Warn("a config that failed after it started served claims with limits of its own; the running config's limits of these pools take over again from their next claim",
+	a.logger.Warn("a config that failed after it started served claims with limits of its own; dropping what it stored, so that the limits of the configurations still running take over again from their next claim",
 		zap.Strings("pools", pools), zap.Time("failed_config_provisioned", a.provisioned))
+	b := cur.liveBackend()
+	if b == nil {
+		return
+	}
+	for _, pool := range pools {
+		b.retryInBackground("forget_limits", true, func(ctx context.Context) error {
+			_, err := b.reg.ForgetLimits(ctx, pool, a.provisioned)
+			return err
+		}, func(attempts int, err error) {
+			if err != nil {
+				a.logger.Error("could not drop the limits a failed config stored; the running config's claims still replace them, other instances' older configurations run under them until a newer one claims",
+					zap.String("pool", pool), zap.Int("attempts", attempts), zap.Error(err))
+			}
+		})
+	}
 }
 
 // liveBackend is the app's backend, or nil once Cleanup ran.

@@ -362,3 +362,62 @@ func TestTwoFailedReloadsHandBack(t *testing.T) {
 		t.Errorf("max_concurrent after the running config's claims: %d, want its 1", mc)
 	}
 }
+
+// TestFailedConfigPoolNotServedByRunning: a failed config served a session
+// on a pool the running config does not route at all (chromium; the
+// running config serves firefox only), with its own max_concurrent 5,
+// newer than instance B's chromium 3. The running config never claims for
+// chromium, so only dropping what the failed config stored hands the pool
+// back: B's 3 is in force again from B's next claim, not the failed 5 for
+// good.
+func TestFailedConfigPoolNotServedByRunning(t *testing.T) {
+	g := newGrid(t)
+	w := g.worker("chromium", "w1", fake.Behavior{})
+	g.worker("firefox", "f1", fake.Behavior{})
+	running := caddyOpts{redisURL: g.redis.URL(), site: `
+	route /f/* {
+		browser_grid firefox {
+			max_concurrent 1
+			select_timeout 1s
+		}
+	}`}
+	c := startCaddy(t, running)
+	mustDial(t, c.url("/f/firefox")).close()
+	time.Sleep(20 * time.Millisecond) // B's configuration is newer by more than a millisecond
+	b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			max_concurrent 3
+			select_timeout 1s
+		}
+	}`})
+	mustDial(t, b.url("/playwright/chromium")).close()
+	time.Sleep(20 * time.Millisecond) // the failed config is newer than B's by more than a millisecond
+	f := beginFailingLoad(t, c, running)
+	f.releaseAuth()
+	if res := <-f.done; res.err != nil || res.code != http.StatusSwitchingProtocols {
+		t.Fatalf("the failed config's request while it was live: %d %v; want it served (101)", res.code, res.err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the worker counting the session", func() bool {
+		return w.Stats().Sessions == 2
+	})
+	if mc := g.limits("chromium").MaxConcurrent; mc != 5 {
+		t.Fatalf("max_concurrent after the failed config's session: %d, want its 5", mc)
+	}
+	f.releaseLoader()
+	if code := <-f.loaded; code == http.StatusOK {
+		t.Fatal("the load with a failing loader succeeded")
+	}
+	testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
+		return g.info("chromium", "w1").Active == 0
+	})
+	// The drop runs in the background once Caddy rolled back: B's claims
+	// run under the failed 5 until it has.
+	testenv.Eventually(t, 10*time.Second, "B's max_concurrent 3 in force on chromium", func() bool {
+		mustDial(t, b.url("/playwright/chromium")).close()
+		return g.limits("chromium").MaxConcurrent == 3
+	})
+	if !c.proc.WaitOutput("dropping what it stored", 5*time.Second) {
+		t.Error("Caddy did not log that it drops the failed config's limits")
+	}
+}

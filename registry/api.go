@@ -599,6 +599,24 @@ func (r *Registry) Reconcile(ctx context.Context, pool string) (ReconcileResult,
 	return r.reconcile(ctx, pool)
 }
 
+// ForgetLimits drops the limits pool stores when they carry exactly the
+// configuration time at (compared in ms): those of a configuration that
+// went away (Caddy: a reload that failed after its config served claims
+// with limits of its own). The pool's next claim then stores its own, as
+// on a pool that never had any, so the newest configuration among those
+// still claiming wins again, also where no claimer supersedes at
+// (ClaimRequest.Supersedes). It reports whether the limits were dropped.
+func (r *Registry) ForgetLimits(ctx context.Context, pool string, at time.Time) (bool, error) {
+	if err := checkPool(pool); err != nil {
+		return false, fmt.Errorf("forgetting limits: %w", err)
+	}
+	n, err := r.fcall(ctx, scriptForget, false, []string{r.Key(pool, keyConfig)}, toMS(at)).Int()
+	if err != nil {
+		return false, fmt.Errorf("forgetting the limits of pool %q: %w", pool, err)
+	}
+	return n == 1, nil
+}
+
 // Pools lists the pools that have (or had) workers.
 func (r *Registry) Pools(ctx context.Context) ([]string, error) { return r.pools(ctx) }
 

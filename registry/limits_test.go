@@ -299,6 +299,53 @@ func TestSupersededConfigurationHandsBack(t *testing.T) {
 	}
 }
 
+// ForgetLimits drops the limits stored with exactly its time, so that any
+// claim stores its own next, whatever its configuration time; limits
+// stored with another time stay.
+func TestForgetLimits(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "cfg-forget"
+	register(t, r, pool, "a", 0)
+	t0 := time.Now().Add(-time.Hour)
+	claim := func(mc int, at time.Time) *Claim {
+		t.Helper()
+		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: at,
+			Limits: selection.Limits{MaxConcurrent: mc, MaxLifetime: 100}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	older, failed := t0, t0.Add(time.Minute)
+	claim(5, failed)
+	if dropped, err := r.ForgetLimits(ctx, pool, failed.Add(time.Millisecond)); err != nil || dropped {
+		t.Fatalf("ForgetLimits with another time: dropped %v, %v; want nothing dropped", dropped, err)
+	}
+	if c := claim(3, older); !c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 5 {
+		t.Fatalf("an older claim before the limits were forgotten: overridden %v, in force %d; want overridden by 5", c.LimitsOverridden, c.PoolLimits.MaxConcurrent)
+	}
+	if dropped, err := r.ForgetLimits(ctx, pool, failed); err != nil || !dropped {
+		t.Fatalf("ForgetLimits with the stored time: dropped %v, %v; want dropped", dropped, err)
+	}
+	if c := claim(3, older); c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 3 {
+		t.Fatalf("the older claim after: overridden %v, in force %d; want its own 3", c.LimitsOverridden, c.PoolLimits.MaxConcurrent)
+	}
+	if dropped, err := r.ForgetLimits(ctx, pool, failed); err != nil || dropped {
+		t.Fatalf("ForgetLimits again: dropped %v, %v; want nothing dropped (the limits carry another time)", dropped, err)
+	}
+	info, err := r.Inspect(ctx, pool)
+	if err != nil || info.Limits.MaxConcurrent != 3 {
+		t.Fatalf("stored max_concurrent %d (%v), want 3", info.Limits.MaxConcurrent, err)
+	}
+	if _, err := r.ForgetLimits(ctx, "bad pool{", failed); err == nil {
+		t.Error("ForgetLimits on a bad pool name: no error")
+	}
+}
+
 // A lowered max_lifetime costs nothing per claim: the lifetime-first walk
 // stops at lifetime max_lifetime - 1, so the many workers past the new
 // limit still in the index are never walked.

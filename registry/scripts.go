@@ -64,6 +64,10 @@ var (
 	// unlock.lua uses no helper: it touches only the reaper's lock.
 	//go:embed lua/unlock.lua
 	luaUnlock string
+	// forget_limits.lua uses no helper: it touches only the config hash,
+	// in a call of its own (never in a batch, so no memo to drop).
+	//go:embed lua/forget_limits.lua
+	luaForgetLimits string
 )
 
 // The registry's scripts, in one library.
@@ -83,6 +87,7 @@ var (
 		{name: "read", prologue: contractLua("read.lua", readArgs, readReply) + rowsLua("read.lua", readRow), body: contractBody("read.lua", readArgs, readReply, luaRead), ro: roOnly},
 		{name: "reconcile", body: luaReconcile},
 		{name: "unlock", body: luaUnlock, allowOOM: true},
+		{name: "forget_limits", body: luaForgetLimits},
 	}
 	registryLib = newLibrary(registryScripts)
 
@@ -96,6 +101,7 @@ var (
 	scriptRead        = registryLib.function("read")
 	scriptReconcile   = registryLib.function("reconcile")
 	scriptUnlock      = registryLib.function("unlock")
+	scriptForget      = registryLib.function("forget_limits")
 )
 
 // walksMark is the line of walk.lua where the policies' walks go.
