@@ -333,6 +333,10 @@ func (a *App) handLimitsBack() {
 	if cur == nil || cur == a || !cur.provisioned.Before(a.provisioned) || cur.key != a.key {
 		return
 	}
+	// before the pools are read: a claim of a's from here on is not made
+	// (its queued and retried requests are answered 503), so none stores
+	// a's limits again after they are dropped below
+	a.limits.gone.Store(true)
 	pools := a.limits.ownPools()
 	if len(pools) == 0 {
 		return

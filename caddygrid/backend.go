@@ -237,6 +237,9 @@ func (b *backend) badRecord(pool, id string, err error) {
 // claim runs one select-and-claim and keeps the books: the lease joins
 // those this process renews, and the metrics count the decision.
 func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples int) (*registry.Claim, error) {
+	if configGone(ctx) {
+		return nil, errConfigGone
+	}
 	policy := string(req.Policy)
 	req.Holder = b.holder
 	req.LeaseTTL = time.Duration(b.leaseTTL.Load())
@@ -696,6 +699,9 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 	if errors.Is(err, registry.ErrClientLimit) {
 		return nil, outcomeClientLimited, err
 	}
+	if errors.Is(err, errConfigGone) {
+		return nil, outcomeStopped, err
+	}
 	if !errors.Is(err, registry.ErrNoWorker) {
 		return nil, b.redisFailure(ctx, pool, err), err
 	}
@@ -748,6 +754,11 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 			q.leave(w)
 			q.wakeHead()
 			return nil, outcomeClientLimited, err
+		}
+		if errors.Is(err, errConfigGone) {
+			q.leave(w)
+			q.wakeHead()
+			return nil, outcomeStopped, err
 		}
 		if !errors.Is(err, registry.ErrNoWorker) {
 			q.leave(w)

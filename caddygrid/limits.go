@@ -1,9 +1,12 @@
 package caddygrid
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -30,6 +33,32 @@ type limitsClock struct {
 	// that failed after it claimed for the pool with limits of its own
 	// (see handBack): the limits it stored carry that time.
 	failed map[string]time.Time
+	// gone is set once this config is known to have failed after it
+	// started (handLimitsBack): its requests still under way (waiting in
+	// the queue, or retrying after a failed dial) make no more claims,
+	// which would store its limits with its time again after they were
+	// dropped (errConfigGone).
+	gone atomic.Bool
+}
+
+// errConfigGone: the claim's config failed after it started and Caddy went
+// back to the running one (limitsClock.gone).
+var errConfigGone = errors.New("the config of this request failed to load; Caddy went back to the running config")
+
+// goneKey carries, in a claim's context, the limitsClock of the config
+// the claim is made for (backend.claim checks it before each call).
+type goneKey struct{}
+
+// withConfig marks ctx as a claim of the config whose limits c keeps.
+func withConfig(ctx context.Context, c *limitsClock) context.Context {
+	return context.WithValue(ctx, goneKey{}, c)
+}
+
+// configGone reports whether the config ctx's claim is made for has gone
+// (see limitsClock.gone).
+func configGone(ctx context.Context) bool {
+	c, _ := ctx.Value(goneKey{}).(*limitsClock)
+	return c != nil && c.gone.Load()
 }
 
 // limitsTimes is what a config hands on to the next (snapshot).

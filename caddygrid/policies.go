@@ -478,20 +478,20 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 		}
 	}()
 	route := &versionRoute{on: opts.routing(), client: clientVersion(r)}
-	claim, o, err := c.claimAllowed(r.Context(), b, req, route, samples, opts.QueueSize, deadline)
+	claim, o, err := c.claimAllowed(withConfig(r.Context(), &c.app.limits), b, req, route, samples, opts.QueueSize, deadline)
 	if o == outcomeUnknownVersion {
 		s.refuse(route.refusal)
 	}
 	if claim == nil {
 		retry := time.Duration(opts.SelectTimeout)
-		if o == outcomeRedis {
+		if o == outcomeRedis || o == outcomeStopped {
 			retry = time.Second
 		}
 		s.setOutcome(o, retry)
 		if o == outcomeClientLimited {
 			s.setLimited(err)
 		}
-		if o == outcomeQueueFull || o == outcomeTimeout || o == outcomeRedis || o == outcomeClientLimited {
+		if o == outcomeQueueFull || o == outcomeTimeout || o == outcomeRedis || o == outcomeClientLimited || o == outcomeStopped {
 			w.Header().Set("Retry-After", retryAfterSeconds(retry))
 		}
 		return nil

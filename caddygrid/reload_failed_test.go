@@ -421,3 +421,62 @@ func TestFailedConfigPoolNotServedByRunning(t *testing.T) {
 		t.Error("Caddy did not log that it drops the failed config's limits")
 	}
 }
+
+// TestFailedConfigQueuedClaimAfterDrop: a request of the failed config
+// that is waiting in the queue (no worker free) when Caddy rolls back
+// keeps claiming through the backend it holds, with the failed config's
+// limits and time. When a worker frees after the drop (ForgetLimits), its
+// claim finds no limits stored and stores the failed config's 5 again with
+// the failed time, newer than B's 3; the running config never claims for
+// chromium, so nothing supersedes them: B's claims ran under 5 for good.
+// Such a request is now answered 503 once its config is known failed, as
+// one that had not claimed yet (TestFailedConfigRequestKeepsRunningLimits).
+func TestFailedConfigQueuedClaimAfterDrop(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "w1", fake.Behavior{})
+	g.worker("firefox", "f1", fake.Behavior{})
+	running := caddyOpts{redisURL: g.redis.URL(), site: `
+	route /f/* {
+		browser_grid firefox {
+			max_concurrent 1
+			select_timeout 1s
+		}
+	}`}
+	c := startCaddy(t, running)
+	mustDial(t, c.url("/f/firefox")).close()
+	time.Sleep(20 * time.Millisecond)
+	b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			max_concurrent 3
+			select_timeout 1s
+		}
+	}`})
+	mustDial(t, b.url("/playwright/chromium")).close()
+	if err := g.reg.SetDraining(context.Background(), "chromium", "w1"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	f := beginFailingLoad(t, c, running)
+	f.releaseAuth() // its claim finds no worker: it waits in the queue (select_timeout 2s)
+	time.Sleep(200 * time.Millisecond)
+	f.releaseLoader()
+	if code := <-f.loaded; code == http.StatusOK {
+		t.Fatal("the load with a failing loader succeeded")
+	}
+	if !c.proc.WaitOutput("dropping what it stored", 5*time.Second) {
+		t.Fatal("Caddy did not log that it drops the failed config's limits")
+	}
+	time.Sleep(300 * time.Millisecond) // the drop reached Redis
+	w2 := g.worker("chromium", "w2", fake.Behavior{})
+	if res := <-f.done; res.err != nil || res.code != http.StatusServiceUnavailable {
+		t.Errorf("the failed config's queued request after Caddy rolled back: %d %v; want a 503", res.code, res.err)
+	}
+	if n := w2.Stats().Sessions; n != 0 {
+		t.Errorf("the failed config's queued request was served after Caddy rolled back (%d sessions)", n)
+	}
+	mustDial(t, b.url("/playwright/chromium")).close()
+	if mc := g.limits("chromium").MaxConcurrent; mc != 3 {
+		t.Errorf("max_concurrent after B's claim: %d, want B's 3 (the failed config's limits came back after the drop)", mc)
+	}
+}
