@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/selection"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -101,5 +102,30 @@ func TestReleaseRunsAboveMaxmemory(t *testing.T) {
 	}
 	if _, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, LeaseTTL: time.Minute}); err != nil && !errors.Is(err, ErrNoWorker) {
 		t.Fatalf("a claim once memory is back: %v", err)
+	}
+}
+
+// Dropping a failed config's limits (ForgetLimits) only frees memory: it
+// runs above maxmemory too, as releases do. Refused, Caddy's retries end
+// (about 40 s) while Redis is full, and a pool no running config claims
+// for keeps the failed config's limits once memory is back.
+func TestForgetLimitsRunsAboveMaxmemory(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartRedis(t, "--maxmemory-policy", "noeviction")
+	r, _ := registryAt(t, srv.URL(), Options{})
+	at := time.Now().Add(-time.Minute)
+	if _, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, LeaseTTL: time.Minute, ConfigTime: at,
+		Limits: selection.Limits{MaxConcurrent: 5}}); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("claim: %v", err)
+	}
+	big := strings.Repeat("x", 64<<10)
+	for i := range 48 {
+		if err := srv.Client().Set(ctx, fmt.Sprintf("other-app-%d", i), big, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	overMaxmemory(t, srv.Client())
+	if dropped, err := r.ForgetLimits(ctx, "p", at); err != nil || !dropped {
+		t.Fatalf("ForgetLimits above maxmemory: dropped %v, %v; want dropped", dropped, err)
 	}
 }

@@ -65,7 +65,8 @@ var (
 	//go:embed lua/unlock.lua
 	luaUnlock string
 	// forget_limits.lua uses no helper: it touches only the config hash,
-	// in a call of its own (never in a batch, so no memo to drop).
+	// in a call of its own (never in a batch, so no memo to drop). It only
+	// frees memory: allow-oom, as the releases.
 	//go:embed lua/forget_limits.lua
 	luaForgetLimits string
 )
@@ -87,7 +88,7 @@ var (
 		{name: "read", prologue: contractLua("read.lua", readArgs, readReply) + rowsLua("read.lua", readRow), body: contractBody("read.lua", readArgs, readReply, luaRead), ro: roOnly},
 		{name: "reconcile", body: luaReconcile},
 		{name: "unlock", body: luaUnlock, allowOOM: true},
-		{name: "forget_limits", body: luaForgetLimits},
+		{name: "forget_limits", body: luaForgetLimits, allowOOM: true},
 	}
 	registryLib = newLibrary(registryScripts)
 
@@ -147,7 +148,8 @@ type libScript struct {
 	// above maxmemory; an EVAL script failed only at its first command
 	// that needs memory, so a release (whose first write is a ZREM) went
 	// through. Set for the scripts whose work is to free memory (release,
-	// undo and expiry of leases, removal of records, the reaper's unlock):
+	// undo and expiry of leases, removal of records, the reaper's unlock,
+	// the drop of a failed config's limits):
 	// with maxmemory-policy noeviction, refusing them too would leave a
 	// full Redis with no way to shrink, every ended session holding its
 	// slot. (The lease script's renewal runs too: it refreshes expiries
