@@ -119,6 +119,8 @@ func TestRedisCluster(t *testing.T) {
 			}
 			_, err = r.Reconcile(ctx, pool)
 			must("reconcile", err)
+			_, err = r.ForgetLimits(ctx, pool, time.UnixMilli(1))
+			must("forget limits", err)
 			unlock, ok, err := r.ReaperLock(ctx, pool, time.Minute)
 			must("reaper lock", err)
 			if !ok {
