@@ -48,23 +48,7 @@ func TestFailedConfigServedLimitsDoNotStay(t *testing.T) {
 	g := newGrid(t)
 	w := g.worker("chromium", "w1", fake.Behavior{})
 	c, f := startFailingLoad(t, g)
-	f.releaseAuth()
-	if res := <-f.done; res.err != nil || res.code != http.StatusSwitchingProtocols {
-		t.Fatalf("the failed config's request while it was live: %d %v; want it served (101)", res.code, res.err)
-	}
-	testenv.Eventually(t, 10*time.Second, "the worker counting the session", func() bool {
-		return w.Stats().Sessions == 1
-	})
-	if mc := g.limits("chromium").MaxConcurrent; mc != 5 {
-		t.Fatalf("the pool's max_concurrent after the failed config's session: %d, want its 5", mc)
-	}
-	f.releaseLoader()
-	if code := <-f.loaded; code == http.StatusOK {
-		t.Fatal("the load with a failing loader succeeded")
-	}
-	testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
-		return g.info("chromium", "w1").Active == 0
-	})
+	f.serveThenFail(t, g, w, 1)
 	runningLimitsInForce(t, c)
 	if mc := g.limits("chromium").MaxConcurrent; mc != 1 {
 		t.Errorf("the pool's max_concurrent after the running config's claims: %d, want its 1", mc)
@@ -97,6 +81,31 @@ type failingLoad struct {
 	// done gets what the held request's client got once it is let go.
 	done                       chan upgradeResult
 	releaseAuth, releaseLoader func()
+}
+
+// serveThenFail lets the held request of the failed config through: it is
+// served (101), the worker w counts it as its sessions-th session and the
+// pool stores the failed config's max_concurrent 5. Then the loader fails,
+// and serveThenFail returns once the session has ended (w1 free).
+func (f *failingLoad) serveThenFail(t *testing.T, g *grid, w *fake.Server, sessions int) {
+	t.Helper()
+	f.releaseAuth()
+	if res := <-f.done; res.err != nil || res.code != http.StatusSwitchingProtocols {
+		t.Fatalf("the failed config's request while it was live: %d %v; want it served (101)", res.code, res.err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the worker counting the session", func() bool {
+		return w.Stats().Sessions == int64(sessions)
+	})
+	if mc := g.limits("chromium").MaxConcurrent; mc != 5 {
+		t.Fatalf("the pool's max_concurrent after the failed config's session: %d, want its 5", mc)
+	}
+	f.releaseLoader()
+	if code := <-f.loaded; code == http.StatusOK {
+		t.Fatal("the load with a failing loader succeeded")
+	}
+	testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
+		return g.info("chromium", "w1").Active == 0
+	})
 }
 
 // startFailingLoad starts Caddy with the running config (max_concurrent 1
@@ -225,20 +234,7 @@ func TestFailedConfigDoesNotRaiseOtherPools(t *testing.T) {
 			t.Fatalf("firefox max_concurrent after instance B's claim: %d, want B's 3", mc)
 		}
 	})
-	f.releaseAuth()
-	if res := <-f.done; res.err != nil || res.code != http.StatusSwitchingProtocols {
-		t.Fatalf("the failed config's request while it was live: %d %v; want it served (101)", res.code, res.err)
-	}
-	testenv.Eventually(t, 10*time.Second, "the worker counting the session", func() bool {
-		return w.Stats().Sessions == 1
-	})
-	f.releaseLoader()
-	if code := <-f.loaded; code == http.StatusOK {
-		t.Fatal("the load with a failing loader succeeded")
-	}
-	testenv.Eventually(t, 10*time.Second, "the firefox worker free", func() bool {
-		return g.info("firefox", "f1").Active == 0
-	})
+	f.serveThenFail(t, g, w, 1)
 	s := mustDial(t, c.url("/f/firefox")) // A's claim on firefox, after the rollback
 	defer s.close()
 	if mc := g.limits("firefox").MaxConcurrent; mc != 3 {
@@ -276,23 +272,7 @@ func TestFailedConfigHandsBackToNewerInstance(t *testing.T) {
 			t.Fatalf("max_concurrent after instance B's claim: %d, want B's 3", mc)
 		}
 	})
-	f.releaseAuth()
-	if res := <-f.done; res.err != nil || res.code != http.StatusSwitchingProtocols {
-		t.Fatalf("the failed config's request while it was live: %d %v; want it served (101)", res.code, res.err)
-	}
-	testenv.Eventually(t, 10*time.Second, "the worker counting the session", func() bool {
-		return w.Stats().Sessions == 2
-	})
-	if mc := g.limits("chromium").MaxConcurrent; mc != 5 {
-		t.Fatalf("max_concurrent after the failed config's session: %d, want its 5", mc)
-	}
-	f.releaseLoader()
-	if code := <-f.loaded; code == http.StatusOK {
-		t.Fatal("the load with a failing loader succeeded")
-	}
-	testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
-		return g.info("chromium", "w1").Active == 0
-	})
+	f.serveThenFail(t, g, w, 2)
 	runningLimitsInForce(t, c) // A's 1 replaced the failed config's 5
 	testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
 		return g.info("chromium", "w1").Active == 0
@@ -339,28 +319,39 @@ func TestTwoFailedReloadsHandBack(t *testing.T) {
 			time.Sleep(20 * time.Millisecond) // the second failed config is newer by more than a millisecond
 			f = beginFailingLoad(t, c, running)
 		}
-		f.releaseAuth()
-		if res := <-f.done; res.err != nil || res.code != http.StatusSwitchingProtocols {
-			t.Fatalf("failed config %d's request while it was live: %d %v; want it served (101)", i+1, res.code, res.err)
-		}
-		testenv.Eventually(t, 10*time.Second, "the worker counting the session", func() bool {
-			return w.Stats().Sessions == int64(i+1)
-		})
-		if mc := g.limits("chromium").MaxConcurrent; mc != 5 {
-			t.Fatalf("max_concurrent after failed config %d's session: %d, want its 5", i+1, mc)
-		}
-		f.releaseLoader()
-		if code := <-f.loaded; code == http.StatusOK {
-			t.Fatal("the load with a failing loader succeeded")
-		}
-		testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
-			return g.info("chromium", "w1").Active == 0
-		})
+		f.serveThenFail(t, g, w, i+1)
 	}
 	runningLimitsInForce(t, c)
 	if mc := g.limits("chromium").MaxConcurrent; mc != 1 {
 		t.Errorf("max_concurrent after the running config's claims: %d, want its 1", mc)
 	}
+}
+
+// firefoxOnlyBesideB starts instance A, whose running config routes
+// firefox only (max_concurrent 1), then instance B, configured later, with
+// chromium max_concurrent 3; each serves one session. It returns A, A's
+// running config and B.
+func firefoxOnlyBesideB(t *testing.T, g *grid) (a *caddy, running caddyOpts, b *caddy) {
+	t.Helper()
+	running = caddyOpts{redisURL: g.redis.URL(), site: `
+	route /f/* {
+		browser_grid firefox {
+			max_concurrent 1
+			select_timeout 1s
+		}
+	}`}
+	a = startCaddy(t, running)
+	mustDial(t, a.url("/f/firefox")).close()
+	time.Sleep(20 * time.Millisecond) // B's configuration is newer by more than a millisecond
+	b = startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			max_concurrent 3
+			select_timeout 1s
+		}
+	}`})
+	mustDial(t, b.url("/playwright/chromium")).close()
+	return a, running, b
 }
 
 // TestFailedConfigPoolNotServedByRunning: a failed config served a session
@@ -374,43 +365,10 @@ func TestFailedConfigPoolNotServedByRunning(t *testing.T) {
 	g := newGrid(t)
 	w := g.worker("chromium", "w1", fake.Behavior{})
 	g.worker("firefox", "f1", fake.Behavior{})
-	running := caddyOpts{redisURL: g.redis.URL(), site: `
-	route /f/* {
-		browser_grid firefox {
-			max_concurrent 1
-			select_timeout 1s
-		}
-	}`}
-	c := startCaddy(t, running)
-	mustDial(t, c.url("/f/firefox")).close()
-	time.Sleep(20 * time.Millisecond) // B's configuration is newer by more than a millisecond
-	b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
-	route /playwright/* {
-		browser_grid chromium {
-			max_concurrent 3
-			select_timeout 1s
-		}
-	}`})
-	mustDial(t, b.url("/playwright/chromium")).close()
+	c, running, b := firefoxOnlyBesideB(t, g)
 	time.Sleep(20 * time.Millisecond) // the failed config is newer than B's by more than a millisecond
 	f := beginFailingLoad(t, c, running)
-	f.releaseAuth()
-	if res := <-f.done; res.err != nil || res.code != http.StatusSwitchingProtocols {
-		t.Fatalf("the failed config's request while it was live: %d %v; want it served (101)", res.code, res.err)
-	}
-	testenv.Eventually(t, 10*time.Second, "the worker counting the session", func() bool {
-		return w.Stats().Sessions == 2
-	})
-	if mc := g.limits("chromium").MaxConcurrent; mc != 5 {
-		t.Fatalf("max_concurrent after the failed config's session: %d, want its 5", mc)
-	}
-	f.releaseLoader()
-	if code := <-f.loaded; code == http.StatusOK {
-		t.Fatal("the load with a failing loader succeeded")
-	}
-	testenv.Eventually(t, 10*time.Second, "the worker free", func() bool {
-		return g.info("chromium", "w1").Active == 0
-	})
+	f.serveThenFail(t, g, w, 2)
 	// The drop runs in the background once Caddy rolled back: B's claims
 	// run under the failed 5 until it has.
 	testenv.Eventually(t, 10*time.Second, "B's max_concurrent 3 in force on chromium", func() bool {
@@ -435,24 +393,7 @@ func TestFailedConfigQueuedClaimAfterDrop(t *testing.T) {
 	g := newGrid(t)
 	g.worker("chromium", "w1", fake.Behavior{})
 	g.worker("firefox", "f1", fake.Behavior{})
-	running := caddyOpts{redisURL: g.redis.URL(), site: `
-	route /f/* {
-		browser_grid firefox {
-			max_concurrent 1
-			select_timeout 1s
-		}
-	}`}
-	c := startCaddy(t, running)
-	mustDial(t, c.url("/f/firefox")).close()
-	time.Sleep(20 * time.Millisecond)
-	b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
-	route /playwright/* {
-		browser_grid chromium {
-			max_concurrent 3
-			select_timeout 1s
-		}
-	}`})
-	mustDial(t, b.url("/playwright/chromium")).close()
+	c, running, b := firefoxOnlyBesideB(t, g)
 	if err := g.reg.SetDraining(context.Background(), "chromium", "w1"); err != nil {
 		t.Fatal(err)
 	}
@@ -467,7 +408,9 @@ func TestFailedConfigQueuedClaimAfterDrop(t *testing.T) {
 	if !c.proc.WaitOutput("dropping what it stored", 5*time.Second) {
 		t.Fatal("Caddy did not log that it drops the failed config's limits")
 	}
-	time.Sleep(300 * time.Millisecond) // the drop reached Redis
+	testenv.Eventually(t, 10*time.Second, "the failed config's limits dropped", func() bool {
+		return g.limits("chromium").MaxConcurrent == 0
+	})
 	w2 := g.worker("chromium", "w2", fake.Behavior{})
 	if res := <-f.done; res.err != nil || res.code != http.StatusServiceUnavailable {
 		t.Errorf("the failed config's queued request after Caddy rolled back: %d %v; want a 503", res.code, res.err)

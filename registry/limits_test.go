@@ -184,18 +184,14 @@ func TestDisagreeingLimitsCostNoRebuild(t *testing.T) {
 	}
 }
 
-// The newest configuration's limits win: a claim configured earlier than
-// the stored limits runs under them and says so; a newer one replaces
-// them; a zero ConfigTime (now) always wins.
-func TestNewestConfigurationWins(t *testing.T) {
-	r, _ := startRegistry(t, Options{})
+// limitsClaimer returns, for pool, a claim with max_concurrent mc (and
+// max_lifetime 100) configured at at and superseding supersedes, released
+// at once, and a read of the limits the pool stores.
+func limitsClaimer(t *testing.T, r *Registry, pool string) (claim func(mc int, at, supersedes time.Time) *Claim, stored func() selection.Limits) {
 	ctx := context.Background()
-	const pool = "cfg"
-	register(t, r, pool, "a", 0)
-	t0 := time.Now().Add(-time.Hour)
-	claim := func(mc int, at time.Time) *Claim {
+	claim = func(mc int, at, supersedes time.Time) *Claim {
 		t.Helper()
-		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: at,
+		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: at, Supersedes: supersedes,
 			Limits: selection.Limits{MaxConcurrent: mc, MaxLifetime: 100}})
 		if err != nil {
 			t.Fatal(err)
@@ -205,14 +201,29 @@ func TestNewestConfigurationWins(t *testing.T) {
 		}
 		return c
 	}
-	stored := func() int {
+	stored = func() selection.Limits {
 		t.Helper()
 		info, err := r.Inspect(ctx, pool)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return info.Limits.MaxConcurrent
+		return info.Limits
 	}
+	return claim, stored
+}
+
+// The newest configuration's limits win: a claim configured earlier than
+// the stored limits runs under them and says so; a newer one replaces
+// them; a zero ConfigTime (now) always wins.
+func TestNewestConfigurationWins(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	ctx := context.Background()
+	const pool = "cfg"
+	register(t, r, pool, "a", 0)
+	t0 := time.Now().Add(-time.Hour)
+	claimSup, storedLimits := limitsClaimer(t, r, pool)
+	claim := func(mc int, at time.Time) *Claim { t.Helper(); return claimSup(mc, at, time.Time{}) }
+	stored := func() int { t.Helper(); return storedLimits().MaxConcurrent }
 	if c := claim(2, t0); c.LimitsOverridden || c.PoolLimits.MaxConcurrent != 2 || stored() != 2 {
 		t.Fatalf("first claim: overridden %v, in force %d, stored %d; want its own 2", c.LimitsOverridden, c.PoolLimits.MaxConcurrent, stored())
 	}
@@ -250,30 +261,10 @@ func TestNewestConfigurationWins(t *testing.T) {
 // stored with any other time are untouched by it.
 func TestSupersededConfigurationHandsBack(t *testing.T) {
 	r, _ := startRegistry(t, Options{})
-	ctx := context.Background()
 	const pool = "cfg-sup"
 	register(t, r, pool, "a", 0)
 	t0 := time.Now().Add(-time.Hour)
-	claim := func(mc int, at, supersedes time.Time) *Claim {
-		t.Helper()
-		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: at, Supersedes: supersedes,
-			Limits: selection.Limits{MaxConcurrent: mc, MaxLifetime: 100}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	stored := func() selection.Limits {
-		t.Helper()
-		info, err := r.Inspect(ctx, pool)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.Limits
-	}
+	claim, stored := limitsClaimer(t, r, pool)
 	running, other, failed := t0, t0.Add(time.Minute), t0.Add(2*time.Minute)
 	claim(3, other, time.Time{})  // another instance's newer configuration
 	claim(5, failed, time.Time{}) // a configuration newer still, which then fails
@@ -308,18 +299,8 @@ func TestForgetLimits(t *testing.T) {
 	const pool = "cfg-forget"
 	register(t, r, pool, "a", 0)
 	t0 := time.Now().Add(-time.Hour)
-	claim := func(mc int, at time.Time) *Claim {
-		t.Helper()
-		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: at,
-			Limits: selection.Limits{MaxConcurrent: mc, MaxLifetime: 100}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	claimSup, stored := limitsClaimer(t, r, pool)
+	claim := func(mc int, at time.Time) *Claim { t.Helper(); return claimSup(mc, at, time.Time{}) }
 	older, failed := t0, t0.Add(time.Minute)
 	claim(5, failed)
 	if dropped, err := r.ForgetLimits(ctx, pool, failed.Add(time.Millisecond)); err != nil || dropped {
@@ -337,9 +318,8 @@ func TestForgetLimits(t *testing.T) {
 	if dropped, err := r.ForgetLimits(ctx, pool, failed); err != nil || dropped {
 		t.Fatalf("ForgetLimits again: dropped %v, %v; want nothing dropped (the limits carry another time)", dropped, err)
 	}
-	info, err := r.Inspect(ctx, pool)
-	if err != nil || info.Limits.MaxConcurrent != 3 {
-		t.Fatalf("stored max_concurrent %d (%v), want 3", info.Limits.MaxConcurrent, err)
+	if mc := stored().MaxConcurrent; mc != 3 {
+		t.Fatalf("stored max_concurrent %d, want 3", mc)
 	}
 	if _, err := r.ForgetLimits(ctx, "bad pool{", failed); err == nil {
 		t.Error("ForgetLimits on a bad pool name: no error")
@@ -639,22 +619,10 @@ func TestWaitingHeartbeatsAreCheap(t *testing.T) {
 // instance's configuration newer than the running one.
 func TestSupersedingEqualLimitsRestamps(t *testing.T) {
 	r, _ := startRegistry(t, Options{})
-	ctx := context.Background()
 	const pool = "cfg-sup-eq"
 	register(t, r, pool, "a", 0)
 	t0 := time.Now().Add(-time.Hour)
-	claim := func(mc int, at, supersedes time.Time) *Claim {
-		t.Helper()
-		c, err := r.Claim(ctx, ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: at, Supersedes: supersedes,
-			Limits: selection.Limits{MaxConcurrent: mc, MaxLifetime: 100}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	claim, _ := limitsClaimer(t, r, pool)
 	running, other, failed1, failed2 := t0, t0.Add(time.Minute), t0.Add(2*time.Minute), t0.Add(3*time.Minute)
 	// (1) Two failed configurations with max_concurrent 5; the second's
 	// claims supersede the first's time.
