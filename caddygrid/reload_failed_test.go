@@ -400,7 +400,9 @@ func TestFailedConfigQueuedClaimAfterDrop(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	f := beginFailingLoad(t, c, running)
 	f.releaseAuth() // its claim finds no worker: it waits in the queue (select_timeout 2s)
-	time.Sleep(200 * time.Millisecond)
+	testenv.Eventually(t, 10*time.Second, "the failed config's claim storing its max_concurrent 5", func() bool {
+		return g.limits("chromium").MaxConcurrent == 5
+	})
 	f.releaseLoader()
 	if code := <-f.loaded; code == http.StatusOK {
 		t.Fatal("the load with a failing loader succeeded")
