@@ -696,14 +696,8 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 	if err == nil {
 		return c, outcomeNone, nil
 	}
-	if errors.Is(err, registry.ErrClientLimit) {
-		return nil, outcomeClientLimited, err
-	}
-	if errors.Is(err, errConfigGone) {
-		return nil, outcomeStopped, err
-	}
 	if !errors.Is(err, registry.ErrNoWorker) {
-		return nil, b.redisFailure(ctx, pool, err), err
+		return nil, b.claimFailed(ctx, pool, err), err
 	}
 	if !time.Now().Before(deadline) {
 		return nil, outcomeTimeout, err
@@ -749,27 +743,33 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 			q.wakeHead() // pass the wake-up on: another slot may be free too
 			return c, outcomeNone, nil
 		}
-		if errors.Is(err, registry.ErrClientLimit) {
-			// the client's other sessions took its budget meanwhile
-			q.leave(w)
-			q.wakeHead()
-			return nil, outcomeClientLimited, err
-		}
-		if errors.Is(err, errConfigGone) {
-			q.leave(w)
-			q.wakeHead()
-			return nil, outcomeStopped, err
-		}
 		if !errors.Is(err, registry.ErrNoWorker) {
+			// (a client limit: the client's other sessions took its
+			// budget meanwhile)
 			q.leave(w)
 			q.wakeHead()
-			return nil, b.redisFailure(ctx, pool, err), err
+			return nil, b.claimFailed(ctx, pool, err), err
 		}
 	}
 }
 
+// claimFailed classifies a claim that failed for another reason than "no
+// worker": the client's limit, the request's config gone (a reload that
+// failed after it started), or, through redisFailure, the client leaving
+// or Redis failing.
+func (b *backend) claimFailed(ctx context.Context, pool string, err error) outcome {
+	switch {
+	case errors.Is(err, registry.ErrClientLimit):
+		return outcomeClientLimited
+	case errors.Is(err, errConfigGone):
+		return outcomeStopped
+	}
+	return b.redisFailure(ctx, pool, err)
+}
+
 // redisFailure classifies a claim that failed for another reason than "no
-// worker": the client leaving, or Redis failing (logged).
+// worker", a client limit or a config gone: the client leaving, or Redis
+// failing (logged).
 func (b *backend) redisFailure(ctx context.Context, pool string, err error) outcome {
 	if ctx.Err() != nil {
 		return outcomeCanceled
