@@ -13,7 +13,8 @@ import (
 // the same collectors are registered in it, so counters keep counting
 // across reloads. Every name starts with caddy_grid_. Labels are bounded:
 // pool names are the configured ones (never a raw client value), policy is
-// one of three names, code and reason are fixed sets.
+// one of the policy names (registry.PolicyNames), code and reason are
+// fixed sets.
 var metrics = struct {
 	selections     *prometheus.CounterVec
 	noWorker       *prometheus.CounterVec
@@ -87,7 +88,7 @@ var metrics = struct {
 	}, []string{"pool"}),
 	rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "rejections_total",
-		Help: "Requests the grid answered itself: 400 unknown pool, 426 not a WebSocket, 429 queue full or client limit, 503 no worker in time or Redis unreachable. pool is empty for 400 and 426.",
+		Help: "Requests the grid answered itself: 400 unknown pool or an upgrade with a body, 426 not a WebSocket, 428 a Playwright version no worker of the pool serves, 429 queue full or client limit, 503 no worker in time, Redis unreachable or a replaced config. pool is empty for 400 and 426.",
 	}, []string{"pool", "code"}),
 	dialRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "dial_retries_total",
