@@ -2,8 +2,9 @@
 // ratios against a baseline measured in the same run on the same machine.
 // Each section lives in its own file and registers itself in init.
 //
-//	gridbench              # every section
-//	gridbench -only vnode  # sections whose name contains "vnode"
+//	gridbench                 # every section
+//	gridbench -only redis     # sections whose name contains "redis"
+//	gridbench -only registry  # the section named "registry" alone
 package main
 
 import (
@@ -41,7 +42,7 @@ func main() {
 	for _, s := range sections {
 		names = append(names, s.name)
 	}
-	only := flag.String("only", "", "run only sections whose name contains this (sections: "+strings.Join(names, ", ")+")")
+	only := flag.String("only", "", "run only the section of this name, else the sections whose name contains it (sections: "+strings.Join(names, ", ")+")")
 	quick := flag.Bool("quick", false, "small samples: a smoke run, figures not meaningful")
 	list := flag.Bool("list", false, "list the sections and exit")
 	flag.Parse()
@@ -58,10 +59,7 @@ func main() {
 	}
 	cfg := &config{quick: *quick, out: os.Stdout}
 	ran := 0
-	for _, s := range sections {
-		if *only != "" && !strings.Contains(s.name, *only) {
-			continue
-		}
+	for _, s := range selectSections(sections, *only) {
 		ran++
 		start := time.Now()
 		fmt.Printf("\n## %s\n\n", s.name)
@@ -75,4 +73,23 @@ func main() {
 		fmt.Fprintf(os.Stderr, "gridbench: no section matches %q (see -list)\n", *only)
 		os.Exit(2)
 	}
+}
+
+// selectSections is what -only runs: every section for "", the section
+// named only when there is one (so that -only registry does not also run
+// registry-bounds), else the sections whose name contains only.
+func selectSections(all []section, only string) []section {
+	if only == "" {
+		return all
+	}
+	var out []section
+	for _, s := range all {
+		if s.name == only {
+			return []section{s}
+		}
+		if strings.Contains(s.name, only) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
