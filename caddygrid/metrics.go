@@ -146,6 +146,19 @@ var metrics = struct {
 	}, []string{"pool"}),
 }
 
+// gridCollectors are every metric of the grid (docs/configuration.md's
+// metrics table lists each: TestDocsListEveryMetric).
+func gridCollectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		metrics.selections, metrics.noWorker, metrics.selectDuration, metrics.queueWait,
+		metrics.queueDepth, metrics.activeSessions, metrics.rejections, metrics.dialRetries,
+		metrics.releases, metrics.drains, metrics.redisErrors, metrics.leasesLost,
+		metrics.leasesReasserted, metrics.claimsCancelled, metrics.clientLimited, metrics.upgradeRefused,
+		metrics.staleSeen, metrics.scanDepth, metrics.wraps, metrics.samples,
+		metrics.dedupes, metrics.tiedMin, metrics.batchCalls, reaperEvents, badRecords, versionSessions,
+	}
+}
+
 // registerMetrics adds the grid's collectors to a config's registry.
 // Registering the same collector twice (several grid apps or reloads into
 // the same registry) is not an error.
@@ -153,14 +166,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{
-		metrics.selections, metrics.noWorker, metrics.selectDuration, metrics.queueWait,
-		metrics.queueDepth, metrics.activeSessions, metrics.rejections, metrics.dialRetries,
-		metrics.releases, metrics.drains, metrics.redisErrors, metrics.leasesLost,
-		metrics.leasesReasserted, metrics.claimsCancelled, metrics.clientLimited, metrics.upgradeRefused,
-		metrics.staleSeen, metrics.scanDepth, metrics.wraps, metrics.samples,
-		metrics.dedupes, metrics.tiedMin, metrics.batchCalls, reaperEvents, badRecords, versionSessions,
-	} {
+	for _, c := range gridCollectors() {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
