@@ -225,6 +225,7 @@ func TestScaledObject(t *testing.T) {
 	known, required := prometheusTriggerKeys(t, dir)
 	metricNames := gridMetricNames(t)
 	metricRef := regexp.MustCompile(`\bcaddy_grid_[a-z0-9_]+`)
+	exactPool := regexp.MustCompile(`\bpool\s*=\s*"[^"]*"`)
 
 	t.Run("schema refuses unknown fields", func(t *testing.T) {
 		for _, doc := range []string{
@@ -296,6 +297,12 @@ func TestScaledObject(t *testing.T) {
 				if !metricNames[name] {
 					t.Errorf("%s: trigger %d queries %s, which caddygrid does not export", m, i, name)
 				}
+			}
+			// A Playwright worker's sessions and queue are labelled with
+			// its version group (pool "chromium@1.65"): a selector of the
+			// pool alone would see none of them.
+			for _, sel := range exactPool.FindAllString(q, -1) {
+				t.Errorf("%s: trigger %d selects %s, which misses the pool's version groups (pool=\"chromium@1.65\"); use pool=~\"<pool>(@.+)?\"", m, i, sel)
 			}
 			if !contains(used, "caddy_grid_queue_depth") {
 				t.Errorf("%s: trigger %d does not scale on caddy_grid_queue_depth: %s", m, i, q)
