@@ -26,8 +26,9 @@ type VnodeSelection struct {
 	ClaimOptions
 
 	// VirtualNodes is V, the ring positions of a worker, 1-64 (4-32
-	// recommended). Workers register their positions; this is the value
-	// the registry assumes for a worker that registered none. Default: 8.
+	// recommended). It is only range-checked: each worker registers its
+	// own positions (grid-worker -virtual-nodes, default 8), and claims
+	// walk those. Default: 8.
 	VirtualNodes int `json:"virtual_nodes,omitempty"`
 	// Samples is K, the independent pivots of one decision, 1-8. 1 skips
 	// the comparison of live sessions. Default: 2.
