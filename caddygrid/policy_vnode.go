@@ -7,6 +7,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
 	"github.com/browsergrid/caddy-browser-grid/selection"
@@ -70,7 +71,17 @@ func (p *VnodeSelection) Provision(ctx caddy.Context) error {
 		SlotJitter:   jitter,
 	}
 	p.vnode.SetDefaults()
-	return p.provision(ctx, policyVnode)
+	if err := p.provision(ctx, policyVnode); err != nil {
+		return err
+	}
+	if p.VirtualNodes != 0 {
+		// Accepted so that configs that set it keep loading, but a worker's
+		// ring positions are the ones its agent registered: say so, rather
+		// than let an operator believe the ring follows this value.
+		p.logger.Warn("virtual_nodes has no effect: each worker's ring positions are the ones its agent registered (grid-worker -virtual-nodes, default 8)",
+			zap.Int("virtual_nodes", p.VirtualNodes))
+	}
+	return nil
 }
 
 // Validate checks the options against the vnode design's ranges.
