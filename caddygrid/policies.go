@@ -410,11 +410,14 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	if o, _ := s.getOutcome(); o != outcomeNone {
 		return nil // an earlier attempt already gave up (timeout, queue full)
 	}
-	if !isWebSocket(r) {
+	if code, _ := checkHandshake(r); !isWebSocket(r) || code != 0 {
 		// A hand-composed reverse_proxy (the directive answers 426 first)
 		// would proxy a plain HTTP request, which a browser server answers
-		// with 200 (Playwright's "Running"): an answer that blames the
-		// worker for an upgrade. Nothing to claim a browser for.
+		// with 200 (Playwright's "Running"), or a malformed handshake,
+		// which Chromium's DevTools server answers with 500 or a close:
+		// answers that blame the worker for the client's request (the
+		// directive answers 400 or 426 first). Nothing to claim a browser
+		// for.
 		s.setOutcome(outcomeNotWebSocket, 0)
 		return nil
 	}
