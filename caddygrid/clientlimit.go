@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
@@ -40,6 +41,17 @@ func clientKey(r *http.Request, tmpl string) string {
 	// No address at all (a unix socket listener): such clients share one
 	// budget rather than none.
 	return "unknown client"
+}
+
+// forgeableClientIP reports whether r's {http.vars.client_ip} is one the
+// client can choose: r came from a proxy in the server's trusted_proxies
+// and the server is not trusted_proxies_strict, so Caddy took the
+// left-most entry of the client IP headers, which the client sends itself
+// (a balancer appends the address it saw after it).
+func forgeableClientIP(r *http.Request) bool {
+	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool)
+	return srv != nil && trusted && srv.TrustedProxiesStrict == 0
 }
 
 // errClientWaiting: the client already has as many requests waiting in

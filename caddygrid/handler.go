@@ -2,6 +2,7 @@ package caddygrid
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -258,6 +259,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		return h.reject(w, r, http.StatusBadRequest, "", err.Error())
 	}
+	if code, msg := checkHandshake(r); code != 0 {
+		if code == http.StatusUpgradeRequired {
+			w.Header().Set("Sec-WebSocket-Version", "13")
+		}
+		return h.reject(w, r, code, "", msg)
+	}
 	s := newSession(r, pool)
 	proxyErr := h.proxy.ServeHTTP(w, r, next)
 	// The socket is closed (or the session never started): end the claim
@@ -322,6 +329,135 @@ func isWebSocket(r *http.Request) bool {
 	return r.Method == http.MethodGet &&
 		headerHasToken(r.Header, "Connection", "upgrade") &&
 		headerHasToken(r.Header, "Upgrade", "websocket")
+}
+
+// checkHandshake checks what of a WebSocket handshake the worker will
+// read, and returns the status (400, or 426 for a version other than 13)
+// and reason when it is malformed, 0 when it is fine. A browser's
+// DevTools server answers 500 to a handshake without Sec-WebSocket-Key or
+// Version 13, closes the connection on a Sec-WebSocket-Extensions header
+// it cannot parse, and answers a plain GET (200) when the Upgrade it is
+// sent is not websocket: each would blame the worker for the client's
+// handshake, so such a request is refused before any worker is claimed.
+//
+// For HTTP/1 it first does what reverse_proxy would do to the headers,
+// so that what is checked is what is sent: the headers Connection names
+// are dropped (hop-by-hop, a Sec-WebSocket-Key too), and Connection and
+// Upgrade become one "Upgrade" and one "websocket" (reverse_proxy
+// forwards only the first of several Upgrade values).
+//
+// Names are matched in any case: reverse_proxy stores the Sec-WebSocket
+// headers in RFC 6455's casing, not Go's canonical one, before a retry
+// runs Select again.
+func checkHandshake(r *http.Request) (int, string) {
+	if r.ProtoMajor == 1 {
+		for _, v := range headerValues(r.Header, "Connection") {
+			for _, name := range strings.Split(v, ",") {
+				if name = strings.TrimSpace(name); name != "" && !strings.EqualFold(name, "upgrade") {
+					deleteHeader(r.Header, name)
+				}
+			}
+		}
+		deleteHeader(r.Header, "Connection")
+		deleteHeader(r.Header, "Upgrade")
+		r.Header["Connection"] = []string{"Upgrade"}
+		r.Header["Upgrade"] = []string{"websocket"}
+		keys := headerValues(r.Header, "Sec-WebSocket-Key")
+		if len(keys) != 1 {
+			return http.StatusBadRequest, "a WebSocket handshake needs one Sec-WebSocket-Key header"
+		}
+		if k, err := base64.StdEncoding.DecodeString(strings.TrimSpace(keys[0])); err != nil || len(k) != 16 {
+			return http.StatusBadRequest, "Sec-WebSocket-Key must be 16 bytes in base64"
+		}
+	}
+	if v := headerValues(r.Header, "Sec-WebSocket-Version"); len(v) != 1 || strings.TrimSpace(v[0]) != "13" {
+		return http.StatusUpgradeRequired, "a WebSocket handshake needs one Sec-WebSocket-Version: 13 header"
+	}
+	for _, v := range headerValues(r.Header, "Sec-WebSocket-Extensions") {
+		if !validExtensions(v) {
+			return http.StatusBadRequest, "Sec-WebSocket-Extensions does not parse (RFC 6455 9.1)"
+		}
+	}
+	return 0, ""
+}
+
+// headerValues returns the values of the header name, whatever the case
+// of its key in h.
+func headerValues(h http.Header, name string) []string {
+	var out []string
+	for k, v := range h {
+		if strings.EqualFold(k, name) {
+			out = append(out, v...)
+		}
+	}
+	return out
+}
+
+// deleteHeader deletes the header name, whatever the case of its key in h.
+func deleteHeader(h http.Header, name string) {
+	for k := range h {
+		if strings.EqualFold(k, name) {
+			delete(h, k)
+		}
+	}
+}
+
+// validExtensions reports whether v is an extension list of RFC 6455
+// 9.1: one or more "token *(; token [= token | quoted-string])",
+// separated by commas, where a quoted value unquoted is a token too.
+func validExtensions(v string) bool {
+	for _, ext := range strings.Split(v, ",") {
+		params := strings.Split(ext, ";")
+		if !isToken(strings.Trim(params[0], " \t")) {
+			return false
+		}
+		for _, p := range params[1:] {
+			name, val, hasVal := strings.Cut(p, "=")
+			if !isToken(strings.Trim(name, " \t")) {
+				return false
+			}
+			if !hasVal {
+				continue
+			}
+			val = strings.Trim(val, " \t")
+			if len(val) >= 2 && val[0] == '"' && val[len(val)-1] == '"' {
+				var b strings.Builder
+				for i := 1; i < len(val)-1; i++ {
+					switch c := val[i]; {
+					case c == '\\' && i+1 < len(val)-1:
+						i++
+						b.WriteByte(val[i])
+					case c == '\\' || c == '"':
+						return false
+					default:
+						b.WriteByte(c)
+					}
+				}
+				val = b.String()
+			}
+			if !isToken(val) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110 5.6.2).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // headerHasToken reports whether a comma-separated header holds token

@@ -348,6 +348,9 @@ type policyCore struct {
 	app      *App
 	logger   *zap.Logger
 	warnOnce sync.Once
+	// xffWarn: the warning that the server's client_ip can be forged
+	// (forgeableClientIP) was logged.
+	xffWarn sync.Once
 }
 
 func (c *policyCore) provision(ctx caddy.Context, name string) error {
@@ -410,11 +413,14 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	if o, _ := s.getOutcome(); o != outcomeNone {
 		return nil // an earlier attempt already gave up (timeout, queue full)
 	}
-	if !isWebSocket(r) {
+	if code, _ := checkHandshake(r); !isWebSocket(r) || code != 0 {
 		// A hand-composed reverse_proxy (the directive answers 426 first)
 		// would proxy a plain HTTP request, which a browser server answers
-		// with 200 (Playwright's "Running"): an answer that blames the
-		// worker for an upgrade. Nothing to claim a browser for.
+		// with 200 (Playwright's "Running"), or a malformed handshake,
+		// which Chromium's DevTools server answers with 500 or a close:
+		// answers that blame the worker for the client's request (the
+		// directive answers 400 or 426 first). Nothing to claim a browser
+		// for.
 		s.setOutcome(outcomeNotWebSocket, 0)
 		return nil
 	}
@@ -444,6 +450,12 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	req.ConfigTime, req.Supersedes = c.app.limits.configTime(limitsKey(req), req.Pool, c.app.prevLimits, c.app.provisioned)
 	if opts.ClientLimit > 0 {
 		req.ClientKey, req.ClientLimit = clientKey(r, opts.ClientKey), opts.ClientLimit
+		if opts.ClientKey == DefaultClientKey && forgeableClientIP(r) {
+			c.xffWarn.Do(func() {
+				c.logger.Warn("client_limit names clients by {http.vars.client_ip}, which this server takes from the left-most X-Forwarded-For entry of a trusted proxy: " +
+					"a client writes that entry itself and gets a new budget per address it makes up; set trusted_proxies_strict on the server (logged once)")
+			})
+		}
 	}
 	// A retry uses the backend the session holds a reference on: the
 	// config that made this policy may have been replaced and cleaned up
