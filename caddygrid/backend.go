@@ -672,6 +672,7 @@ const (
 	outcomeUnknownVersion         // 428: no worker of the pool serves the client's Playwright version
 	outcomeClientLimited          // 429: the client holds its client_limit of live sessions
 	outcomeNotWebSocket           // no WebSocket upgrade: nothing claimed (503 in a hand-composed proxy; the directive answers 426 before)
+	outcomeRefused                // the workers tried answered a 4xx, and no other worker was free to try: that 4xx
 )
 
 // acquire claims a worker for the session, waiting in the pool's queue

@@ -43,17 +43,22 @@ const (
 	DefaultStreamCloseDelay = time.Hour
 	// dialTimeout bounds the TCP connect to a worker.
 	dialTimeout = 3 * time.Second
-	// retryMatchExpr makes an upgrade refused on the worker's side (5xx;
-	// 404: the worker does not serve that path; an answer below 400 but
-	// 101: no WebSocket server there) a retryable response for
-	// reverse_proxy, so the session moves to another worker instead of
-	// failing; dial errors are always retried, and a transport error (no
-	// status at all, e.g. no answer within upgrade_timeout) matches the
-	// first clause. Other 4xx are the client's
-	// doing (428: a Playwright client whose version the server does not
-	// speak; 400: a malformed handshake): every worker would answer the
-	// same, so they go back to the client at once and blame no worker.
-	retryMatchExpr = "type({http.reverse_proxy.status_code}) != int || {http.reverse_proxy.status_code} >= 500 || {http.reverse_proxy.status_code} == 404 || ({http.reverse_proxy.status_code} < 400 && {http.reverse_proxy.status_code} != 101)"
+	// retryMatchExpr makes every answer to the upgrade but 101 and 428 a
+	// retryable response for reverse_proxy, so the session moves to
+	// another worker instead of failing; dial errors are always retried,
+	// and a transport error (no status at all, e.g. no answer within
+	// upgrade_timeout) matches the first clause. One refused on the
+	// worker's side (5xx; 404: the worker does not serve that path; an
+	// answer below 400 but 101: no WebSocket server there) blames the
+	// worker at once (workerRefused). Another 4xx may be the client's
+	// doing (the handler refuses malformed handshakes before, but a
+	// browser may refuse an Origin, a token, launch options) or the
+	// worker's (a broken or hostile server refusing every client): the
+	// worker is avoided, and blamed only when another accepts the same
+	// request (session.held). 428 (a Playwright client whose version the
+	// server does not speak) goes back to the client at once: its body
+	// says which version to use.
+	retryMatchExpr = "type({http.reverse_proxy.status_code}) != int || ({http.reverse_proxy.status_code} != 101 && {http.reverse_proxy.status_code} != 428)"
 )
 
 // Handler is the browser_grid HTTP handler: the one-line form of the grid.
@@ -296,6 +301,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, r, http.StatusServiceUnavailable, pool, "the grid is misconfigured")
 	case outcomeUnknownVersion:
 		return h.reject(w, r, http.StatusPreconditionRequired, pool, s.refusalMessage())
+	case outcomeRefused:
+		status := s.refusedStatus()
+		if status == 0 {
+			status = http.StatusBadRequest
+		}
+		return h.reject(w, r, status, pool,
+			fmt.Sprintf("the %s browsers tried refused this WebSocket upgrade with %d; check the request", pool, status))
 	case outcomeCanceled:
 		// The client left while waiting; 499 for the access log, as
 		// reverse_proxy records a client that went away.

@@ -54,7 +54,7 @@ var metrics = struct {
 	}, []string{"pool", "script"}),
 	upgradeRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "upgrade_refused_total",
-		Help: "Upgrade attempts a worker answered with another status than 101, by status (5xx, 404 and 1xx-3xx count as the worker's failure; other 4xx as the client's).",
+		Help: "Upgrade attempts a worker answered with another status than 101, by status (5xx, 404 and 1xx-3xx count as the worker's failure; other 4xx as the client's, unless another worker accepted the same request).",
 	}, []string{"pool", "code"}),
 	clientLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "grid", Name: "client_limited_total",

@@ -403,12 +403,25 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 			return nil
 		}
 		metrics.dialRetries.WithLabelValues(failed.Pool).Inc()
-		b.upgradeRefused(failed, status, suspect)
-		c.logger.Warn("worker failed; claim given back, trying another",
-			zap.String("pool", failed.Pool), zap.String("worker_id", failed.Worker.ID),
-			zap.String("addr", failed.Worker.Addr), zap.Int("status", status),
-			zap.Bool("suspect", suspect))
-		b.finish(failed, false, suspect)
+		if clientRefused(status) {
+			// The client's doing if every worker answers alike, the
+			// worker's if another accepts: held, and its worker avoided,
+			// until the session ends (session.held). Logged once a minute
+			// per worker and status: clients can send such requests at will.
+			s.hold(failed, status)
+			if b.firstReport("upgrade_held", failed.Pool, failed.Worker.ID+" "+strconv.Itoa(status)) {
+				c.logger.Warn("worker refused the upgrade with a 4xx; trying another worker, and blaming this one if another accepts",
+					zap.String("pool", failed.Pool), zap.String("worker_id", failed.Worker.ID),
+					zap.String("addr", failed.Worker.Addr), zap.Int("status", status))
+			}
+		} else {
+			b.upgradeRefused(failed, status, suspect)
+			c.logger.Warn("worker failed; claim given back, trying another",
+				zap.String("pool", failed.Pool), zap.String("worker_id", failed.Worker.ID),
+				zap.String("addr", failed.Worker.Addr), zap.Int("status", status),
+				zap.Bool("suspect", suspect))
+			b.finish(failed, false, suspect)
+		}
 	}
 	if o, _ := s.getOutcome(); o != outcomeNone {
 		return nil // an earlier attempt already gave up (timeout, queue full)
@@ -489,8 +502,23 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 			b.drop()
 		}
 	}()
+	// A retry after a 4xx tries the workers not tried yet, and only those
+	// free now: waiting for one would keep the client from the answer
+	// the others gave, when that answer was its own doing.
+	avoid, refused := s.avoided()
+	if len(avoid) > registry.MaxAvoid {
+		avoid = avoid[len(avoid)-registry.MaxAvoid:]
+	}
+	if refused != 0 {
+		req.Avoid, deadline = avoid, time.Now()
+	}
 	route := &versionRoute{on: opts.routing(), client: clientVersion(r)}
 	claim, o, err := c.claimAllowed(withConfig(r.Context(), &c.app.limits), b, req, route, samples, opts.QueueSize, deadline)
+	if claim == nil && o == outcomeTimeout && refused != 0 {
+		// no worker left to try: the client gets the answer it got
+		s.setOutcome(outcomeRefused, 0)
+		return nil
+	}
 	if o == outcomeUnknownVersion {
 		s.refuse(route.refusal)
 	}

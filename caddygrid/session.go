@@ -61,6 +61,54 @@ type session struct {
 	waiting bool
 	// refusal is the 428 answer's body (outcomeUnknownVersion).
 	refusal string
+	// held are the claims of earlier attempts whose worker answered the
+	// upgrade with a 4xx (clientRefused). Such an answer is the client's
+	// doing when every worker gives it, the worker's when another accepts
+	// the same request: the claims are held, their workers avoided by the
+	// retries, and ended with the session, the workers blamed only when a
+	// later attempt was served (finish).
+	held []heldClaim
+	// refusedWith is the status of the last attempt held (0: none); kept
+	// after finish, for the answer (outcomeRefused).
+	refusedWith int
+}
+
+// heldClaim is a claim a worker refused with status (see session.held).
+type heldClaim struct {
+	c      *registry.Claim
+	status int
+}
+
+// hold keeps c, refused with status, until the session ends.
+func (s *session) hold(c *registry.Claim, status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held = append(s.held, heldClaim{c: c, status: status})
+	s.refusedWith = status
+}
+
+// refusedStatus is the status the last held attempt was refused with (0:
+// none).
+func (s *session) refusedStatus() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refusedWith
+}
+
+// avoided returns the IDs of the workers whose claims the session holds
+// (the workers a retry must not try again), and the status the last of
+// them answered (0: none held).
+func (s *session) avoided() ([]string, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.held) == 0 {
+		return nil, 0
+	}
+	ids := make([]string, 0, len(s.held))
+	for _, h := range s.held {
+		ids = append(ids, h.c.Worker.ID)
+	}
+	return ids, s.refusedWith
 }
 
 // sessionFrom returns the request's session, or nil.
@@ -164,18 +212,27 @@ func (s *session) finish(clientGone bool) {
 		return
 	}
 	s.finished = true
-	c, b := s.claim, s.b
-	s.claim, s.b = nil, nil
+	c, b, held := s.claim, s.b, s.held
+	s.claim, s.b, s.held = nil, nil, nil
 	s.mu.Unlock()
 	if b == nil {
 		return
 	}
 	defer b.drop()
+	status := s.upstreamStatus()
+	if c == nil {
+		status = 0 // the last attempt claimed nothing: no answer of its own
+	}
+	served := status == http.StatusSwitchingProtocols
+	// A worker that refused what another then accepted refused on its
+	// own side (see session.held).
+	for _, h := range held {
+		b.upgradeRefused(h.c, h.status, served)
+		b.finish(h.c, false, served)
+	}
 	if c == nil {
 		return
 	}
-	status := s.upstreamStatus()
-	served := status == http.StatusSwitchingProtocols
 	suspect := blames(status, clientGone)
 	b.upgradeRefused(c, status, suspect)
 	b.finish(c, served, suspect)
@@ -192,6 +249,16 @@ func blames(status int, clientGone bool) bool {
 		return false
 	}
 	return workerRefused(status) || (status == 0 && !clientGone)
+}
+
+// clientRefused reports whether an upgrade answered with status was
+// refused in a way that may be the client's doing: a 4xx but 404 (the
+// worker's, see workerRefused) and 428 (a Playwright client whose version
+// the server does not speak: its answer goes to the client as it is).
+// Such an attempt is tried on another worker without blaming the first
+// (see session.held).
+func clientRefused(status int) bool {
+	return status >= 400 && status < 500 && status != http.StatusNotFound && status != http.StatusPreconditionRequired
 }
 
 // workerRefused reports whether an upgrade answered with status failed

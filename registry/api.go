@@ -397,6 +397,12 @@ type ClaimRequest struct {
 	// pool. 0: no limit (a session with a ClientKey still counts toward
 	// other claims' limits). Default: 0.
 	ClientLimit int
+	// Avoid lists workers (IDs) the claim walks past as if they were
+	// suspect: those that refused this request's earlier attempts in a
+	// way that is not yet known to be theirs or the client's (Caddy: a
+	// 4xx to the upgrade, held until another worker answers). At most
+	// MaxAvoid; an ID no worker has changes nothing. Default: none.
+	Avoid []string
 
 	// fallbackScan is lifetime_first's max_scan for this request (set by
 	// checkRequest): a claim's budget while its policy's index is being built.
@@ -408,6 +414,9 @@ type ClaimRequest struct {
 // missing, suspect, held back) one claim walks past before it reports no
 // worker. Vnode's default is selection.DefaultVnodeMaxScan.
 const DefaultMaxScan = 64
+
+// MaxAvoid is the most workers a claim may avoid (ClaimRequest.Avoid).
+const MaxAvoid = 16
 
 // PoolLimits are the limits a claim ran under: the request's, or the
 // pool's stored ones when a newer configuration brought them.

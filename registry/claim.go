@@ -75,6 +75,14 @@ func (r *Registry) checkRequest(req *ClaimRequest) (PolicySpec, error) {
 	if req.ClientLimit < 0 {
 		return spec, fmt.Errorf("client limit %d is negative", req.ClientLimit)
 	}
+	if len(req.Avoid) > MaxAvoid {
+		return spec, fmt.Errorf("%d workers to avoid: at most %d", len(req.Avoid), MaxAvoid)
+	}
+	for _, id := range req.Avoid {
+		if err := checkID(id); err != nil {
+			return spec, fmt.Errorf("worker to avoid: %w", err)
+		}
+	}
 	if req.LeaseTTL < 0 {
 		return spec, fmt.Errorf("lease TTL %s is negative", req.LeaseTTL)
 	}
@@ -167,7 +175,8 @@ func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, lease
 		set("lease_sweep", sweep).set("config_time_ms", toMS(req.ConfigTime)).
 		set("config_supersedes_ms", toMS(req.Supersedes)).
 		set("epoch_seen", req.Epoch).set("epoch_new", newToken(8)).
-		set("client", ClientHash(req.ClientKey)).set("client_limit", req.ClientLimit)
+		set("client", ClientHash(req.ClientKey)).set("client_limit", req.ClientLimit).
+		set("avoid", strings.Join(req.Avoid, " "))
 	args, err := a.list()
 	if err != nil {
 		return nil, err

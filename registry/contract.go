@@ -36,6 +36,8 @@ var claimArgs = []string{
 	"durations_kept", "lease_sweep", "config_time_ms", "config_supersedes_ms",
 	"epoch_seen", "epoch_new",
 	"client", "client_limit",
+	// ClaimRequest.Avoid: worker IDs joined by spaces ('' none).
+	"avoid",
 }
 
 // claimReply is claim.lua's reply when it decided (ok 1: claimed or, dry,

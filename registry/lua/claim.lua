@@ -10,7 +10,7 @@
 -- its own file, lua/walk_<policy>.lua (registry/policy.go's table lists
 -- them), part of lua/walk.lua: the walks and their machinery are created
 -- once, when the library loads, and a claim passes them its walk state.
--- Every walked entry that is not usable (missing, stale, suspect, held back
+-- Every walked entry that is not usable (missing, stale, suspect, avoided, held back
 -- or bad) costs one unit of the max_scan budget; index debris (a worker not
 -- indexed under the limits in force) costs none but is removed, at most 128
 -- per claim. Stale and missing ones are reported for expiry, bad ones
@@ -151,6 +151,12 @@ if not ix_settle(cfg, WALK_INDEX[policy], now, dry) then
 end
 -- The walk's state (lua/walk.lua): budget, what it finds, workers read.
 local ws = walk_state(now, stale, maxscan, dry, cfg)
+-- Workers the caller avoids (ClaimRequest.Avoid: ids joined by spaces).
+if ARGV[REQ.avoid] ~= '' then
+  local avoid = {}
+  for id in string.gmatch(ARGV[REQ.avoid], '%S+') do avoid[id] = true end
+  ws.avoid = avoid
+end
 
 -- StaggerDrains: is some fresh worker of the pool retiring? Only the
 -- retiring set's members can be (common.lua's second invariant), so this

@@ -29,6 +29,8 @@ local FIRST_BATCH, BATCH = 4, 32
 -- and what the walk found: scanned, stale_ids, bad (id, why pairs),
 -- debris, the figures vnode reports (wraps, effective, dedupes, tied), and
 -- loaded, the workers read so far (a worker or the reason it is unusable).
+-- avoid (nil: none) is the set of worker ids the caller asked to avoid,
+-- walked past as suspect ones are; claim.lua sets it.
 local function walk_state(now, stale, maxscan, dry, cfg)
   local budget = maxscan
   if budget == 0 then budget = -1 end
@@ -87,6 +89,8 @@ local function examine(s, id)
     -- held back (StaggerDrains): its last session waits for the retiring one
   elseif w.suspect_until > 0 and now < w.suspect_until then
     -- suspect: walked past
+  elseif s.avoid and s.avoid[id] then
+    -- avoided (ClaimRequest.Avoid): walked past as a suspect one
   else
     return w
   end
