@@ -175,9 +175,11 @@ func (c *limitsClock) snapshot(prev limitsTimes) limitsTimes {
 	return out
 }
 
-// limitsKey names a claim's limits (those the pool stores).
+// limitsKey names a claim's limits (those the pool stores). The policy is
+// not one of them: a reload that switches the policy only keeps the
+// limits' time. A fair_share claim also brings the fair-share options.
 func limitsKey(req registry.ClaimRequest) string {
-	k := fmt.Sprintf("%s mc=%d ml=%d stagger=%v", req.Policy, req.Limits.MaxConcurrent, req.Limits.MaxLifetime, req.Limits.StaggerDrains)
+	k := fmt.Sprintf("mc=%d ml=%d stagger=%v", req.Limits.MaxConcurrent, req.Limits.MaxLifetime, req.Limits.StaggerDrains)
 	if req.Policy == registry.FairShare {
 		k += fmt.Sprintf(" window=%d median=%v default=%s", req.FairShare.Window, req.FairShare.Median, req.FairShare.Default)
 	}
