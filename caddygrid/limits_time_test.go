@@ -102,17 +102,21 @@ func TestReloadToLimitsOfAnotherPoolIsNewest(t *testing.T) {
 }
 
 // TestReloadSwitchingPolicyKeepsLimitsTime: instance A serves chromium
-// with lifetime_first and max_concurrent 2; instance B, configured later,
-// with 3, which wins. A is then reloaded to policy vnode with the same
-// limits. The policy is not one of the limits the pool stores, so A's
-// limits keep their time and B's newer 3 stays in force after A's next
-// claim. (The time was kept per policy too: the switch made A's older 2
-// the newest configuration.)
+// with one policy and max_concurrent 2; instance B, configured later,
+// with 3, which wins. A is then reloaded to another policy with the same
+// max_concurrent, max_lifetime and stagger_drains. The policy is not one
+// of the limits the pool stores, so A's limits keep their time and B's
+// newer 3 stays in force after A's next claim. (The time was kept per
+// policy too: the switch made A's older 2 the newest configuration.) From
+// fair_share, whose options only its own claims bring, to another policy
+// the limits are unchanged as well.
 func TestReloadSwitchingPolicyKeepsLimitsTime(t *testing.T) {
-	g := newGrid(t)
-	g.worker("chromium", "c1", fake.Behavior{})
-	config := func(policy string) caddyOpts {
-		return caddyOpts{redisURL: g.redis.URL(), site: `
+	for _, sw := range [][2]string{{"lifetime_first", "vnode"}, {"fair_share", "lifetime_first"}} {
+		t.Run(sw[0]+"_to_"+sw[1], func(t *testing.T) {
+			g := newGrid(t)
+			g.worker("chromium", "c1", fake.Behavior{})
+			config := func(policy string) caddyOpts {
+				return caddyOpts{redisURL: g.redis.URL(), site: `
 	route /c/* {
 		browser_grid chromium {
 			policy ` + policy + `
@@ -120,24 +124,26 @@ func TestReloadSwitchingPolicyKeepsLimitsTime(t *testing.T) {
 			select_timeout 1s
 		}
 	}`}
-	}
-	a := startCaddy(t, config("lifetime_first"))
-	mustDial(t, a.url("/c/chromium")).close()
-	time.Sleep(20 * time.Millisecond)
-	b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+			}
+			a := startCaddy(t, config(sw[0]))
+			mustDial(t, a.url("/c/chromium")).close()
+			time.Sleep(20 * time.Millisecond)
+			b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
 	route /c/* {
 		browser_grid chromium {
 			max_concurrent 3
 			select_timeout 1s
 		}
 	}`})
-	mustDial(t, b.url("/c/chromium")).close()
-	if mc := g.limits("chromium").MaxConcurrent; mc != 3 {
-		t.Fatalf("max_concurrent after B's claim: %d, want B's newer 3", mc)
-	}
-	a.reload(config("vnode"))
-	mustDial(t, a.url("/c/chromium")).close()
-	if mc := g.limits("chromium").MaxConcurrent; mc != 3 {
-		t.Errorf("max_concurrent after A's claim following its switch to vnode: %d, want B's newer 3 (A's limits are unchanged and older)", mc)
+			mustDial(t, b.url("/c/chromium")).close()
+			if mc := g.limits("chromium").MaxConcurrent; mc != 3 {
+				t.Fatalf("max_concurrent after B's claim: %d, want B's newer 3", mc)
+			}
+			a.reload(config(sw[1]))
+			mustDial(t, a.url("/c/chromium")).close()
+			if mc := g.limits("chromium").MaxConcurrent; mc != 3 {
+				t.Errorf("max_concurrent after A's claim following its switch to %s: %d, want B's newer 3 (A's limits are unchanged and older)", sw[1], mc)
+			}
+		})
 	}
 }
