@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +84,15 @@ func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Tim
 		t = at
 		if p, ok := prev.since[pool][key]; ok {
 			t = p
+		} else if !strings.Contains(key, " window=") {
+			// A claim that brings no fair-share options (another policy
+			// than fair_share) keeps the time of the same limits brought
+			// with them: its own are unchanged.
+			for k, p := range prev.since[pool] {
+				if strings.HasPrefix(k, key+" window=") && p.Before(t) {
+					t = p
+				}
+			}
 		}
 		if c.since == nil {
 			c.since = map[string]map[string]time.Time{}
