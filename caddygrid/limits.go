@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,8 +25,11 @@ import (
 // limitsClock remembers, per set of limits (policy and its limits), when
 // the config that first brought them was provisioned.
 type limitsClock struct {
-	mu    sync.Mutex
-	since map[string]time.Time
+	mu sync.Mutex
+	// since is, per pool, when each set of limits (limitsKey) its claims
+	// carried was first configured. Per pool: two pools with the same
+	// limits were not necessarily configured at the same time.
+	since map[string]map[string]time.Time
 	// own holds the pools this config claimed for with limits first
 	// configured at its provisioning (not inherited from an older config).
 	own map[string]bool
@@ -63,8 +67,8 @@ func configGone(ctx context.Context) bool {
 
 // limitsTimes is what a config hands on to the next (snapshot).
 type limitsTimes struct {
-	since  map[string]time.Time // per set of limits (limitsKey)
-	failed map[string]time.Time // per pool
+	since  map[string]map[string]time.Time // per pool, per set of limits (limitsKey)
+	failed map[string]time.Time            // per pool
 }
 
 // configTime returns when the limits (key) a claim for pool carries were
@@ -75,16 +79,28 @@ type limitsTimes struct {
 func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Time) (t, supersedes time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t, ok := c.since[key]
+	t, ok := c.since[pool][key]
 	if !ok {
 		t = at
-		if p, ok := prev.since[key]; ok {
+		if p, ok := prev.since[pool][key]; ok {
 			t = p
+		} else if !strings.Contains(key, " window=") {
+			// A claim that brings no fair-share options (another policy
+			// than fair_share) keeps the time of the same limits brought
+			// with them: its own are unchanged.
+			for k, p := range prev.since[pool] {
+				if strings.HasPrefix(k, key+" window=") && p.Before(t) {
+					t = p
+				}
+			}
 		}
 		if c.since == nil {
-			c.since = map[string]time.Time{}
+			c.since = map[string]map[string]time.Time{}
 		}
-		c.since[key] = t
+		if c.since[pool] == nil {
+			c.since[pool] = map[string]time.Time{}
+		}
+		c.since[pool][key] = t
 	}
 	if t.Equal(at) {
 		if c.own == nil {
@@ -136,21 +152,27 @@ func laterOf(a, b time.Time) time.Time {
 }
 
 // snapshot copies the times (a new config keeps a copy, not the previous
-// app, so configs do not chain in memory). The times are learnt at claims:
-// a config that served none hands on the times it was handed (prev), so
-// that reloading an idle instance twice does not make its unchanged limits
-// new again (and win over a newer configuration elsewhere). The failed
-// configs' times are handed on too (the later of prev's and c's).
+// app, so configs do not chain in memory). The times are learnt at claims,
+// pool by pool: for a pool c claimed for, c's times; for a pool c served
+// no claim of, the times it was handed (prev), so that reloading an
+// instance twice, with no claim for a pool in between, does not make that
+// pool's unchanged limits new again (and win over a newer configuration
+// elsewhere). The failed configs' times are handed on too (the later of
+// prev's and c's).
 func (c *limitsClock) snapshot(prev limitsTimes) limitsTimes {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	from := c.since
-	if len(from) == 0 {
-		from = prev.since
-	}
-	out := limitsTimes{since: make(map[string]time.Time, len(from))}
-	for k, v := range from {
-		out.since[k] = v
+	out := limitsTimes{since: make(map[string]map[string]time.Time, len(prev.since)+len(c.since))}
+	for _, from := range []map[string]map[string]time.Time{prev.since, c.since} {
+		for pool, times := range from {
+			// c's times for a pool replace prev's whole: limits of the pool
+			// that c did not claim with are no longer configured.
+			m := make(map[string]time.Time, len(times))
+			for k, v := range times {
+				m[k] = v
+			}
+			out.since[pool] = m
+		}
 	}
 	if len(prev.failed)+len(c.failed) > 0 {
 		out.failed = make(map[string]time.Time, len(prev.failed)+len(c.failed))
@@ -163,9 +185,11 @@ func (c *limitsClock) snapshot(prev limitsTimes) limitsTimes {
 	return out
 }
 
-// limitsKey names a claim's limits (those the pool stores).
+// limitsKey names a claim's limits (those the pool stores). The policy is
+// not one of them: a reload that switches the policy only keeps the
+// limits' time. A fair_share claim also brings the fair-share options.
 func limitsKey(req registry.ClaimRequest) string {
-	k := fmt.Sprintf("%s mc=%d ml=%d stagger=%v", req.Policy, req.Limits.MaxConcurrent, req.Limits.MaxLifetime, req.Limits.StaggerDrains)
+	k := fmt.Sprintf("mc=%d ml=%d stagger=%v", req.Limits.MaxConcurrent, req.Limits.MaxLifetime, req.Limits.StaggerDrains)
 	if req.Policy == registry.FairShare {
 		k += fmt.Sprintf(" window=%d median=%v default=%s", req.FairShare.Window, req.FairShare.Median, req.FairShare.Default)
 	}

@@ -56,6 +56,10 @@ type limits struct {
 	SelectTimeout time.Duration
 	// ReaperInterval of the instance's grid app (0: reaperInterval).
 	ReaperInterval time.Duration
+	// Policy is the handler's policy line ("": the default, lifetime_first).
+	Policy string
+	// Extra goes into the handler's block as it is.
+	Extra string
 }
 
 // caddyInst is one running bin/caddy.
@@ -91,6 +95,12 @@ http://127.0.0.1:{{.Port}} {
 			max_concurrent {{.Lim.MaxConcurrent}}
 			max_lifetime {{.Lim.MaxLifetime}}
 			select_timeout {{.Lim.SelectTimeout}}
+			{{- if .Lim.Policy}}
+			policy {{.Lim.Policy}}
+			{{- end}}
+			{{- if .Lim.Extra}}
+			{{.Lim.Extra}}
+			{{- end}}
 		}
 	}
 }

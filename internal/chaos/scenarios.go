@@ -117,6 +117,74 @@ var scenarios = []Scenario{
 		},
 	},
 	{
+		Name: "policy-cycle",
+		Proves: "eight `caddy reload`s under traffic that cycle the policy (lifetime_first, vnode, fair_share, " +
+			"interleaved_weighted_round_robin), max_concurrent (3, 2, 1) and stagger_drains, max_lifetime 15 so workers " +
+			"keep draining (browsers of capacity 6): no browser above 3 at once or past 15 sessions, no leak, the pool keeps serving.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 3, MaxLifetime: 15, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 4, 6); err != nil {
+				return err
+			}
+			r.clients(3, constant(15), 100*time.Millisecond)
+			r.tr.churn(10, churnHold)
+			r.warm()
+			cycle := []limits{
+				{MaxConcurrent: 2, MaxLifetime: 15, SelectTimeout: selectTimeout, Policy: "vnode"},
+				{MaxConcurrent: 3, MaxLifetime: 15, SelectTimeout: selectTimeout, Policy: "fair_share"},
+				{MaxConcurrent: 2, MaxLifetime: 15, SelectTimeout: selectTimeout, Policy: "interleaved_weighted_round_robin"},
+				{MaxConcurrent: 3, MaxLifetime: 15, SelectTimeout: selectTimeout, Policy: "lifetime_first"},
+				{MaxConcurrent: 3, MaxLifetime: 15, SelectTimeout: selectTimeout, Policy: "vnode", Extra: "stagger_drains on"},
+				{MaxConcurrent: 1, MaxLifetime: 15, SelectTimeout: selectTimeout, Policy: "lifetime_first", Extra: "stagger_drains off"},
+				{MaxConcurrent: 3, MaxLifetime: 15, SelectTimeout: selectTimeout, Policy: "fair_share", Extra: "stagger_drains on"},
+				{MaxConcurrent: 3, MaxLifetime: 15, SelectTimeout: selectTimeout},
+			}
+			for _, l := range cycle {
+				time.Sleep(r.phase(700*time.Millisecond, 1500*time.Millisecond))
+				if err := r.reload(0, l); err != nil {
+					return err
+				}
+			}
+			r.fault(time.Now())
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "two-policy-reloads",
+		Proves: "two instances (lifetime_first 2/12 and vnode 3/20) on one pool, the first reloaded seven times through " +
+			"every policy, max_concurrent 1-3 and max_lifetime 8-20: no browser above the largest max_concurrent or past " +
+			"the largest max_lifetime, no leak, the pool keeps serving.",
+		run: func(r *run) error {
+			a := limits{MaxConcurrent: 2, MaxLifetime: 12, SelectTimeout: selectTimeout}
+			b := limits{MaxConcurrent: 3, MaxLifetime: 20, SelectTimeout: selectTimeout, Policy: "vnode"}
+			if err := r.grid(r.single(false), []limits{a, b}, 4, 6); err != nil {
+				return err
+			}
+			r.clients(3, constant(20), 100*time.Millisecond)
+			r.tr.churn(12, churnHold)
+			r.warm()
+			cycle := []limits{
+				{MaxConcurrent: 3, MaxLifetime: 12, SelectTimeout: selectTimeout, Policy: "fair_share"},
+				{MaxConcurrent: 2, MaxLifetime: 20, SelectTimeout: selectTimeout, Policy: "interleaved_weighted_round_robin"},
+				{MaxConcurrent: 3, MaxLifetime: 8, SelectTimeout: selectTimeout, Policy: "lifetime_first"},
+				{MaxConcurrent: 1, MaxLifetime: 20, SelectTimeout: selectTimeout, Policy: "vnode", Extra: "stagger_drains on"},
+				{MaxConcurrent: 2, MaxLifetime: 12, SelectTimeout: selectTimeout},
+				{MaxConcurrent: 3, MaxLifetime: 20, SelectTimeout: selectTimeout, Policy: "fair_share"},
+				{MaxConcurrent: 2, MaxLifetime: 12, SelectTimeout: selectTimeout},
+			}
+			for _, l := range cycle {
+				time.Sleep(r.phase(700*time.Millisecond, 1500*time.Millisecond))
+				if err := r.reload(0, l); err != nil {
+					return err
+				}
+			}
+			r.fault(time.Now())
+			r.observe()
+			return nil
+		},
+	},
+	{
 		Name: "two-instances",
 		Proves: "two Caddy instances with different limits (max_lifetime 20 and 5) share a pool during a rolling deploy: " +
 			"the pool keeps serving through both, no browser holds more than the larger max_concurrent or serves past the larger max_lifetime.",
