@@ -1,0 +1,101 @@
+package caddygrid_test
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// workerCap is grid.worker with a capacity.
+func (g *grid) workerCap(pool, id string, capacity int, b fake.Behavior) *fake.Server {
+	g.t.Helper()
+	srv, ep, err := fake.Start("127.0.0.1:0", fake.Options{Path: "/playwright", Behavior: b})
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.t.Cleanup(func() { srv.Close() })
+	u, err := url.Parse(ep)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	err = g.reg.Register(context.Background(), registry.Registration{
+		Pool: pool, ID: id, BrowserType: pool, Addr: u.Host, Path: u.Path, TTL: workerTTL, Capacity: capacity,
+	})
+	if err != nil {
+		g.t.Fatalf("registering worker %s: %v", id, err)
+	}
+	return srv
+}
+
+// TestRefusing4xxWorkerUnderClientLimit: with client_limit 1, a client
+// whose upgrade the first worker refuses with a 4xx must still be tried
+// on the next free worker, as without a client_limit: the claim held on
+// the refusing worker is this same session's, not another live session
+// of the client's.
+func TestRefusing4xxWorkerUnderClientLimit(t *testing.T) {
+	g := newGrid(t)
+	bad := g.worker("chromium", "a-refuses", fake.Behavior{Refuse: http.StatusBadRequest})
+	g.worker("chromium", "b", fake.Behavior{})
+	g.worker("chromium", "c", fake.Behavior{})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			client_limit 1
+		}
+	}`})
+	const clients = 10
+	served, codes, bodies := dialAll(t, c, clients)
+	t.Logf("%d clients one after another (client_limit 1): %d served, refused %v %q; the refusing worker answered %d upgrades",
+		clients, served, codes, bodies, bad.Stats().Refused)
+	if served != clients {
+		t.Errorf("%d of %d served: the session's own held claim counted against its client_limit 1", served, clients)
+	}
+	if n := c.metric(`caddy_grid_client_limited_total{pool="chromium"}`); n != 0 {
+		t.Errorf("client_limited_total = %v for a client that never held more than one session", n)
+	}
+	for _, id := range []string{"a-refuses", "b", "c"} {
+		if w := g.info("chromium", id); w.Active != 0 {
+			t.Errorf("%s: %d active after every session ended", id, w.Active)
+		}
+	}
+}
+
+// TestHeldClaimEndsWhenAnotherWorkerAccepts: a worker that refused one
+// upgrade with a 4xx (here a transient 429) is blamed once another worker
+// accepts the same request; its held claim must not keep one of its slots,
+// and caddy_grid_active_sessions, for the whole of the other worker's
+// session.
+func TestHeldClaimEndsWhenAnotherWorkerAccepts(t *testing.T) {
+	g := newGrid(t)
+	a := g.workerCap("chromium", "a", 2, fake.Behavior{Refuse: http.StatusTooManyRequests})
+	g.workerCap("chromium", "b", 2, fake.Behavior{})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium
+	}`})
+	s := mustDial(t, c.url("/playwright/chromium"))
+	defer s.close()
+	a.SetBehavior(fake.Behavior{})
+	if err := s.echo("hello"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	wa, wb := g.info("chromium", "a"), g.info("chromium", "b")
+	active := c.metric(`caddy_grid_active_sessions{pool="chromium"}`)
+	t.Logf("one live socket (on b): a active %d suspect until %v; b active %d; active_sessions %v",
+		wa.Active, wa.SuspectUntil, wb.Active, active)
+	if wa.Active != 0 {
+		t.Errorf("a holds %d of its 2 slots while its only client is served by b", wa.Active)
+	}
+	if active != 1 {
+		t.Errorf("caddy_grid_active_sessions = %v with one live socket", active)
+	}
+	if !wa.SuspectUntil.After(time.Now()) {
+		t.Errorf("a not yet suspect although b accepted the request a refused")
+	}
+}
