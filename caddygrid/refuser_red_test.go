@@ -119,3 +119,70 @@ func TestHeldClaimEndsWhenAnotherWorkerAccepts(t *testing.T) {
 		t.Errorf("a not yet suspect although b accepted the request a refused")
 	}
 }
+
+// TestRefusing4xxWorkerInABusyPool: one worker answering 400 to every
+// upgrade joins a pool whose healthy workers are all busy. A client must
+// wait in the queue for a healthy worker, as it would without the broken
+// one, and be served within select_timeout when one frees: the broken
+// worker, the only one free, must not turn every arrival into a 400 (and
+// stay unblamed, since no attempt after it was ever served).
+func TestRefusing4xxWorkerInABusyPool(t *testing.T) {
+	g := newGrid(t)
+	g.workerCap("chromium", "b", 1, fake.Behavior{})
+	g.workerCap("chromium", "c", 1, fake.Behavior{})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			select_timeout 10s
+		}
+	}`})
+	busy := []*session{mustDial(t, c.url("/playwright/chromium")), mustDial(t, c.url("/playwright/chromium"))}
+	defer func() {
+		for _, s := range busy {
+			s.close()
+		}
+	}()
+	bad := g.worker("chromium", "a-refuses", fake.Behavior{Refuse: http.StatusBadRequest})
+
+	const clients = 4
+	type result struct {
+		s    *session
+		code int
+	}
+	results := make(chan result, clients)
+	for range clients {
+		go func() {
+			s, err := dial(context.Background(), c.url("/playwright/chromium"))
+			if err != nil {
+				code := -1
+				if he := refusal(err); he != nil {
+					code = he.StatusCode
+				}
+				results <- result{code: code}
+				return
+			}
+			results <- result{s: s}
+		}()
+	}
+	// the healthy workers free up one after another, within select_timeout
+	time.Sleep(500 * time.Millisecond)
+	served, codes := 0, map[int]int{}
+	for i := range clients {
+		if i < len(busy) {
+			busy[i].close()
+		}
+		r := <-results
+		if r.s == nil {
+			codes[r.code]++
+			continue
+		}
+		served++
+		r.s.close()
+	}
+	busy = nil
+	t.Logf("%d clients while the healthy workers were busy: %d served, refused %v; the broken worker answered %d upgrades, suspect until %v",
+		clients, served, codes, bad.Stats().Refused, g.info("chromium", "a-refuses").SuspectUntil)
+	if served != clients {
+		t.Errorf("%d of %d clients served within select_timeout: a worker answering 400 to everything refused the clients that would have waited for a healthy one", served, clients)
+	}
+}
