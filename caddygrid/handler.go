@@ -271,7 +271,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, r, code, "", msg)
 	}
 	s := newSession(r, pool)
-	proxyErr := h.proxy.ServeHTTP(w, r, next)
+	proxyErr := h.proxy.ServeHTTP(&upgradeWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, s: s}, r, next)
 	// The socket is closed (or the session never started): end the claim
 	// now. A cancelled request context means the client went away.
 	s.finish(r.Context().Err() != nil)

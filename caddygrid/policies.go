@@ -506,6 +506,13 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	// free now: waiting for one would keep the client from the answer
 	// the others gave, when that answer was its own doing.
 	avoid, refused := s.avoided()
+	if refused != 0 && req.ClientLimit > 0 {
+		// The held claims are this session's own attempts, live leases
+		// of its client in Redis: they must not count as the client's
+		// other sessions, or a client_limit 1 would answer 429 to every
+		// retry past a refusing worker.
+		req.ClientLimit += len(avoid)
+	}
 	if len(avoid) > registry.MaxAvoid {
 		avoid = avoid[len(avoid)-registry.MaxAvoid:]
 	}

@@ -65,8 +65,10 @@ type session struct {
 	// upgrade with a 4xx (clientRefused). Such an answer is the client's
 	// doing when every worker gives it, the worker's when another accepts
 	// the same request: the claims are held, their workers avoided by the
-	// retries, and ended with the session, the workers blamed only when a
-	// later attempt was served (finish).
+	// retries, and ended (their workers blamed) as soon as a later attempt
+	// is answered 101 (upgraded, in the browser_grid directive), otherwise
+	// with the session, blamed only when a later attempt was served
+	// (finish).
 	held []heldClaim
 	// refusedWith is the status of the last attempt held (0: none); kept
 	// after finish, for the answer (outcomeRefused).
@@ -236,6 +238,52 @@ func (s *session) finish(clientGone bool) {
 	suspect := blames(status, clientGone)
 	b.upgradeRefused(c, status, suspect)
 	b.finish(c, served, suspect)
+}
+
+// upgraded ends the held claims as soon as the live claim's worker has
+// accepted the upgrade (101): their workers refused what another accepted,
+// so they are blamed now, and their slots are not kept for the whole of a
+// session served elsewhere (finish would end them only when the socket
+// closes).
+func (s *session) upgraded() {
+	if s.upstreamStatus() != http.StatusSwitchingProtocols {
+		return
+	}
+	s.mu.Lock()
+	if s.finished || s.claim == nil || len(s.held) == 0 || s.b == nil {
+		s.mu.Unlock()
+		return
+	}
+	held := s.held
+	s.held = nil
+	b, err := s.b.retain()
+	s.mu.Unlock()
+	if err != nil {
+		return // the backend is gone: the held leases expire by themselves
+	}
+	defer b.drop()
+	for _, h := range held {
+		b.upgradeRefused(h.c, h.status, true)
+		b.finish(h.c, false, true)
+	}
+}
+
+// upgradeWriter tells the session when the proxy writes the answer to the
+// client: the upgrade was accepted when the worker answered 101
+// (session.upgraded). Hijack and Flush reach the server's writer through
+// Unwrap.
+type upgradeWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	s    *session
+	once bool
+}
+
+func (w *upgradeWriter) WriteHeader(code int) {
+	if !w.once {
+		w.once = true
+		w.s.upgraded()
+	}
+	w.ResponseWriterWrapper.WriteHeader(code)
 }
 
 // blames reports whether a failed attempt that ended with upstream status
