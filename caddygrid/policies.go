@@ -502,9 +502,11 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 			b.drop()
 		}
 	}()
-	// A retry after a 4xx tries the workers not tried yet, and only those
-	// free now: waiting for one would keep the client from the answer
-	// the others gave, when that answer was its own doing.
+	// A retry after a 4xx tries the workers not tried yet. When none is
+	// free it waits for one only if the pool has others (busy, suspect,
+	// draining) than those it avoids: when the avoided ones are all there
+	// is, waiting would only keep the client from the answer they gave,
+	// most likely its own doing.
 	avoid, refused := s.avoided()
 	if refused != 0 && req.ClientLimit > 0 {
 		// The held claims are this session's own attempts, live leases
@@ -516,15 +518,24 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	if len(avoid) > registry.MaxAvoid {
 		avoid = avoid[len(avoid)-registry.MaxAvoid:]
 	}
+	wait := deadline
 	if refused != 0 {
 		req.Avoid, deadline = avoid, time.Now()
 	}
 	route := &versionRoute{on: opts.routing(), client: clientVersion(r)}
-	claim, o, err := c.claimAllowed(withConfig(r.Context(), &c.app.limits), b, req, route, samples, opts.QueueSize, deadline)
+	ctx := withConfig(r.Context(), &c.app.limits)
+	claim, o, err := c.claimAllowed(ctx, b, req, route, samples, opts.QueueSize, deadline)
 	if claim == nil && o == outcomeTimeout && refused != 0 {
-		// no worker left to try: the client gets the answer it got
-		s.setOutcome(outcomeRefused, 0)
-		return nil
+		var nw *registry.NoWorkerError
+		if errors.As(err, &nw) && nw.Registered > len(avoid) && time.Now().Before(wait) {
+			// others may free up: wait in the queue as any claim does
+			claim, o, err = c.claimAllowed(ctx, b, req, route, samples, opts.QueueSize, wait)
+		}
+		if claim == nil && o == outcomeTimeout {
+			// no other worker to try: the client gets the answer it got
+			s.setOutcome(outcomeRefused, 0)
+			return nil
+		}
 	}
 	if o == outcomeUnknownVersion {
 		s.refuse(route.refusal)

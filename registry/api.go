@@ -485,6 +485,10 @@ type NoWorkerError struct {
 	Epoch            string
 	// IndexBuilding: as in Claim.
 	IndexBuilding bool
+	// Registered is how many workers the pool has registered (in any
+	// state), for a claim that avoided workers (ClaimRequest.Avoid): more
+	// than it avoided means others may free up. 0 for other claims.
+	Registered int
 }
 
 func (e *NoWorkerError) Error() string { return ErrNoWorker.Error() }

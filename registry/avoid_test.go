@@ -9,7 +9,8 @@ import (
 
 // TestClaimAvoids: a claim walks past the workers its request avoids, for
 // every policy of the table: it takes another worker when there is one,
-// and none (NoWorkerError) when every worker is avoided. An avoided worker
+// and none (NoWorkerError, saying how many workers the pool has) when
+// every worker is avoided. An avoided worker
 // is not blamed: once nobody avoids it, claims take it again. A request
 // with too many or malformed IDs fails before Redis.
 func TestClaimAvoids(t *testing.T) {
@@ -43,7 +44,12 @@ func TestClaimAvoids(t *testing.T) {
 			_, err = r.Claim(ctx, req(ids...))
 			var nw *NoWorkerError
 			if !errors.As(err, &nw) {
-				t.Errorf("claim avoiding every worker: %v, want a NoWorkerError", err)
+				t.Fatalf("claim avoiding every worker: %v, want a NoWorkerError", err)
+			}
+			// what the caller reads to tell "nothing else to try" from
+			// "others are busy": here the avoided ones are all there is
+			if nw.Registered != len(ids) {
+				t.Errorf("NoWorkerError.Registered = %d, want the pool's %d workers", nw.Registered, len(ids))
 			}
 			// avoiding is not suspicion: a claim avoiding the others takes it
 			c, err = r.Claim(ctx, req(without(ids, first.ID)...))

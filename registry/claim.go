@@ -266,7 +266,7 @@ func (r *Registry) decodeClaim(req ClaimRequest, dry bool, leaseID string, res [
 	}
 	if !rep.flag("ok") {
 		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring, PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch,
-			IndexBuilding: o.building}
+			IndexBuilding: o.building, Registered: int(rep.int("registered"))}
 	}
 	o.decision.OK = true
 	o.decision.ID = rep.str("id")

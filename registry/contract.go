@@ -58,6 +58,9 @@ var claimReply = []string{
 	// 1: the policy's index was being built, so the claim walked
 	// idx:lifetime instead (lua/common.lua, "Kept indexes").
 	"building",
+	// How many workers the pool has registered, read only by a claim
+	// that avoided workers (ClaimRequest.Avoid) and found none; else 0.
+	"registered",
 }
 
 // The codes of claim.lua's other replies (the reply's first item).

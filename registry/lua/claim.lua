@@ -243,6 +243,12 @@ else
   chosen = ''
 end
 
+-- A claim that avoided workers and found none says how many the pool
+-- has: whether others (busy, suspect, draining) may free up, or the
+-- avoided ones are all there is.
+local registered = 0
+if chosen == '' and ws.avoid then registered = redis.call('HLEN', K_WORKERS) end
+
 local function bit(b)
   if b then return 1 end
   return 0
@@ -254,4 +260,5 @@ return reply {
   retiring = bit(retiring), retired_stale = retired_stale,
   overridden = overridden, max_concurrent = cfg.mc, max_lifetime = cfg.ml, stagger = bit(cfg.stagger),
   fs_window = cfg.win, fs_median = bit(cfg.med), fs_default_ms = cfg.def, epoch = epoch, building = building,
+  registered = registered,
 }
