@@ -508,12 +508,13 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	// is, waiting would only keep the client from the answer they gave,
 	// most likely its own doing.
 	avoid, refused := s.avoided()
+	held := s.heldCount()
 	if refused != 0 && req.ClientLimit > 0 {
 		// The held claims are this session's own attempts, live leases
 		// of its client in Redis: they must not count as the client's
 		// other sessions, or a client_limit 1 would answer 429 to every
 		// retry past a refusing worker.
-		req.ClientLimit += len(avoid)
+		req.ClientLimit += held
 	}
 	if len(avoid) > registry.MaxAvoid {
 		avoid = avoid[len(avoid)-registry.MaxAvoid:]
@@ -528,7 +529,11 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	if claim == nil && o == outcomeTimeout && refused != 0 {
 		var nw *registry.NoWorkerError
 		if errors.As(err, &nw) && nw.Registered > len(avoid) && time.Now().Before(wait) {
-			// others may free up: wait in the queue as any claim does
+			// others may free up: wait in the queue as any claim does,
+			// without keeping the slots of the workers that refused
+			if n := s.giveBackHeld(); n > 0 && req.ClientLimit > 0 {
+				req.ClientLimit -= n
+			}
 			claim, o, err = c.claimAllowed(ctx, b, req, route, samples, opts.QueueSize, wait)
 		}
 		if claim == nil && o == outcomeTimeout {

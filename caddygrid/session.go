@@ -73,6 +73,9 @@ type session struct {
 	// refusedWith is the status of the last attempt held (0: none); kept
 	// after finish, for the answer (outcomeRefused).
 	refusedWith int
+	// passed are the workers of held claims given back before the retry
+	// waited in the queue (giveBackHeld): still avoided, never blamed.
+	passed []string
 }
 
 // heldClaim is a claim a worker refused with status (see session.held).
@@ -103,14 +106,46 @@ func (s *session) refusedStatus() int {
 func (s *session) avoided() ([]string, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.held) == 0 {
+	if len(s.held) == 0 && len(s.passed) == 0 {
 		return nil, 0
 	}
-	ids := make([]string, 0, len(s.held))
+	ids := make([]string, 0, len(s.passed)+len(s.held))
+	ids = append(ids, s.passed...)
 	for _, h := range s.held {
 		ids = append(ids, h.c.Worker.ID)
 	}
 	return ids, s.refusedWith
+}
+
+// heldCount is how many claims the session holds (see session.held).
+func (s *session) heldCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held)
+}
+
+// giveBackHeld gives back the held claims, unblamed, when the retry is
+// about to wait in the queue: a worker that answered a 4xx is idle for
+// everyone else, and a request every worker refuses (the client's doing)
+// must not keep slots from the others for its select_timeout. Their
+// workers stay avoided (avoided). It returns how many were given back.
+func (s *session) giveBackHeld() int {
+	s.mu.Lock()
+	held, b := s.held, s.b
+	if s.finished || b == nil || len(held) == 0 {
+		s.mu.Unlock()
+		return 0
+	}
+	s.held = nil
+	for _, h := range held {
+		s.passed = append(s.passed, h.c.Worker.ID)
+	}
+	s.mu.Unlock()
+	for _, h := range held {
+		b.upgradeRefused(h.c, h.status, false)
+		b.finish(h.c, false, false)
+	}
+	return len(held)
 }
 
 // sessionFrom returns the request's session, or nil.
