@@ -751,6 +751,11 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 			q.wakeHead()
 			return nil, b.claimFailed(ctx, pool, err), err
 		}
+		if len(req.Avoid) > 0 {
+			// the slot freed may be on a worker this retry avoids: the
+			// waiters behind it may take it
+			q.wakeNext(w)
+		}
 	}
 }
 

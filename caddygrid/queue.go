@@ -98,6 +98,26 @@ func (q *waitQueue) wakeHead() {
 	}
 }
 
+// wakeNext gives the waiter right behind w a wake-up (a no-op when w is
+// last or not queued): a waiter that avoids some workers (a retry past a
+// 4xx) and found nothing passes on a wake-up it could not use, since the
+// slot freed may be on a worker it avoids and the others can take.
+func (q *waitQueue) wakeNext(w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i, x := range q.waiters {
+		if x == w {
+			if i+1 < len(q.waiters) {
+				select {
+				case q.waiters[i+1].wake <- struct{}{}:
+				default:
+				}
+			}
+			return
+		}
+	}
+}
+
 // isHead reports whether w is first in line.
 func (q *waitQueue) isHead(w *waiter) bool {
 	q.mu.Lock()
