@@ -8,6 +8,7 @@ import (
 
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 // TestClientRefusedEverywhereKeepsNoIdleWorker: a client whose request
@@ -141,5 +142,43 @@ func TestQueuedBehindARefusedRetry(t *testing.T) {
 		code, wait.Round(time.Millisecond), took.Round(time.Millisecond), <-refused)
 	if code != http.StatusSwitchingProtocols || wait > 2*time.Second {
 		t.Errorf("honest client got %d %v after a slot of c freed: the wake-up went to the retry first in line, which avoids c", code, wait.Round(time.Millisecond))
+	}
+}
+
+// TestRefusing4xxWorkerInABusyVersionedPool is TestRefusing4xxWorkerInABusyPool
+// in a pool whose workers register their Playwright version (one group per
+// version): a client without a version may take any group's worker, so
+// when the only free one answers 400 its retry must wait for the busy
+// healthy worker of the other group, as in a pool of one group.
+func TestRefusing4xxWorkerInABusyVersionedPool(t *testing.T) {
+	g := newGrid(t)
+	p64, p65 := registry.GroupPool("chromium", "1.64"), registry.GroupPool("chromium", "1.65")
+	g.workerCap(p65, "b", 1, fake.Behavior{})
+	a := g.workerCap(p64, "a-refuses", 1, fake.Behavior{})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			select_timeout 10s
+		}
+	}`})
+	busy, err := dialAs(context.Background(), c.url("/playwright/chromium"), ua165)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.SetBehavior(fake.Behavior{Refuse: http.StatusBadRequest})
+	got := make(chan int, 1)
+	go func() {
+		s, code := dialCode(c.url("/playwright/chromium"))
+		if s != nil {
+			s.close()
+		}
+		got <- code
+	}()
+	time.Sleep(500 * time.Millisecond)
+	busy.close() // the healthy worker frees within select_timeout
+	code := <-got
+	t.Logf("a client while the 1.65 worker was busy and the 1.64 one answers 400: %d", code)
+	if code != http.StatusSwitchingProtocols {
+		t.Errorf("got %d: the retry past the 1.64 worker's 400 did not wait for the busy 1.65 worker", code)
 	}
 }
