@@ -260,6 +260,11 @@ func (b *backend) claimAny(ctx context.Context, req registry.ClaimRequest, sampl
 		return b.claim(ctx, req, samples)
 	}
 	err = registry.ErrNoWorker
+	// A claim that avoids workers learns how many the pool has
+	// (NoWorkerError.Registered): the avoided ones may be in any group,
+	// so it is the sum over the groups, not the last group's count.
+	registered := 0
+	var last *registry.NoWorkerError
 	for _, g := range groups {
 		gr := req
 		gr.Pool = g
@@ -268,6 +273,14 @@ func (b *backend) claimAny(ctx context.Context, req registry.ClaimRequest, sampl
 		if err == nil || !errors.Is(err, registry.ErrNoWorker) {
 			return c, err
 		}
+		if errors.As(err, &last) {
+			registered += last.Registered
+		}
+	}
+	if last != nil && len(req.Avoid) > 0 {
+		nw := *last
+		nw.Registered = registered
+		return nil, &nw
 	}
 	return nil, err
 }
