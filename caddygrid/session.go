@@ -140,7 +140,14 @@ func (s *session) giveBackHeld() int {
 	for _, h := range held {
 		s.passed = append(s.passed, h.c.Worker.ID)
 	}
+	// a client leaving meanwhile finishes the session, dropping its
+	// reference: keep one of our own while ending the claims
+	b, err := b.retain()
 	s.mu.Unlock()
+	if err != nil {
+		return 0 // the backend is gone: the held leases expire by themselves
+	}
+	defer b.drop()
 	for _, h := range held {
 		b.upgradeRefused(h.c, h.status, false)
 		b.finish(h.c, false, false)
