@@ -30,6 +30,9 @@ type limitsClock struct {
 	// carried was first configured. Per pool: two pools with the same
 	// limits were not necessarily configured at the same time.
 	since map[string]map[string]time.Time
+	// configured holds the sets of limits (limitsKey) this config's
+	// policies claim with, whatever the pool (configures).
+	configured map[string]bool
 	// own holds the pools this config claimed for with limits first
 	// configured at its provisioning (not inherited from an older config).
 	own map[string]bool
@@ -111,6 +114,38 @@ func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Tim
 	return t, laterOf(c.failed[pool], prev.failed[pool])
 }
 
+// configures records that a policy of this config claims with the limits
+// key (at provisioning, before the config runs).
+func (c *limitsClock) configures(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.configured == nil {
+		c.configured = map[string]bool{}
+	}
+	c.configured[key] = true
+}
+
+// fairShareBase returns the limits of a fair_share key without its
+// fair-share options, and whether key is one.
+func fairShareBase(key string) (string, bool) {
+	i := strings.Index(key, " window=")
+	if i < 0 {
+		return key, false
+	}
+	return key[:i], true
+}
+
+// claimedFairShare reports whether times holds fair_share limits with
+// base's limits (a claim of c brought other fair-share options for them).
+func claimedFairShare(times map[string]time.Time, base string) bool {
+	for k := range times {
+		if b, fs := fairShareBase(k); fs && b == base {
+			return true
+		}
+	}
+	return false
+}
+
 // ownPools lists the pools c claimed for with limits of its own (first
 // configured at its provisioning), sorted.
 func (c *limitsClock) ownPools() []string {
@@ -153,26 +188,53 @@ func laterOf(a, b time.Time) time.Time {
 
 // snapshot copies the times (a new config keeps a copy, not the previous
 // app, so configs do not chain in memory). The times are learnt at claims,
-// pool by pool: for a pool c claimed for, c's times; for a pool c served
-// no claim of, the times it was handed (prev), so that reloading an
-// instance twice, with no claim for a pool in between, does not make that
-// pool's unchanged limits new again (and win over a newer configuration
-// elsewhere). The failed configs' times are handed on too (the later of
-// prev's and c's).
+// pool by pool: for a pool c claimed for, c's times, and those of the
+// fair_share limits (with their options) that c's claims without
+// fair-share options kept the time of (a switch from fair_share and back
+// keeps the options' time too); for a pool c served no claim of, the
+// times it was handed (prev) of the limits c's policies still claim with,
+// so that reloading an instance twice, with no claim for a pool in
+// between, does not make that pool's unchanged limits new again (and win
+// over a newer configuration elsewhere), while limits a config in between
+// did not bring are new again when a later config brings them back. The
+// failed configs' times are handed on too (the later of prev's and c's).
 func (c *limitsClock) snapshot(prev limitsTimes) limitsTimes {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := limitsTimes{since: make(map[string]map[string]time.Time, len(prev.since)+len(c.since))}
-	for _, from := range []map[string]map[string]time.Time{prev.since, c.since} {
-		for pool, times := range from {
-			// c's times for a pool replace prev's whole: limits of the pool
-			// that c did not claim with are no longer configured.
-			m := make(map[string]time.Time, len(times))
-			for k, v := range times {
+	for pool, times := range prev.since {
+		if _, claimed := c.since[pool]; claimed {
+			continue
+		}
+		m := make(map[string]time.Time, len(times))
+		for k, v := range times {
+			base, _ := fairShareBase(k)
+			if c.configured[k] || c.configured[base] {
 				m[k] = v
 			}
+		}
+		if len(m) > 0 {
 			out.since[pool] = m
 		}
+	}
+	for pool, times := range c.since {
+		// c's times for a pool replace prev's: limits of the pool that c
+		// did not claim with are no longer configured, but for the
+		// fair-share options of limits c claimed with without them.
+		m := make(map[string]time.Time, len(times))
+		for k, v := range times {
+			m[k] = v
+		}
+		for k, v := range prev.since[pool] {
+			if base, fs := fairShareBase(k); fs {
+				if _, ok := m[k]; !ok {
+					if _, kept := times[base]; kept && !claimedFairShare(times, base) {
+						m[k] = v
+					}
+				}
+			}
+		}
+		out.since[pool] = m
 	}
 	if len(prev.failed)+len(c.failed) > 0 {
 		out.failed = make(map[string]time.Time, len(prev.failed)+len(c.failed))

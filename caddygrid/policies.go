@@ -353,7 +353,11 @@ type policyCore struct {
 	xffWarn sync.Once
 }
 
-func (c *policyCore) provision(ctx caddy.Context, name string) error {
+// provision finds the grid app and records in it the limits this policy
+// claims with (opts, and req's policy and fair-share options), so that a
+// reload hands on only the times of limits the config still brings
+// (limitsClock.configures).
+func (c *policyCore) provision(ctx caddy.Context, name string, opts ClaimOptions, req registry.ClaimRequest) error {
 	c.name = name
 	c.logger = ctx.Logger()
 	app, err := gridApp(ctx)
@@ -361,7 +365,18 @@ func (c *policyCore) provision(ctx caddy.Context, name string) error {
 		return err
 	}
 	c.app = app
+	setLimits(&req, name, opts)
+	app.limits.configures(limitsKey(req))
 	return nil
+}
+
+// setLimits fills the limits a claim of the policy name brings from its
+// options (limitsKey names them).
+func setLimits(req *registry.ClaimRequest, name string, opts ClaimOptions) {
+	req.Limits.MaxConcurrent = opts.MaxConcurrent
+	req.Limits.MaxLifetime = opts.MaxLifetime
+	spec, _ := registry.LookupPolicy(name)
+	req.Limits.StaggerDrains = opts.stagger(spec.StaggerByDefault) && opts.MaxLifetime > 0
 }
 
 // selectWorker is Select for every grid policy: it gives back the claim
@@ -450,11 +465,8 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 		return nil
 	}
 	req.Pool = pool
-	req.Limits.MaxConcurrent = opts.MaxConcurrent
-	req.Limits.MaxLifetime = opts.MaxLifetime
+	setLimits(&req, c.name, opts)
 	req.Limits.StaleAfter = time.Duration(c.app.StaleThreshold)
-	spec, _ := registry.LookupPolicy(c.name)
-	req.Limits.StaggerDrains = opts.stagger(spec.StaggerByDefault) && opts.MaxLifetime > 0
 	if req.Limits.MaxScan == 0 {
 		req.Limits.MaxScan = opts.MaxScan
 	}

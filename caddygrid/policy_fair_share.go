@@ -59,7 +59,7 @@ func (p *FairShareSelection) Provision(ctx caddy.Context) error {
 		Default: time.Duration(p.DefaultEstimate),
 	}
 	p.fair.SetDefaults()
-	return p.provision(ctx, policyFairShare)
+	return p.provision(ctx, policyFairShare, p.ClaimOptions, registry.ClaimRequest{Policy: registry.FairShare, FairShare: p.fair})
 }
 
 // Validate checks the options.

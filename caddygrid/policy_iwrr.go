@@ -44,7 +44,7 @@ func (*IWRRSelection) CaddyModule() caddy.ModuleInfo {
 // Provision fills the defaults and finds the grid app.
 func (p *IWRRSelection) Provision(ctx caddy.Context) error {
 	p.ClaimOptions.setDefaults()
-	return p.provision(ctx, policyIWRR)
+	return p.provision(ctx, policyIWRR, p.ClaimOptions, registry.ClaimRequest{Policy: registry.InterleavedWeightedRoundRobin})
 }
 
 // Validate checks the options.

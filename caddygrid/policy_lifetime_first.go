@@ -38,7 +38,7 @@ func (*LifetimeFirstSelection) CaddyModule() caddy.ModuleInfo {
 // Provision fills the defaults and finds the grid app.
 func (p *LifetimeFirstSelection) Provision(ctx caddy.Context) error {
 	p.ClaimOptions.setDefaults()
-	return p.provision(ctx, policyLifetimeFirst)
+	return p.provision(ctx, policyLifetimeFirst, p.ClaimOptions, registry.ClaimRequest{Policy: registry.LifetimeFirst})
 }
 
 // Validate checks the options.

@@ -71,7 +71,7 @@ func (p *VnodeSelection) Provision(ctx caddy.Context) error {
 		SlotJitter:   jitter,
 	}
 	p.vnode.SetDefaults()
-	if err := p.provision(ctx, policyVnode); err != nil {
+	if err := p.provision(ctx, policyVnode, p.ClaimOptions, p.request()); err != nil {
 		return err
 	}
 	if p.VirtualNodes != 0 {
