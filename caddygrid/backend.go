@@ -712,6 +712,9 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 	if !ok {
 		return nil, outcomeQueueFull, err
 	}
+	if len(req.Avoid) > 0 {
+		q.avoid(w, req.Avoid)
+	}
 	metrics.queueDepth.WithLabelValues(pool).Inc()
 	waitStart := time.Now()
 	defer func() {

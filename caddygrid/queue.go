@@ -1,6 +1,10 @@
 package caddygrid
 
-import "sync"
+import (
+	"slices"
+	"strings"
+	"sync"
+)
 
 // waitQueue is one pool's bounded FIFO of requests waiting for a free
 // worker in this Caddy instance.
@@ -21,6 +25,17 @@ type waiter struct {
 	wake chan struct{}
 	// client is the request's client key (client_limit; "" none).
 	client string
+	// avoids names the workers the waiter's claims walk past (a retry
+	// past a 4xx: their IDs, sorted and joined; "" none), set by avoid.
+	avoids string
+}
+
+// avoid records the workers w's claims walk past (see wakeNext).
+func (q *waitQueue) avoid(w *waiter, ids []string) {
+	key := strings.Join(slices.Sorted(slices.Values(ids)), " ")
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w.avoids = key
 }
 
 // join appends a waiter unless the queue already holds limit waiters.
@@ -98,20 +113,26 @@ func (q *waitQueue) wakeHead() {
 	}
 }
 
-// wakeNext gives the waiter right behind w a wake-up (a no-op when w is
-// last or not queued): a waiter that avoids some workers (a retry past a
-// 4xx) and found nothing passes on a wake-up it could not use, since the
-// slot freed may be on a worker it avoids and the others can take.
+// wakeNext passes on a wake-up w could not use: a waiter that avoids
+// some workers (a retry past a 4xx) and found nothing, when the slot freed
+// may be on a worker it avoids, which waiters behind it can take. The
+// wake-up goes to the first waiter behind w that avoids other workers than
+// w (an ordinary waiter avoids none): one that avoids the same would walk
+// past the same slot, so a line of such retries (a client sending what
+// every worker refuses, many times over) costs one claim more per freed
+// slot, not one per waiter. A no-op when there is none, or w is not queued.
 func (q *waitQueue) wakeNext(w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for i, x := range q.waiters {
-		if x == w {
-			if i+1 < len(q.waiters) {
-				select {
-				case q.waiters[i+1].wake <- struct{}{}:
-				default:
-				}
+	i := slices.Index(q.waiters, w)
+	if i < 0 {
+		return
+	}
+	for _, x := range q.waiters[i+1:] {
+		if x.avoids != w.avoids {
+			select {
+			case x.wake <- struct{}{}:
+			default:
 			}
 			return
 		}

@@ -50,6 +50,27 @@ func TestWaitQueue(t *testing.T) {
 			t.Fatal("b is not head after a left")
 		}
 	})
+	t.Run("a retry passes an unusable wake-up past retries that avoid the same", func(t *testing.T) {
+		var q waitQueue
+		head, _ := q.join(10)
+		same1, _ := q.join(10)
+		same2, _ := q.join(10)
+		other, _ := q.join(10)
+		plain, _ := q.join(10)
+		q.avoid(head, []string{"c", "a"})
+		q.avoid(same1, []string{"a", "c"})
+		q.avoid(same2, []string{"c", "a"})
+		q.avoid(other, []string{"b"})
+		q.wakeNext(head)
+		if woken(same1) || woken(same2) || !woken(other) || woken(plain) {
+			t.Fatal("the wake-up did not go to the first waiter avoiding other workers")
+		}
+		q.wakeNext(other)
+		if !woken(plain) {
+			t.Fatal("an ordinary waiter (avoiding none) did not get the wake-up")
+		}
+		q.wakeNext(plain) // last: a no-op
+	})
 	t.Run("an unused wake-up passes on", func(t *testing.T) {
 		var q waitQueue
 		a, _ := q.join(10)
