@@ -83,3 +83,48 @@ func TestReloadChangingLimitsWithoutClaimsIsNewest(t *testing.T) {
 		})
 	}
 }
+
+// chromiumFirefoxWith is a site routing chromium (/c/*) and firefox
+// (/f/*) with lifetime_first and their max_concurrent.
+func chromiumFirefoxWith(redisURL string, chromium, firefox int) caddyOpts {
+	return caddyOpts{redisURL: redisURL, site: `
+	route /c/* {
+		browser_grid chromium {
+			max_concurrent ` + strconv.Itoa(chromium) + `
+			select_timeout 1s
+		}
+	}
+	route /f/* {
+		browser_grid firefox {
+			max_concurrent ` + strconv.Itoa(firefox) + `
+			select_timeout 1s
+		}
+	}`}
+}
+
+// TestReloadChangingLimitsWithoutClaimsIsNewestBesideAnotherPool is
+// TestReloadChangingLimitsWithoutClaimsIsNewest with a firefox pool that
+// keeps max_concurrent 2 throughout: chromium's 2 → 4 → 2 with no chromium
+// claim in between is A's newest configuration of chromium whatever other
+// pools run under, so A's 2 is in force after its next claim. (The limits
+// a config records at provisioning name no pool: firefox's 2 kept the
+// chromium 2's first time, older than B's 3, which stayed in force.)
+func TestReloadChangingLimitsWithoutClaimsIsNewestBesideAnotherPool(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "c1", fake.Behavior{})
+	a := startCaddy(t, chromiumFirefoxWith(g.redis.URL(), 2, 2))
+	mustDial(t, a.url("/c/chromium")).close()
+	time.Sleep(20 * time.Millisecond)
+	b := startCaddy(t, chromiumWith(g.redis.URL(), "lifetime_first", 3))
+	mustDial(t, b.url("/c/chromium")).close()
+	if mc := g.limits("chromium").MaxConcurrent; mc != 3 {
+		t.Fatalf("max_concurrent after B's claim: %d, want B's newer 3", mc)
+	}
+	time.Sleep(20 * time.Millisecond)
+	a.reload(chromiumFirefoxWith(g.redis.URL(), 4, 2))
+	a.reload(chromiumFirefoxWith(g.redis.URL(), 2, 2))
+	mustDial(t, a.url("/c/chromium")).close()
+	if mc := g.limits("chromium").MaxConcurrent; mc != 2 {
+		t.Errorf("max_concurrent after A's reloads of chromium to 4 then 2 (firefox 2 throughout) and its claim: %d, want A's newest 2", mc)
+	}
+}
