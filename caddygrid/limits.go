@@ -30,9 +30,10 @@ type limitsClock struct {
 	// carried was first configured. Per pool: two pools with the same
 	// limits were not necessarily configured at the same time.
 	since map[string]map[string]time.Time
-	// configured holds the sets of limits (limitsKey) this config's
-	// policies claim with, whatever the pool (configures).
-	configured map[string]bool
+	// configured holds, per pool, the sets of limits (limitsKey) this
+	// config's policies claim with for it; under "" those of policies
+	// whose pools are not known (configures).
+	configured map[string]map[string]bool
 	// own holds the pools this config claimed for with limits first
 	// configured at its provisioning (not inherited from an older config).
 	own map[string]bool
@@ -115,14 +116,29 @@ func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Tim
 }
 
 // configures records that a policy of this config claims with the limits
-// key (at provisioning, before the config runs).
-func (c *limitsClock) configures(key string) {
+// key for pools (at provisioning, before the config runs); nil: pools not
+// known, any pool.
+func (c *limitsClock) configures(key string, pools []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.configured == nil {
-		c.configured = map[string]bool{}
+		c.configured = map[string]map[string]bool{}
 	}
-	c.configured[key] = true
+	if pools == nil {
+		pools = []string{""}
+	}
+	for _, p := range pools {
+		if c.configured[p] == nil {
+			c.configured[p] = map[string]bool{}
+		}
+		c.configured[p][key] = true
+	}
+}
+
+// configuresFor reports whether a policy of c claims with the limits key
+// for pool (or for pools not known). c.mu held.
+func (c *limitsClock) configuresFor(pool, key string) bool {
+	return c.configured[pool][key] || c.configured[""][key]
 }
 
 // fairShareBase returns the limits of a fair_share key without its
@@ -192,7 +208,8 @@ func laterOf(a, b time.Time) time.Time {
 // fair_share limits (with their options) that c's claims without
 // fair-share options kept the time of (a switch from fair_share and back
 // keeps the options' time too); for a pool c served no claim of, the
-// times it was handed (prev) of the limits c's policies still claim with,
+// times it was handed (prev) of the limits c's policies still claim with
+// for that pool,
 // so that reloading an instance twice, with no claim for a pool in
 // between, does not make that pool's unchanged limits new again (and win
 // over a newer configuration elsewhere), while limits a config in between
@@ -209,7 +226,7 @@ func (c *limitsClock) snapshot(prev limitsTimes) limitsTimes {
 		m := make(map[string]time.Time, len(times))
 		for k, v := range times {
 			base, _ := fairShareBase(k)
-			if c.configured[k] || c.configured[base] {
+			if c.configuresFor(pool, k) || c.configuresFor(pool, base) {
 				m[k] = v
 			}
 		}

@@ -1,6 +1,7 @@
 package caddygrid
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -366,8 +367,41 @@ func (c *policyCore) provision(ctx caddy.Context, name string, opts ClaimOptions
 	}
 	c.app = app
 	setLimits(&req, name, opts)
-	app.limits.configures(limitsKey(req))
+	app.limits.configures(limitsKey(req), policyPools(ctx))
 	return nil
+}
+
+// policyPools returns the pools the reverse_proxy a policy is provisioned
+// in may claim for (its browser_grid upstream source's pool, or the
+// browsers a request may name), nil when not known. The limits a config
+// records are per pool: two pools with the same limits do not keep each
+// other's times (limitsClock.snapshot).
+func policyPools(ctx caddy.Context) []string {
+	mods := ctx.Modules()
+	if len(mods) < 2 {
+		return nil
+	}
+	h, ok := mods[len(mods)-2].(*reverseproxy.Handler)
+	if !ok {
+		return nil
+	}
+	var src *UpstreamSource
+	if u, ok := h.DynamicUpstreams.(*UpstreamSource); ok {
+		src = u
+	} else if len(h.DynamicUpstreamsRaw) > 0 {
+		var raw struct {
+			Source string `json:"source"`
+			UpstreamSource
+		}
+		if json.Unmarshal(h.DynamicUpstreamsRaw, &raw) != nil || raw.Source != "browser_grid" {
+			return nil
+		}
+		src = &raw.UpstreamSource
+	}
+	if src == nil {
+		return nil
+	}
+	return poolSpec{pool: src.Pool, browsers: src.Browsers}.allowed()
 }
 
 // setLimits fills the limits a claim of the policy name brings from its
