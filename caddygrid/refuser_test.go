@@ -65,7 +65,14 @@ func TestOneWorkerRefusingEveryUpgradeWithA4xx(t *testing.T) {
 	if w := g.info("chromium", "a-refuses"); !w.SuspectUntil.After(time.Now()) {
 		t.Errorf("the refusing worker is not suspect (until %v) although another worker accepted the request it refused", w.SuspectUntil)
 	}
-	for _, id := range []string{"a-refuses", "b", "c"} {
+	// a session's slot is released once Caddy sees its socket close, just
+	// after the client's close returns: wait for that, then a slot still
+	// held is a leak
+	ids := []string{"a-refuses", "b", "c"}
+	for deadline := time.Now().Add(10 * time.Second); g.activeSum(t, ids...) != 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, id := range ids {
 		if w := g.info("chromium", id); w.Active != 0 {
 			t.Errorf("%s: %d active after every session ended, want 0", id, w.Active)
 		}
