@@ -81,7 +81,7 @@ fuzz:
 chaos: deps-apt build
 	$(BIN)/gridchaos $(CHAOSFLAGS)
 
-# The same scenarios and expectations with shorter phases (about 4 min), run by make test
+# The same scenarios and expectations with shorter phases (about 2–3 min), run by make test
 # after the Go tests so that its timings do not share the CPU with them.
 chaos-short: build
 	$(BIN)/gridchaos -short $(CHAOSFLAGS)
