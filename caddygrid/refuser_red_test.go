@@ -124,8 +124,10 @@ func TestHeldClaimEndsWhenAnotherWorkerAccepts(t *testing.T) {
 // upgrade joins a pool whose healthy workers are all busy. A client must
 // wait in the queue for a healthy worker, as it would without the broken
 // one, and be served within select_timeout when one frees: the broken
-// worker, the only one free, must not turn every arrival into a 400 (and
-// stay unblamed, since no attempt after it was ever served).
+// worker, the only one free, must not turn every arrival into a 400. Once
+// a healthy worker has accepted what it refused, the broken worker is
+// marked suspect, though its claim was given back before the wait: the
+// clients arriving next walk past it instead of being refused again.
 func TestRefusing4xxWorkerInABusyPool(t *testing.T) {
 	g := newGrid(t)
 	g.workerCap("chromium", "b", 1, fake.Behavior{})
@@ -185,4 +187,10 @@ func TestRefusing4xxWorkerInABusyPool(t *testing.T) {
 	if served != clients {
 		t.Errorf("%d of %d clients served within select_timeout: a worker answering 400 to everything refused the clients that would have waited for a healthy one", served, clients)
 	}
+	if w := g.info("chromium", "a-refuses"); served > 0 && !w.SuspectUntil.After(time.Now()) {
+		t.Errorf("the worker answering 400 to every upgrade is not suspect (until %v) after %d clients it refused were served by healthy workers", w.SuspectUntil, served)
+	}
+	testenv.Eventually(t, 10*time.Second, "release", func() bool {
+		return g.activeSum(t, "a-refuses", "b", "c") == 0
+	})
 }

@@ -73,9 +73,11 @@ type session struct {
 	// refusedWith is the status of the last attempt held (0: none); kept
 	// after finish, for the answer (outcomeRefused).
 	refusedWith int
-	// passed are the workers of held claims given back before the retry
-	// waited in the queue (giveBackHeld): still avoided, never blamed.
-	passed []string
+	// passed are the held claims given back, unblamed, before the retry
+	// waited in the queue (giveBackHeld): their workers are still avoided,
+	// and blamed (Registry.Suspect, their lease being gone) once another
+	// worker accepts the request (upgraded, or finish when served).
+	passed []heldClaim
 }
 
 // heldClaim is a claim a worker refused with status (see session.held).
@@ -110,7 +112,9 @@ func (s *session) avoided() ([]string, int) {
 		return nil, 0
 	}
 	ids := make([]string, 0, len(s.passed)+len(s.held))
-	ids = append(ids, s.passed...)
+	for _, h := range s.passed {
+		ids = append(ids, h.c.Worker.ID)
+	}
 	for _, h := range s.held {
 		ids = append(ids, h.c.Worker.ID)
 	}
@@ -128,7 +132,8 @@ func (s *session) heldCount() int {
 // about to wait in the queue: a worker that answered a 4xx is idle for
 // everyone else, and a request every worker refuses (the client's doing)
 // must not keep slots from the others for its select_timeout. Their
-// workers stay avoided (avoided). It returns how many were given back.
+// workers stay avoided (avoided), and are blamed once another worker
+// accepts the request (passed). It returns how many were given back.
 func (s *session) giveBackHeld() int {
 	s.mu.Lock()
 	held, b := s.held, s.b
@@ -137,9 +142,7 @@ func (s *session) giveBackHeld() int {
 		return 0
 	}
 	s.held = nil
-	for _, h := range held {
-		s.passed = append(s.passed, h.c.Worker.ID)
-	}
+	s.passed = append(s.passed, held...)
 	// a client leaving meanwhile finishes the session, dropping its
 	// reference: keep one of our own while ending the claims
 	b, err := b.retain()
@@ -256,8 +259,8 @@ func (s *session) finish(clientGone bool) {
 		return
 	}
 	s.finished = true
-	c, b, held := s.claim, s.b, s.held
-	s.claim, s.b, s.held = nil, nil, nil
+	c, b, held, passed := s.claim, s.b, s.held, s.passed
+	s.claim, s.b, s.held, s.passed = nil, nil, nil, nil
 	s.mu.Unlock()
 	if b == nil {
 		return
@@ -273,6 +276,11 @@ func (s *session) finish(clientGone bool) {
 	for _, h := range held {
 		b.upgradeRefused(h.c, h.status, served)
 		b.finish(h.c, false, served)
+	}
+	if served {
+		for _, h := range passed {
+			b.blameLate(h.c, h.status)
+		}
 	}
 	if c == nil {
 		return
@@ -292,12 +300,12 @@ func (s *session) upgraded() {
 		return
 	}
 	s.mu.Lock()
-	if s.finished || s.claim == nil || len(s.held) == 0 || s.b == nil {
+	if s.finished || s.claim == nil || len(s.held)+len(s.passed) == 0 || s.b == nil {
 		s.mu.Unlock()
 		return
 	}
-	held := s.held
-	s.held = nil
+	held, passed := s.held, s.passed
+	s.held, s.passed = nil, nil
 	b, err := s.b.retain()
 	s.mu.Unlock()
 	if err != nil {
@@ -307,6 +315,9 @@ func (s *session) upgraded() {
 	for _, h := range held {
 		b.upgradeRefused(h.c, h.status, true)
 		b.finish(h.c, false, true)
+	}
+	for _, h := range passed {
+		b.blameLate(h.c, h.status)
 	}
 }
 

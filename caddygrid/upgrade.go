@@ -1,6 +1,8 @@
 package caddygrid
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"strconv"
 
@@ -28,4 +30,29 @@ func (b *backend) upgradeRefused(c *registry.Claim, status int, blamed bool) {
 	}
 	b.logger.Warn(msg, zap.String("pool", c.Pool), zap.String("worker_id", c.Worker.ID),
 		zap.String("addr", c.Worker.Addr), zap.Int("status", status), zap.Bool("suspect", blamed))
+}
+
+// blameLate marks suspect the worker of claim c, already given back
+// unblamed, that refused with status the upgrade another worker has now
+// accepted (see session.passed). Its lease is gone, so it is marked by
+// generation: a worker registered again since is left alone.
+func (b *backend) blameLate(c *registry.Claim, status int) {
+	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
+	err := b.reg.Suspect(ctx, c.Pool, c.Worker.ID, c.Gen, suspectFor)
+	cancel()
+	switch {
+	case errors.Is(err, registry.ErrNotRegistered):
+		return // gone meanwhile: nothing left to keep claims from
+	case err != nil:
+		// not retried: the next request it refuses gets it blamed again
+		metrics.redisErrors.WithLabelValues("suspect").Inc()
+		b.logger.Warn("could not mark a worker suspect", zap.String("pool", c.Pool),
+			zap.String("worker_id", c.Worker.ID), zap.Error(err))
+		return
+	}
+	if b.firstReport("upgrade_refused_late", c.Pool, c.Worker.ID+" "+strconv.Itoa(status)) {
+		b.logger.Warn("worker answered an upgrade without switching protocols, and another accepted it after a wait; marked suspect",
+			zap.String("pool", c.Pool), zap.String("worker_id", c.Worker.ID),
+			zap.String("addr", c.Worker.Addr), zap.Int("status", status), zap.Bool("suspect", true))
+	}
 }

@@ -295,7 +295,7 @@ func (r *Registry) Heartbeat(ctx context.Context, pool, id string, ttl time.Dura
 
 // SetDraining marks a worker draining: selection skips it from now on.
 func (r *Registry) SetDraining(ctx context.Context, pool, id string) error {
-	return r.update(ctx, pool, id, "draining")
+	return r.update(ctx, pool, id, "draining", string(CommandShutdown), r.opts.CommandTTL)
 }
 
 // Deregister removes a worker's record and everything registration wrote
@@ -312,7 +312,16 @@ func (r *Registry) Worker(ctx context.Context, pool, id string) (WorkerInfo, err
 
 // Drain sets a worker's shutdown command (as an operator or the admin API).
 func (r *Registry) Drain(ctx context.Context, pool, id string) error {
-	return r.update(ctx, pool, id, "command")
+	return r.update(ctx, pool, id, "command", string(CommandShutdown), r.opts.CommandTTL)
+}
+
+// Suspect marks a worker suspect for d, as Undo does with a lease: claims
+// walk past it until then. Only registration gen is blamed: a worker that
+// registered again since (its browser restarted) is left alone, and that
+// is no error. For a worker whose claim was already given back when the
+// proof of its fault came (another worker accepted what it refused).
+func (r *Registry) Suspect(ctx context.Context, pool, id, gen string, d time.Duration) error {
+	return r.update(ctx, pool, id, "suspect", gen, d)
 }
 
 // ClaimRequest asks for one session slot in a pool.

@@ -198,12 +198,19 @@ func (r *Registry) heartbeat(ctx context.Context, pool, id string, ttl time.Dura
 	return HeartbeatReply{Command: Command(msg), Lifetime: int(lifetime), Active: int(active)}, nil
 }
 
-func (r *Registry) update(ctx context.Context, pool, id, op string) error {
-	what := map[string]string{"draining": "marking worker %q of pool %q draining", "command": "draining worker %q of pool %q"}[op]
+// update runs update.lua's op on one worker: 'draining' and 'command'
+// with the shutdown command and its TTL, 'suspect' with the generation
+// blamed (arg) and how long (d).
+func (r *Registry) update(ctx context.Context, pool, id, op, arg string, d time.Duration) error {
+	what := map[string]string{
+		"draining": "marking worker %q of pool %q draining",
+		"command":  "draining worker %q of pool %q",
+		"suspect":  "marking worker %q of pool %q suspect",
+	}[op]
 	if err := checkPool(pool); err != nil {
 		return fmt.Errorf(what+": %w", id, pool, err)
 	}
-	res, err := r.run(ctx, scriptUpdate, pool, 0, id, op, string(CommandShutdown), ms(r.opts.CommandTTL)).Result()
+	res, err := r.run(ctx, scriptUpdate, pool, 0, id, op, arg, ms(d)).Result()
 	if err != nil {
 		return fmt.Errorf(what+": %w", id, pool, err)
 	}
