@@ -76,7 +76,7 @@ type session struct {
 	// passed are the held claims given back, unblamed, before the retry
 	// waited in the queue (giveBackHeld): their workers are still avoided,
 	// and blamed (Registry.Suspect, their lease being gone) once another
-	// worker accepts the request (upgraded, or finish when served).
+	// worker accepts the request (upgraded).
 	passed []heldClaim
 }
 
@@ -259,7 +259,10 @@ func (s *session) finish(clientGone bool) {
 		return
 	}
 	s.finished = true
-	c, b, held, passed := s.claim, s.b, s.held, s.passed
+	// passed claims are not blamed here: without the browser_grid
+	// handler to see the 101, this is when the socket closes, which may
+	// be hours after the refusal (see upgraded).
+	c, b, held := s.claim, s.b, s.held
 	s.claim, s.b, s.held, s.passed = nil, nil, nil, nil
 	s.mu.Unlock()
 	if b == nil {
@@ -277,11 +280,6 @@ func (s *session) finish(clientGone bool) {
 		b.upgradeRefused(h.c, h.status, served)
 		b.finish(h.c, false, served)
 	}
-	if served {
-		for _, h := range passed {
-			b.blameLate(h.c, h.status)
-		}
-	}
 	if c == nil {
 		return
 	}
@@ -294,7 +292,9 @@ func (s *session) finish(clientGone bool) {
 // accepted the upgrade (101): their workers refused what another accepted,
 // so they are blamed now, and their slots are not kept for the whole of a
 // session served elsewhere (finish would end them only when the socket
-// closes).
+// closes). The workers of claims given back before a wait (passed) are
+// marked suspect too. The Redis calls run in the background: nothing in
+// the answer to the client waits for them.
 func (s *session) upgraded() {
 	if s.upstreamStatus() != http.StatusSwitchingProtocols {
 		return
@@ -304,21 +304,27 @@ func (s *session) upgraded() {
 		s.mu.Unlock()
 		return
 	}
-	held, passed := s.held, s.passed
+	held, passed, live := s.held, s.passed, s.claim.Worker.ID
 	s.held, s.passed = nil, nil
 	b, err := s.b.retain()
 	s.mu.Unlock()
 	if err != nil {
 		return // the backend is gone: the held leases expire by themselves
 	}
-	defer b.drop()
-	for _, h := range held {
-		b.upgradeRefused(h.c, h.status, true)
-		b.finish(h.c, false, true)
-	}
-	for _, h := range passed {
-		b.blameLate(h.c, h.status)
-	}
+	go func() {
+		defer b.drop()
+		for _, h := range held {
+			b.upgradeRefused(h.c, h.status, true)
+			b.finish(h.c, false, true)
+		}
+		for _, h := range passed {
+			// past MaxAvoid refusals the retry may come back to a worker
+			// it passed: never blame the one serving the session
+			if h.c.Worker.ID != live {
+				b.blameLate(h.c, h.status)
+			}
+		}
+	}()
 }
 
 // upgradeWriter tells the session when the proxy writes the answer to the

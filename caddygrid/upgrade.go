@@ -24,7 +24,7 @@ func (b *backend) upgradeRefused(c *registry.Claim, status int, blamed bool) {
 	if !b.firstReport("upgrade_refused", c.Pool, c.Worker.ID+" "+code) {
 		return
 	}
-	msg := "worker refused a client's upgrade; the client's doing, no worker blamed"
+	msg := "worker refused a client's upgrade; not blamed unless another worker accepts the same request"
 	if blamed {
 		msg = "worker answered an upgrade without switching protocols; marked suspect"
 	}
