@@ -99,8 +99,8 @@ type Reaper struct {
 	kickAll bool
 	// wake holds one token while kicks wait for Run to notice them.
 	wake chan struct{}
-	// now is the clock used to pick candidates (Redis decides); tests may
-	// replace it.
+	// now is the clock used to pick candidates when Redis' time is not
+	// known (Redis decides); tests may replace it.
 	now func() time.Time
 	// passDone, when set (tests), is told when Run ends a pass, whether it
 	// was kicked, and the end that the next kicked pass waits MinKickGap
@@ -214,13 +214,16 @@ func (r *Reaper) reapPool(ctx context.Context, pool string, rep *Report) (err er
 	if err != nil {
 		return fmt.Errorf("reaping pool %q: %w", pool, err)
 	}
-	// Candidates are picked with the local clock; registry.Expire re-checks
-	// each one against Redis' clock inside its script and keeps it when it
-	// is fresh, so a skewed clock here costs a script call, never a worker.
-	// They are expired in batches (registry.ExpireStale: up to 100 per
+	// Candidates are picked with Redis' clock, read with the pool (the
+	// local one only when that is unknown): a Caddy whose clock runs
+	// behind Redis' would pick none. registry.Expire re-checks each one
+	// inside its script and keeps it when it is fresh. They are expired in batches (registry.ExpireStale: up to 100 per
 	// script call, each bounded), so thousands of stale records of a lost
 	// zone go in a few dozen calls without blocking Redis.
 	now := r.now()
+	if !info.Now.IsZero() {
+		now = info.Now
+	}
 	var stale []string
 	for _, w := range info.Workers {
 		if now.Sub(w.LastHeartbeat) <= r.StaleAfter && !now.After(w.ExpiresAt) {

@@ -20,6 +20,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// MaxVirtualNodes is the most ring positions a worker may register
+// (Registration.VirtualNodes).
+const MaxVirtualNodes = 64
+
 // Sentinel errors. Callers test them with errors.Is.
 var (
 	// ErrNoWorker: no eligible worker in the pool right now.
@@ -242,7 +246,10 @@ type BadRecord struct {
 
 // PoolInfo is everything Inspect knows about one pool.
 type PoolInfo struct {
-	Pool       string
+	Pool string
+	// Now is Redis' time when the pool was read (the clock records'
+	// heartbeats and expiries are written in).
+	Now        time.Time
 	Workers    []WorkerInfo
 	BadRecords []BadRecord
 	// Leases is the pool's live leases (lease_owner's entries; ended

@@ -25,7 +25,6 @@ const (
 	defaultLeaseSweep     = 64
 	defaultRecordTTL      = 30 * time.Second
 	defaultVirtualNodes   = 8
-	maxVirtualNodes       = 64
 	defaultLeaseTTL       = 30 * time.Second
 	defaultExpireLeases   = 1000
 	defaultTombstoneTTL   = 10 * time.Minute
@@ -115,8 +114,8 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 		return fmt.Errorf("registering worker %q in pool %q: Capacity %d is negative", reg.ID, reg.Pool, reg.Capacity)
 	case reg.TTL < 0:
 		return fmt.Errorf("registering worker %q in pool %q: TTL %s is negative", reg.ID, reg.Pool, reg.TTL)
-	case reg.VirtualNodes < 0 || reg.VirtualNodes > maxVirtualNodes:
-		return fmt.Errorf("registering worker %q in pool %q: VirtualNodes %d out of range 1-%d", reg.ID, reg.Pool, reg.VirtualNodes, maxVirtualNodes)
+	case reg.VirtualNodes < 0 || reg.VirtualNodes > MaxVirtualNodes:
+		return fmt.Errorf("registering worker %q in pool %q: VirtualNodes %d out of range 1-%d", reg.ID, reg.Pool, reg.VirtualNodes, MaxVirtualNodes)
 	case reg.Lifetime < 0:
 		return fmt.Errorf("registering worker %q in pool %q: Lifetime %d is negative", reg.ID, reg.Pool, reg.Lifetime)
 	}
@@ -546,7 +545,7 @@ func (r *Registry) inspect(ctx context.Context, pool string) (PoolInfo, error) {
 	if err != nil {
 		return PoolInfo{}, fmt.Errorf("inspecting pool %q: %w", pool, err)
 	}
-	info := PoolInfo{Pool: pool, Leases: leases, Workers: []WorkerInfo{}, Retiring: retiring}
+	info := PoolInfo{Pool: pool, Now: msTime(now), Leases: leases, Workers: []WorkerInfo{}, Retiring: retiring}
 	atoi := func(k string) int { n, _ := strconv.Atoi(cfg[k]); return n }
 	info.Limits = selection.Limits{
 		MaxConcurrent: atoi("max_concurrent"),
