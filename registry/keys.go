@@ -101,6 +101,11 @@ func checkPool(pool string) error {
 	return nil
 }
 
+// CheckWorkerID reports why Register would refuse the worker ID id (nil:
+// it would take it), for an agent to check the IDs it will make before it
+// starts a browser.
+func CheckWorkerID(id string) error { return checkID(id) }
+
 // checkID validates a worker ID: printable, no spaces, at most maxNameLen bytes.
 func checkID(id string) error {
 	if id == "" {

@@ -52,6 +52,12 @@ type Agent struct {
 	// for the whole drain-and-restart (selection's StaggerDrains holds the
 	// next worker's last session back meanwhile).
 	handover *handover
+
+	// recordLost is when this browser's record was last found gone and
+	// registered again (zero: never). Its live sessions count again only
+	// once their proxies re-assert their leases, so a drain within one
+	// lease TTL of it does not trust 0 active. Used by the life loop only.
+	recordLost time.Time
 }
 
 type handover struct {
@@ -104,6 +110,12 @@ const (
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.rdb.Close()
 	if err := a.connect(ctx); err != nil {
+		if ctx.Err() != nil {
+			// A signal while Redis was still away: nothing was launched
+			// or registered, so there is nothing to drain.
+			a.log.Info("stopping before Redis answered; nothing was registered")
+			return nil
+		}
 		return err
 	}
 	const firstBackoff = time.Second
@@ -123,6 +135,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		case endDrained:
 			if !a.cfg.Respawn {
 				a.log.Info("drained; exiting for the supervisor to restart the worker")
+				return nil
+			}
+			if ctx.Err() != nil {
+				// A signal came during the drain: no fresh browser.
+				a.log.Info("drained; exiting on the signal received meanwhile")
 				return nil
 			}
 			backoff = firstBackoff
@@ -189,15 +206,22 @@ func (a *Agent) connect(ctx context.Context) error {
 // NewID returns a worker ID unique per launch: <prefix>-<pid>-<random>, so
 // a respawned browser registers as a new worker.
 func NewID(prefix string) string {
+	prefix = idPrefix(prefix)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+}
+
+// idPrefix is the start of the worker IDs made from -id-prefix: the
+// hostname when it is empty.
+func idPrefix(prefix string) string {
 	if prefix == "" {
 		prefix, _ = os.Hostname()
 		if prefix == "" {
 			prefix = "worker"
 		}
 	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return prefix + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+	return prefix
 }
 
 // advertised computes the host:port proxies dial for a browser endpoint.
@@ -210,10 +234,13 @@ func (a *Agent) advertised(b *Browser) string {
 		}
 	}
 	if adv := a.cfg.Advertise; adv != "" {
-		if h, p, err := net.SplitHostPort(adv); err == nil {
+		// checked by Validate
+		if h, p, err := splitAdvertise(adv); err == nil {
+			if p == "" {
+				p = port
+			}
 			return net.JoinHostPort(h, p)
 		}
-		return net.JoinHostPort(adv, port)
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		if h, err := os.Hostname(); err == nil && h != "" {
@@ -288,6 +315,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		reg.Secret = []byte(a.cfg.WorkerSecret)
 	}
 	log := a.log.With(zap.String("worker_id", reg.ID), zap.String("pool", reg.Pool))
+	a.recordLost = time.Time{}
 	warnOutsideDialPolicy(log, reg.Addr)
 	log.Info("browser listening", zap.String("endpoint", b.Endpoint.String()), zap.String("playwright_version", b.PlaywrightVersion), zap.Int("pid", b.Pid), zap.Ints("process_groups", b.Groups()))
 
@@ -359,6 +387,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 			case errors.Is(err, registry.ErrNotRegistered):
 				log.Warn("worker record gone (expired, reaped or redis restarted); registering again",
 					zap.Int("lifetime", reg.Lifetime))
+				a.recordLost = time.Now()
 				cctx, cancel := rctx()
 				if err := a.reg.Register(cctx, reg); err != nil {
 					log.Warn("registering again failed; will retry at the next heartbeat", zap.Error(err))
@@ -438,7 +467,7 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 	defer poll.Stop()
 	hb := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer hb.Stop()
-	active := -1
+	active, waitedForLeases := -1, false
 	for {
 		cctx, cancel := rctx()
 		w, err := a.reg.Worker(cctx, reg.Pool, reg.ID)
@@ -450,8 +479,18 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 				log.Info("waiting for active sessions", zap.Int("active", active))
 			}
 			if active <= 0 {
-				log.Info("drained", zap.Duration("took", time.Since(start)))
-				return
+				// Right after the record was lost, 0 may only mean the
+				// proxies have not re-asserted their leases yet.
+				wait := a.cfg.LeaseTTL - time.Since(a.recordLost)
+				if a.recordLost.IsZero() || wait <= 0 {
+					log.Info("drained", zap.Duration("took", time.Since(start)))
+					return
+				}
+				if !waitedForLeases {
+					waitedForLeases = true
+					log.Info("0 active, but the record was lost meanwhile: waiting for proxies to re-assert live sessions before closing the browser",
+						zap.Duration("lease_ttl", a.cfg.LeaseTTL), zap.Duration("left", wait))
+				}
 			}
 		case errors.Is(err, registry.ErrNotRegistered):
 			a.registerDraining(log, reg)
@@ -486,6 +525,7 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 // them rather than cutting them.
 func (a *Agent) registerDraining(log *zap.Logger, reg registry.Registration) {
 	log.Warn("worker record gone while draining; registering it again as draining to wait for its sessions")
+	a.recordLost = time.Now()
 	reg.Draining = true
 	cctx, cancel := rctx()
 	defer cancel()

@@ -76,6 +76,13 @@ type Config struct {
 	CommandTTL time.Duration
 	// DrainTimeout bounds the wait for active sessions to end. Default: 30s.
 	DrainTimeout time.Duration
+	// LeaseTTL is the proxies' lease TTL (Caddy's lease_ttl). After the
+	// worker's record was lost (Redis restarted empty, or failed over),
+	// its live sessions count again only once their proxies re-assert
+	// their leases, within one lease TTL: a drain that began less than
+	// that after the loss does not take 0 active as drained until it has
+	// passed. Default: 30s.
+	LeaseTTL time.Duration
 	// ProbeTimeout bounds each health probe of the browser, run every
 	// heartbeat; a failed probe restarts the browser. 0 disables probes
 	// (process exit is still noticed at once). Default: 5s.
@@ -154,6 +161,7 @@ func Defaults() Config {
 		StaleThreshold:     30 * time.Second,
 		CommandTTL:         60 * time.Second,
 		DrainTimeout:       30 * time.Second,
+		LeaseTTL:           30 * time.Second,
 		ProbeTimeout:       5 * time.Second,
 		StartTimeout:       60 * time.Second,
 		RedisRetryAttempts: 10,
@@ -220,6 +228,7 @@ func bindings() []binding {
 		{Option{"stale-threshold", "STALE_THRESHOLD", "30s", "the reaper's stale threshold (Caddy side), checked against the heartbeat"}, dur(func(c *Config) *time.Duration { return &c.StaleThreshold })},
 		{Option{"command-ttl", "SHUTDOWN_COMMAND_TTL", "60s", "the shutdown command's TTL (Caddy side), checked against the heartbeat"}, dur(func(c *Config) *time.Duration { return &c.CommandTTL })},
 		{Option{"drain-timeout", "DRAIN_TIMEOUT", "30s", "longest wait for active sessions when draining"}, dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
+		{Option{"lease-ttl", "LEASE_TTL", "30s", "the proxies' lease_ttl (Caddy side): after Redis lost the record, how long a drain waits for live sessions to be re-asserted before it trusts 0 active"}, dur(func(c *Config) *time.Duration { return &c.LeaseTTL })},
 		{Option{"probe-timeout", "PROBE_TIMEOUT", "5s", "timeout of the browser probe run every heartbeat (0: no probe)"}, dur(func(c *Config) *time.Duration { return &c.ProbeTimeout })},
 		{Option{"start-timeout", "START_TIMEOUT", "60s", "longest wait for a launched browser's endpoint"}, dur(func(c *Config) *time.Duration { return &c.StartTimeout })},
 		{Option{"redis-retry-attempts", "REDIS_RETRY_ATTEMPTS", "10", "tries to reach Redis at start before giving up"}, num(func(c *Config) *int { return &c.RedisRetryAttempts })},
@@ -341,7 +350,7 @@ func (c *Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"heartbeat-interval", c.HeartbeatInterval}, {"key-ttl", c.KeyTTL}, {"stale-threshold", c.StaleThreshold}, {"command-ttl", c.CommandTTL}, {"drain-timeout", c.DrainTimeout}, {"start-timeout", c.StartTimeout}, {"redis-retry-delay", c.RedisRetryDelay}, {"respawn-max-backoff", c.RespawnMaxBackoff}} {
+	}{{"heartbeat-interval", c.HeartbeatInterval}, {"key-ttl", c.KeyTTL}, {"stale-threshold", c.StaleThreshold}, {"command-ttl", c.CommandTTL}, {"drain-timeout", c.DrainTimeout}, {"lease-ttl", c.LeaseTTL}, {"start-timeout", c.StartTimeout}, {"redis-retry-delay", c.RedisRetryDelay}, {"respawn-max-backoff", c.RespawnMaxBackoff}} {
 		if d.v <= 0 {
 			add("-%s must be positive, got %s", d.name, d.v)
 		}
@@ -393,8 +402,14 @@ func (c *Config) Validate() error {
 	if !validName(c.Pool) {
 		add("-pool %q: use letters, digits, '.', '_' and '-' only", c.Pool)
 	}
-	if c.IDPrefix != "" && strings.ContainsFunc(c.IDPrefix, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-		add("-id-prefix %q must not contain spaces or control characters", c.IDPrefix)
+	// The longest ID the agent makes from the prefix (a 7-digit pid)
+	// must be one the registry takes, or every registration would fail.
+	if err := registry.CheckWorkerID(idPrefix(c.IDPrefix) + "-4194304-00000000"); err != nil {
+		if c.IDPrefix == "" {
+			add("-id-prefix is empty and the hostname %q, used instead, makes worker IDs the registry refuses (%v): set -id-prefix", idPrefix(""), err)
+		} else {
+			add("-id-prefix %q makes worker IDs the registry refuses: %v (an ID is the prefix, then -<pid>-<8 hex digits>)", c.IDPrefix, err)
+		}
 	}
 	if c.Port < 0 || c.Port > 65535 {
 		add("-port must be 0..65535, got %d", c.Port)
@@ -408,27 +423,15 @@ func (c *Config) Validate() error {
 	if c.MaxConcurrent < 0 {
 		add("-max-concurrent must not be negative, got %d", c.MaxConcurrent)
 	}
-	if c.VirtualNodes < 0 {
-		add("-virtual-nodes must not be negative, got %d", c.VirtualNodes)
+	if c.VirtualNodes < 0 || c.VirtualNodes > registry.MaxVirtualNodes {
+		add("-virtual-nodes must be 0..%d, got %d", registry.MaxVirtualNodes, c.VirtualNodes)
 	}
 	if c.RedisRetryAttempts < 1 {
 		add("-redis-retry-attempts must be at least 1, got %d", c.RedisRetryAttempts)
 	}
 	if c.Advertise != "" {
-		host, port, err := net.SplitHostPort(c.Advertise)
-		if err != nil {
-			host, port = c.Advertise, ""
-			if strings.ContainsAny(c.Advertise, "/ ") {
-				add("-advertise %q: want host or host:port", c.Advertise)
-			}
-		}
-		if host == "" {
-			add("-advertise %q has no host", c.Advertise)
-		}
-		if port != "" {
-			if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-				add("-advertise %q: port must be 1..65535", c.Advertise)
-			}
+		if _, _, err := splitAdvertise(c.Advertise); err != nil {
+			add("-advertise %q: %v", c.Advertise, err)
 		}
 	}
 	switch c.LogFormat {
@@ -469,3 +472,34 @@ var (
 	_ flag.Value = flagValue{}
 	_ flag.Value = boolFlag{}
 )
+
+// splitAdvertise splits -advertise into its host and port ("" when it
+// names a host only, to take the browser's port). A bare IPv6 address may
+// come with or without brackets.
+func splitAdvertise(adv string) (host, port string, err error) {
+	if h, p, err := net.SplitHostPort(adv); err == nil {
+		if p == "" {
+			return "", "", fmt.Errorf("empty port after ':' (want host or host:port)")
+		}
+		host, port = h, p
+	} else if strings.HasPrefix(adv, "[") && strings.HasSuffix(adv, "]") {
+		host = adv[1 : len(adv)-1]
+		if ip := net.ParseIP(host); ip == nil || ip.To4() != nil {
+			return "", "", fmt.Errorf("brackets hold an IPv6 address, not %q", host)
+		}
+	} else {
+		host = adv
+	}
+	switch {
+	case host == "":
+		return "", "", fmt.Errorf("no host")
+	case strings.ContainsAny(host, "/ []@?#"):
+		return "", "", fmt.Errorf("want host or host:port")
+	}
+	if port != "" {
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return "", "", fmt.Errorf("port must be 1..65535")
+		}
+	}
+	return host, port, nil
+}

@@ -56,7 +56,7 @@ func fakebrowser() string { return filepath.Join(binDir, "fakebrowser") }
 
 // fastTimings keep the lifecycle quick while obeying the worker lifecycle's rules.
 var fastTimings = []string{
-	"-heartbeat-interval", "200ms", "-key-ttl", "3s", "-stale-threshold", "3s", "-command-ttl", "5s",
+	"-heartbeat-interval", "200ms", "-key-ttl", "3s", "-stale-threshold", "3s", "-command-ttl", "5s", "-lease-ttl", "3s",
 	"-log-format", "json",
 }
 

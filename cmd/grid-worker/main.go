@@ -64,7 +64,7 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		s := <-sigs
-		log.Info("signal received; draining", zap.String("signal", s.String()))
+		log.Info("signal received; stopping (a registered browser drains first)", zap.String("signal", s.String()))
 		cancel()
 		s = <-sigs
 		log.Warn("second signal; not waiting for sessions", zap.String("signal", s.String()))

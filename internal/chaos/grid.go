@@ -194,6 +194,7 @@ func (e *env) startWorker(i, maxConcurrent int) (*workerInst, error) {
 		"--key-ttl", keyTTL.String(),
 		"--stale-threshold", staleThreshold.String(),
 		"--drain-timeout", "30s",
+		"--lease-ttl", leaseTTL.String(),
 		"--redis-retry-attempts", "30",
 		"--id-prefix", name,
 		"--log-format", "console",

@@ -1,0 +1,279 @@
+package workeragent_test
+
+// The agent's promises to an operator under faults and odd flags, each
+// with where it is documented (found by a red team of 21a9d68).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// docs/operations.md: "Bad flags or values exit with code 2 and a message
+// naming the flag or variable." These values pass Config.Validate but the
+// registry refuses them at Register, which life() treats as "Redis is
+// away": the agent retries every 2 s forever with its browser running and
+// never serves, instead of exiting 2.
+func TestFlagsOnlyTheRegistryWouldRefuseExit2(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	cases := []struct {
+		name string
+		args []string
+		flag string
+	}{
+		{"virtual-nodes above the registry's 64", []string{"-virtual-nodes", "100"}, "-virtual-nodes"},
+		{"id-prefix making the ID longer than 200 bytes", []string{"-id-prefix", strings.Repeat("a", 195)}, "-id-prefix"},
+		{"id-prefix with a no-break space", []string{"-id-prefix", "w\u00a0x"}, "-id-prefix"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			args := append([]string{"-redis", r.URL(), "-launcher", "fake"}, fastTimings...)
+			cmd := exec.Command(gridWorker(), append(args, tc.args...)...)
+			var out strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				var ee *exec.ExitError
+				if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+					t.Fatalf("exit %v, want code 2; output:\n%s", err, out.String())
+				}
+				if !strings.Contains(out.String(), tc.flag) {
+					t.Fatalf("the message does not name %s:\n%s", tc.flag, out.String())
+				}
+			case <-time.After(8 * time.Second):
+				cmd.Process.Signal(syscall.SIGTERM)
+				<-done
+				n := strings.Count(out.String(), "registering failed; retrying")
+				t.Fatalf("still running after 8 s (%d 'registering failed; retrying' lines, browser up, never registered); want exit 2 naming %s. First lines:\n%s",
+					n, tc.flag, firstLines(out.String(), 4))
+			}
+		})
+	}
+}
+
+// docs/operations.md: -advertise is "host or host:port proxies dial".
+// Two spellings an operator may well type pass Validate and register an
+// address nobody can dial: "[::1]" (a bracketed bare IPv6 host) becomes
+// "[[::1]]:PORT", and "10.0.0.7:" (an empty port) is registered as is.
+// Want: exit 2 naming -advertise, or a well-formed host:port.
+func TestMalformedAdvertiseIsRefusedOrFixed(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	for i, adv := range []string{"[::1]", "10.0.0.7:"} {
+		t.Run(adv, func(t *testing.T) {
+			pool := fmt.Sprintf("adv%d", i)
+			args := append([]string{"-redis", r.URL(), "-launcher", "fake", "-pool", pool, "-advertise", adv}, fastTimings...)
+			p := testenv.Start(t, nil, gridWorker(), args...)
+			var w registry.WorkerInfo
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				select {
+				case <-p.Done():
+					code, _ := p.ExitCode(context.Background())
+					if code != 2 || !strings.Contains(p.Output(), "-advertise") {
+						t.Fatalf("exit %d; want 2 naming -advertise:\n%s", code, p.Output())
+					}
+					return
+				default:
+				}
+				if ws := workers(t, reg, pool); len(ws) == 1 {
+					w = ws[0]
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("neither registered nor exited")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			host, port, err := net.SplitHostPort(w.Addr)
+			if err != nil || port == "" || strings.ContainsAny(host, "[]") {
+				t.Fatalf("-advertise %q registered the address %q, which no proxy can dial (split: host %q port %q err %v)", adv, w.Addr, host, port, err)
+			}
+		})
+	}
+}
+
+// docs/operations.md and cmd/grid-worker: "Exit codes: 0 after a drain or a
+// signal, 1 when the agent gives up". A SIGTERM while the agent is still
+// retrying Redis at start exits 1 and logs "grid-worker stopped" at error
+// level, as if it had given up.
+func TestSIGTERMWhileWaitingForRedisExits0(t *testing.T) {
+	t.Parallel()
+	port := testenv.FreePort(t) // nothing listens here
+	p := testenv.Start(t, nil, gridWorker(), "-redis", fmt.Sprintf("redis://127.0.0.1:%d/0", port), "-launcher", "fake",
+		"-redis-retry-attempts", "100", "-redis-retry-delay", "200ms", "-log-format", "json")
+	testenv.Eventually(t, 10*time.Second, "a retry log line", func() bool {
+		return countLogs(p, "redis not reachable; retrying") > 0
+	})
+	p.Cmd.Process.Signal(syscall.SIGTERM)
+	if code := exitCode(t, p, 10*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM while waiting for Redis, want 0 (a signal); log:\n%s", code, p.Output())
+	}
+}
+
+// DESIGN.md: "Live sessions count ... whatever happens to a worker's record
+// (expiry, reaper, Redis restart or failover)", and the drain waits for
+// active sessions up to DRAIN_TIMEOUT. A worker draining (shutdown
+// command) holds a live session when Redis restarts empty. The agent
+// registers the record again as draining (same generation), reads active
+// 0 before the session's holder has re-asserted its lease (Caddy renews
+// every lease_ttl/3, 10 s by default; here the holder renews 1 s after
+// the restart), logs "drained" and closes the browser: the live session is
+// cut with 20 s of drain timeout left.
+func TestDrainAcrossAnEmptyRedisRestartKeepsTheLiveSession(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	p := startWorker(t, r, "-drain-timeout", "20s")
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	_, ep, _ := browserOf(t, p, w.ID)
+
+	// A real session on the browser, claimed as Caddy would.
+	conn, _, err := websocket.Dial(context.Background(), ep.String(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseNow()
+	c := claim(t, reg, "chromium")
+	if err := reg.Drain(context.Background(), "chromium", w.ID); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "status draining with 1 active", func() bool {
+		w, ok := registered(t, reg, "chromium", w.ID)
+		return ok && w.Status == "draining" && w.Active == 1
+	})
+
+	restarted := time.Now()
+	r.Restart() // same port, empty dataset
+	reg = newRegistry(t, r)
+	// The holder's next renewal re-asserts the lease (Caddy: every lease_ttl/3).
+	time.Sleep(time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, rerr := reg.RenewLeases(ctx, "chromium", []registry.LeaseRenewal{{
+		ID: c.LeaseID, Worker: c.Worker.ID, Gen: c.Gen, Lifetime: c.Worker.Lifetime,
+	}}, time.Minute)
+	cancel()
+
+	// For 3 s more the session must stay open and the agent keep draining.
+	end := time.Now().Add(3 * time.Second)
+	for time.Now().Before(end) {
+		select {
+		case <-p.Done():
+			e, _ := lastLog(p, "drained", w.ID)
+			t.Fatalf("grid-worker exited %.1fs after the empty Redis restart with the session still live (lease re-asserted 1 s after the restart: err %v); its 'drained' log: %v",
+				time.Since(restarted).Seconds(), rerr, e)
+		default:
+		}
+		ectx, ecancel := context.WithTimeout(context.Background(), 2*time.Second)
+		werr := conn.Write(ectx, websocket.MessageText, []byte("ping"))
+		var msg []byte
+		if werr == nil {
+			_, msg, werr = conn.Read(ectx)
+		}
+		ecancel()
+		if werr != nil || string(msg) != "ping" {
+			e, _ := lastLog(p, "drained", w.ID)
+			t.Fatalf("the live session was cut (seen %.1fs after the empty Redis restart; lease re-asserted at 1 s, err %v): %v; the agent's 'drained' log: %v (restart at %s)",
+				time.Since(restarted).Seconds(), rerr, werr, e, restarted.UTC().Format("15:04:05.000"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	release(t, reg, c)
+	if code := exitCode(t, p, 15*time.Second); code != 0 {
+		t.Fatalf("exit code %d after the drain, want 0", code)
+	}
+}
+
+func firstLines(s string, n int) string {
+	ls := strings.SplitN(s, "\n", n+1)
+	if len(ls) > n {
+		ls = ls[:n]
+	}
+	for i, l := range ls {
+		if len(l) > 300 {
+			ls[i] = l[:300] + "…"
+		}
+	}
+	return strings.Join(ls, "\n")
+}
+
+// Redis stalls (DEBUG SLEEP)
+// longer than the record's TTL while the worker holds a live session; the
+// agent re-registers after the stall with the session still counted and
+// its lifetime kept, and nothing more is admitted past -max-concurrent.
+func TestRedisStallLongerThanKeyTTLKeepsCounts(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	p := startWorker(t, r, "-max-concurrent", "1")
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	release(t, reg, claim(t, reg, "chromium"))
+	held := claim(t, reg, "chromium")
+	heartbeatsWhile(t, reg, "chromium", w.ID, 2, func(w registry.WorkerInfo) bool { return w.Lifetime == 2 && w.Active == 1 })
+	rdb, err := registry.NewClient(r.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	go rdb.Do(context.Background(), "DEBUG", "SLEEP", "4").Err() // key TTL is 3s
+	time.Sleep(4500 * time.Millisecond)
+	testenv.Eventually(t, 10*time.Second, "the worker back with active 1, lifetime 2", func() bool {
+		got, ok := registered(t, reg, "chromium", w.ID)
+		return ok && got.Active == 1 && got.Lifetime == 2 && got.Status == "available"
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if c, err := reg.Claim(ctx, registry.ClaimRequest{Pool: "chromium", Policy: registry.LifetimeFirst, Holder: "caddy-test", LeaseTTL: time.Minute}); err == nil {
+		t.Fatalf("a second session admitted on %s past -max-concurrent 1 after the stall", c.Worker.ID)
+	}
+	release(t, reg, held)
+	_ = p
+}
+
+// A SIGTERM that arrives while a -respawn agent drains for the shutdown
+// command: the drain finishes (good), then Run goes on to respawn with
+// the cancelled context, launching a fresh browser only to kill it (with
+// Playwright, a node and a Chromium started and SIGTERMed with a 2 s grace).
+func TestSIGTERMDuringCommandDrainDoesNotLaunchAnotherBrowser(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	p := startWorker(t, r, "-respawn")
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	s := claim(t, reg, "chromium")
+	if err := reg.Drain(context.Background(), "chromium", w.ID); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "status draining", func() bool {
+		w, ok := registered(t, reg, "chromium", w.ID)
+		return ok && w.Status == "draining"
+	})
+	p.Cmd.Process.Signal(syscall.SIGTERM)
+	time.Sleep(300 * time.Millisecond)
+	release(t, reg, s)
+	if code := exitCode(t, p, 15*time.Second); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	if n := countLogs(p, "launching browser"); n != 1 {
+		t.Fatalf("%d browsers launched, want 1: the agent respawned after a SIGTERM", n)
+	}
+}
