@@ -53,11 +53,32 @@ type Agent struct {
 	// next worker's last session back meanwhile).
 	handover *handover
 
-	// recordLost is when this browser's record was last found gone and
-	// registered again (zero: never). Its live sessions count again only
-	// once their proxies re-assert their leases, so a drain within one
-	// lease TTL of it does not trust 0 active. Used by the life loop only.
+	// epoch is the pool's dataset epoch the last heartbeat reply gave
+	// ("" none yet). recordLost is when this browser's record was last
+	// found gone with a changed or missing epoch (recordGone): the leases may have gone
+	// with it (Redis restarted empty, or failed over without them), and
+	// its live sessions count again only once their proxies re-assert
+	// them, so a drain within one lease TTL of it does not trust 0 active
+	// (zero: no such loss). A record gone alone (expired while the agent
+	// was paused, reaped) keeps the epoch, and its leases count at once.
+	// Both are used by the life loop only.
+	epoch      string
 	recordLost time.Time
+}
+
+// recordGone notes that the record was found gone, with the pool's epoch
+// then (see Agent.recordLost).
+func (a *Agent) recordGone(log *zap.Logger, epoch string) {
+	// An epoch the agent had not seen yet where it saw none is the pool's
+	// first claims since its last heartbeat, not a loss; no epoch at all
+	// may be one (or a pool never claimed: nothing to wait for, but no
+	// way to tell).
+	if epoch != "" && (a.epoch == "" || epoch == a.epoch) {
+		return
+	}
+	log.Warn("the pool's data changed since the last heartbeat (Redis restarted or failed over): a drain will not take 0 active as drained until the proxies had one lease TTL to re-assert their sessions",
+		zap.String("epoch_was", a.epoch), zap.String("epoch", epoch), zap.Duration("lease_ttl", a.cfg.LeaseTTL))
+	a.recordLost = time.Now()
 }
 
 type handover struct {
@@ -315,7 +336,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		reg.Secret = []byte(a.cfg.WorkerSecret)
 	}
 	log := a.log.With(zap.String("worker_id", reg.ID), zap.String("pool", reg.Pool))
-	a.recordLost = time.Time{}
+	a.epoch, a.recordLost = "", time.Time{}
 	warnOutsideDialPolicy(log, reg.Addr)
 	log.Info("browser listening", zap.String("endpoint", b.Endpoint.String()), zap.String("playwright_version", b.PlaywrightVersion), zap.Int("pid", b.Pid), zap.Ints("process_groups", b.Groups()))
 
@@ -382,12 +403,13 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 			if err == nil {
 				// Kept to re-assert if Redis loses the record.
 				reg.Lifetime = hb.Lifetime
+				a.epoch = hb.Epoch
 			}
 			switch {
 			case errors.Is(err, registry.ErrNotRegistered):
 				log.Warn("worker record gone (expired, reaped or redis restarted); registering again",
 					zap.Int("lifetime", reg.Lifetime))
-				a.recordLost = time.Now()
+				a.recordGone(log, hb.Epoch)
 				cctx, cancel := rctx()
 				if err := a.reg.Register(cctx, reg); err != nil {
 					log.Warn("registering again failed; will retry at the next heartbeat", zap.Error(err))
@@ -501,10 +523,17 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 		case <-poll.C:
 		case <-hb.C:
 			cctx, cancel := rctx()
-			if _, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL); err != nil && !errors.Is(err, registry.ErrNotRegistered) {
+			reply, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
+			cancel()
+			switch {
+			case err == nil:
+				a.epoch = reply.Epoch
+			case errors.Is(err, registry.ErrNotRegistered):
+				// the next read registers it again
+				a.recordGone(log, reply.Epoch)
+			default:
 				log.Warn("heartbeat while draining failed", zap.Error(err))
 			}
-			cancel()
 		case <-deadline.C:
 			log.Warn("drain timeout; closing the browser with sessions still open",
 				zap.Int("active", active), zap.Duration("drain_timeout", a.cfg.DrainTimeout))
@@ -525,12 +554,22 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 // them rather than cutting them.
 func (a *Agent) registerDraining(log *zap.Logger, reg registry.Registration) {
 	log.Warn("worker record gone while draining; registering it again as draining to wait for its sessions")
-	a.recordLost = time.Now()
 	reg.Draining = true
 	cctx, cancel := rctx()
 	defer cancel()
 	if err := a.reg.Register(cctx, reg); err != nil {
 		log.Warn("registering the draining worker again failed; will retry", zap.Error(err))
+		a.recordGone(log, "") // cannot tell: take the leases as gone
+		return
+	}
+	// the heartbeat's reply tells whether the pool's data went too
+	reply, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
+	if err != nil {
+		reply.Epoch = ""
+	}
+	a.recordGone(log, reply.Epoch)
+	if err == nil {
+		a.epoch = reply.Epoch
 	}
 }
 

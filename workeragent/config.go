@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
 	"github.com/browsergrid/caddy-browser-grid/selection"
@@ -429,6 +432,9 @@ func (c *Config) Validate() error {
 	if c.RedisRetryAttempts < 1 {
 		add("-redis-retry-attempts must be at least 1, got %d", c.RedisRetryAttempts)
 	}
+	if c.LeaseTTL > 0 && c.LeaseTTL < time.Second {
+		add("-lease-ttl must be at least 1s, as Caddy's lease_ttl, got %s", c.LeaseTTL)
+	}
 	if c.Advertise != "" {
 		if _, _, err := splitAdvertise(c.Advertise); err != nil {
 			add("-advertise %q: %v", c.Advertise, err)
@@ -475,8 +481,13 @@ var (
 
 // splitAdvertise splits -advertise into its host and port ("" when it
 // names a host only, to take the browser's port). A bare IPv6 address may
-// come with or without brackets.
+// come with or without brackets. It refuses what Caddy would never dial
+// (see caddygrid's dial policy): a zone, a port that is not all digits, a
+// host with a colon that is no IP address (a typo such as "10.0.0.7::9000").
 func splitAdvertise(adv string) (host, port string, err error) {
+	if !utf8.ValidString(adv) || strings.ContainsFunc(adv, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		return "", "", fmt.Errorf("not valid UTF-8, or holds spaces or control characters")
+	}
 	if h, p, err := net.SplitHostPort(adv); err == nil {
 		if p == "" {
 			return "", "", fmt.Errorf("empty port after ':' (want host or host:port)")
@@ -484,7 +495,7 @@ func splitAdvertise(adv string) (host, port string, err error) {
 		host, port = h, p
 	} else if strings.HasPrefix(adv, "[") && strings.HasSuffix(adv, "]") {
 		host = adv[1 : len(adv)-1]
-		if ip := net.ParseIP(host); ip == nil || ip.To4() != nil {
+		if a, err := netip.ParseAddr(host); err != nil || !a.Is6() {
 			return "", "", fmt.Errorf("brackets hold an IPv6 address, not %q", host)
 		}
 	} else {
@@ -493,11 +504,16 @@ func splitAdvertise(adv string) (host, port string, err error) {
 	switch {
 	case host == "":
 		return "", "", fmt.Errorf("no host")
-	case strings.ContainsAny(host, "/ []@?#"):
+	case strings.Contains(host, "%"):
+		return "", "", fmt.Errorf("a zoned address (%%) is never dialed by Caddy's dial policy")
+	case strings.ContainsAny(host, "/[]@?#{}"):
 		return "", "", fmt.Errorf("want host or host:port")
+	case strings.Contains(host, ":") && net.ParseIP(host) == nil:
+		return "", "", fmt.Errorf("%q is neither host:port nor an IPv6 address", adv)
 	}
 	if port != "" {
-		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		p, err := strconv.Atoi(port)
+		if err != nil || p < 1 || p > 65535 || strings.Trim(port, "0123456789") != "" {
 			return "", "", fmt.Errorf("port must be 1..65535")
 		}
 	}

@@ -277,3 +277,67 @@ func TestSIGTERMDuringCommandDrainDoesNotLaunchAnotherBrowser(t *testing.T) {
 		t.Fatalf("%d browsers launched, want 1: the agent respawned after a SIGTERM", n)
 	}
 }
+
+// A record lost while Redis kept the leases (the reaper removed it, or
+// the agent was frozen past its key TTL): registering again with the same
+// generation counts the live leases at once, so 0 active is already true.
+// The pool's epoch tells this from an empty Redis restart: an idle worker
+// SIGTERMed soon after must stop at once, not after -lease-ttl (30 s, the
+// default), which it did while every record loss started the wait.
+func TestIdleDrainAfterAReapedRecordIsNotHeldForLeaseTTL(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	p := startWorker(t, r, "-lease-ttl", "30s", "-drain-timeout", "30s")
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	s := claim(t, reg, "chromium")
+	// The reaper removes the record; the lease stays (Redis kept it).
+	if _, err := reg.Expire(context.Background(), "chromium", w.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "registered again, its live lease counted at once", func() bool {
+		got, ok := registered(t, reg, "chromium", w.ID)
+		return ok && got.Active == 1
+	})
+	release(t, reg, s) // the session ends: the worker is idle, and Redis says so
+	got, _ := registered(t, reg, "chromium", w.ID)
+	t.Logf("after the release: active %d (the true count)", got.Active)
+	start := time.Now()
+	p.Cmd.Process.Signal(syscall.SIGTERM)
+	code := exitCode(t, p, 40*time.Second)
+	took := time.Since(start)
+	t.Logf("exit %d %.1fs after SIGTERM; 'waiting for proxies' logs: %d", code, took.Seconds(),
+		countLogs(p, "0 active, but the record was lost meanwhile: waiting for proxies to re-assert live sessions before closing the browser"))
+	if took > 5*time.Second {
+		t.Fatalf("an idle worker took %.1fs to stop after SIGTERM: its record was reaped (leases intact, active already exact), yet the drain waited out -lease-ttl", took.Seconds())
+	}
+}
+
+// Register refuses an Addr that is not valid UTF-8: such an -advertise must
+// exit 2, not retry forever with its browser up (as it did).
+func TestAdvertiseNotUTF8Exits2(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	args := append([]string{"-redis", r.URL(), "-launcher", "fake", "-advertise", "10.0.0.\xff:9000"}, fastTimings...)
+	cmd := exec.Command(gridWorker(), args...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Fatalf("exit %v, want code 2; output:\n%s", err, out.String())
+		}
+	case <-time.After(6 * time.Second):
+		cmd.Process.Signal(syscall.SIGTERM)
+		<-done
+		n := strings.Count(out.String(), "registering failed; retrying")
+		t.Fatalf("still running after 6 s (%d 'registering failed; retrying' lines, browser up, never registered); want exit 2 naming -advertise. First lines:\n%s",
+			n, firstLines(out.String(), 3))
+	}
+}
