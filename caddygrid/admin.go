@@ -279,7 +279,10 @@ func (a *App) adminPool(ctx context.Context, b *backend, w http.ResponseWriter, 
 			return apiError(http.StatusNotFound, fmt.Errorf("pool %q has no workers and never had any", pool))
 		}
 	}
-	now := time.Now()
+	now := info.Now // Redis' clock, as the heartbeats it shows
+	if now.IsZero() {
+		now = time.Now()
+	}
 	d := PoolDetail{
 		PoolSummary:    a.summarize(b, info, versions, groups),
 		MaxConcurrent:  info.Limits.MaxConcurrent,

@@ -480,3 +480,27 @@ func TestPolicyTableNamesTheWalkIndex(t *testing.T) {
 		}
 	}
 }
+
+// Inspect and InspectGroups give Redis' time of the read, the clock the
+// records' heartbeats are in: the reaper picks stale workers by it, and
+// the admin API computes heartbeat ages with it.
+func TestInspectGivesRedisTime(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	register(t, r, "p", "w1", 1)
+	register(t, r, GroupPool("p", "1.65"), "v1", 1)
+	one, err := r.Inspect(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, _, _, err := r.InspectGroups(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the same machine's clock: Redis' time is within a few seconds of it
+	for name, now := range map[string]time.Time{"Inspect": one.Now, "InspectGroups": all.Now} {
+		if d := time.Since(now); d < -5*time.Second || d > 5*time.Second {
+			t.Errorf("%s: Now %v is %v from this machine's clock, want Redis' time of the read", name, now, d)
+		}
+	}
+}

@@ -224,6 +224,7 @@ func (r *Registry) InspectGroups(ctx context.Context, pool string) (PoolInfo, Po
 		}
 		if i == 0 {
 			info.Limits = gi.Limits // one config for the pool and its groups
+			info.Now = gi.Now
 		}
 		info.Workers = append(info.Workers, gi.Workers...)
 		info.BadRecords = append(info.BadRecords, gi.BadRecords...)
