@@ -76,7 +76,7 @@ func (a *Agent) recordGone(log *zap.Logger, epoch string) {
 	if epoch != "" && (a.epoch == "" || epoch == a.epoch) {
 		return
 	}
-	log.Warn("the pool's data changed since the last heartbeat (Redis restarted or failed over): a drain will not take 0 active as drained until the proxies had one lease TTL to re-assert their sessions",
+	log.Warn("the pool's dataset epoch changed or is missing since the last heartbeat (Redis restarted or failed over, or the pool saw no claim yet): a drain will not take 0 active as drained until the proxies had one lease TTL to re-assert their sessions",
 		zap.String("epoch_was", a.epoch), zap.String("epoch", epoch), zap.Duration("lease_ttl", a.cfg.LeaseTTL))
 	a.recordLost = time.Now()
 }
