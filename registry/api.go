@@ -203,12 +203,6 @@ type HeartbeatReply struct {
 	// agent keeps Lifetime to re-assert it (Registration.Lifetime) if the
 	// record is lost.
 	Lifetime, Active int
-	// Epoch is the pool's dataset epoch ("" none yet: no claim since the
-	// data began; see ClaimRequest.Epoch). Also set with ErrNotRegistered:
-	// a record gone while the epoch stayed the same went alone (expired,
-	// reaped), its leases still counted; a changed or missing one may mean
-	// the leases went too, until their holders re-assert them.
-	Epoch string
 }
 
 // WorkerInfo is a worker's record as stored, with its counters.

@@ -187,19 +187,14 @@ func (r *Registry) heartbeat(ctx context.Context, pool, id string, ttl time.Dura
 		if msg != "missing" && msg != "expired" {
 			r.bad(pool, id, msg)
 		}
-		var epoch string
-		if len(res) > 2 {
-			epoch, _ = res[2].(string)
-		}
-		return HeartbeatReply{Epoch: epoch}, fmt.Errorf("heartbeat of worker %q in pool %q: record %s: %w", id, pool, msg, ErrNotRegistered)
+		return HeartbeatReply{}, fmt.Errorf("heartbeat of worker %q in pool %q: record %s: %w", id, pool, msg, ErrNotRegistered)
 	}
-	if len(res) != 5 {
+	if len(res) != 4 {
 		return HeartbeatReply{}, fmt.Errorf("heartbeat of worker %q in pool %q: unexpected reply %v", id, pool, res)
 	}
 	lifetime, _ := res[2].(int64)
 	active, _ := res[3].(int64)
-	epoch, _ := res[4].(string)
-	return HeartbeatReply{Command: Command(msg), Lifetime: int(lifetime), Active: int(active), Epoch: epoch}, nil
+	return HeartbeatReply{Command: Command(msg), Lifetime: int(lifetime), Active: int(active)}, nil
 }
 
 // update runs update.lua's op on one worker: 'draining' and 'command'

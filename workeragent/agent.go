@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/browsergrid/caddy-browser-grid/internal/sockets"
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
@@ -53,32 +54,34 @@ type Agent struct {
 	// next worker's last session back meanwhile).
 	handover *handover
 
-	// epoch is the pool's dataset epoch the last heartbeat reply gave
-	// ("" none yet). recordLost is when this browser's record was last
-	// found gone with a changed or missing epoch (recordGone): the leases may have gone
-	// with it (Redis restarted empty, or failed over without them), and
-	// its live sessions count again only once their proxies re-assert
-	// them, so a drain within one lease TTL of it does not trust 0 active
-	// (zero: no such loss). A record gone alone (expired while the agent
-	// was paused, reaped) keeps the epoch, and its leases count at once.
-	// Both are used by the life loop only.
-	epoch      string
+	// recordLost is when this browser's record was last found gone and
+	// registered again (zero: never). Redis may have lost the leases with
+	// it (a restart, a failover, a restore from an older snapshot), and
+	// they count again only once their proxies re-assert them: within one
+	// lease TTL of it, a drain takes 0 active as drained only when the
+	// browser has no live connection either (drainedAfterLoss). Used by
+	// the life loop only.
 	recordLost time.Time
 }
 
-// recordGone notes that the record was found gone, with the pool's epoch
-// then (see Agent.recordLost).
-func (a *Agent) recordGone(log *zap.Logger, epoch string) {
-	// An epoch the agent had not seen yet where it saw none is the pool's
-	// first claims since its last heartbeat, not a loss; no epoch at all
-	// may be one (or a pool never claimed: nothing to wait for, but no
-	// way to tell).
-	if epoch != "" && (a.epoch == "" || epoch == a.epoch) {
-		return
+// drainedAfterLoss says whether a drain that reads 0 active may end,
+// given the record's loss (Agent.recordLost): it may once the proxies had
+// one lease TTL to re-assert their sessions, or at once when the browser
+// has no established connection (none could be live). It returns what it
+// found, for the log: the connections, or -1 when it cannot count them.
+func (a *Agent) drainedAfterLoss(b *Browser) (bool, int) {
+	if a.recordLost.IsZero() || time.Since(a.recordLost) >= a.cfg.LeaseTTL {
+		return true, 0
 	}
-	log.Warn("the pool's dataset epoch changed or is missing since the last heartbeat (Redis restarted or failed over, or the pool saw no claim yet): a drain will not take 0 active as drained until the proxies had one lease TTL to re-assert their sessions",
-		zap.String("epoch_was", a.epoch), zap.String("epoch", epoch), zap.Duration("lease_ttl", a.cfg.LeaseTTL))
-	a.recordLost = time.Now()
+	port, err := strconv.Atoi(b.Endpoint.Port())
+	if err != nil {
+		return false, -1
+	}
+	n, err := sockets.Established(port)
+	if err != nil {
+		return false, -1
+	}
+	return n == 0, n
 }
 
 type handover struct {
@@ -336,7 +339,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		reg.Secret = []byte(a.cfg.WorkerSecret)
 	}
 	log := a.log.With(zap.String("worker_id", reg.ID), zap.String("pool", reg.Pool))
-	a.epoch, a.recordLost = "", time.Time{}
+	a.recordLost = time.Time{}
 	warnOutsideDialPolicy(log, reg.Addr)
 	log.Info("browser listening", zap.String("endpoint", b.Endpoint.String()), zap.String("playwright_version", b.PlaywrightVersion), zap.Int("pid", b.Pid), zap.Ints("process_groups", b.Groups()))
 
@@ -403,13 +406,12 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 			if err == nil {
 				// Kept to re-assert if Redis loses the record.
 				reg.Lifetime = hb.Lifetime
-				a.epoch = hb.Epoch
 			}
 			switch {
 			case errors.Is(err, registry.ErrNotRegistered):
 				log.Warn("worker record gone (expired, reaped or redis restarted); registering again",
 					zap.Int("lifetime", reg.Lifetime))
-				a.recordGone(log, hb.Epoch)
+				a.recordLost = time.Now()
 				cctx, cancel := rctx()
 				if err := a.reg.Register(cctx, reg); err != nil {
 					log.Warn("registering again failed; will retry at the next heartbeat", zap.Error(err))
@@ -503,15 +505,14 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 			if active <= 0 {
 				// Right after the record was lost, 0 may only mean the
 				// proxies have not re-asserted their leases yet.
-				wait := a.cfg.LeaseTTL - time.Since(a.recordLost)
-				if a.recordLost.IsZero() || wait <= 0 {
+				if ok, conns := a.drainedAfterLoss(b); ok {
 					log.Info("drained", zap.Duration("took", time.Since(start)))
 					return
-				}
-				if !waitedForLeases {
+				} else if !waitedForLeases {
 					waitedForLeases = true
-					log.Info("0 active, but the record was lost meanwhile: waiting for proxies to re-assert live sessions before closing the browser",
-						zap.Duration("lease_ttl", a.cfg.LeaseTTL), zap.Duration("left", wait))
+					log.Info("0 active, but the record was lost meanwhile and the browser has connections (-1: cannot count them): waiting up to lease-ttl for proxies to re-assert live sessions",
+						zap.Int("connections", conns), zap.Duration("lease_ttl", a.cfg.LeaseTTL),
+						zap.Duration("left", a.cfg.LeaseTTL-time.Since(a.recordLost)))
 				}
 			}
 		case errors.Is(err, registry.ErrNotRegistered):
@@ -523,17 +524,10 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 		case <-poll.C:
 		case <-hb.C:
 			cctx, cancel := rctx()
-			reply, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
-			cancel()
-			switch {
-			case err == nil:
-				a.epoch = reply.Epoch
-			case errors.Is(err, registry.ErrNotRegistered):
-				// the next read registers it again
-				a.recordGone(log, reply.Epoch)
-			default:
+			if _, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL); err != nil && !errors.Is(err, registry.ErrNotRegistered) {
 				log.Warn("heartbeat while draining failed", zap.Error(err))
 			}
+			cancel()
 		case <-deadline.C:
 			log.Warn("drain timeout; closing the browser with sessions still open",
 				zap.Int("active", active), zap.Duration("drain_timeout", a.cfg.DrainTimeout))
@@ -554,22 +548,12 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 // them rather than cutting them.
 func (a *Agent) registerDraining(log *zap.Logger, reg registry.Registration) {
 	log.Warn("worker record gone while draining; registering it again as draining to wait for its sessions")
+	a.recordLost = time.Now()
 	reg.Draining = true
 	cctx, cancel := rctx()
 	defer cancel()
 	if err := a.reg.Register(cctx, reg); err != nil {
 		log.Warn("registering the draining worker again failed; will retry", zap.Error(err))
-		a.recordGone(log, "") // cannot tell: take the leases as gone
-		return
-	}
-	// the heartbeat's reply tells whether the pool's data went too
-	reply, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
-	if err != nil {
-		reply.Epoch = ""
-	}
-	a.recordGone(log, reply.Epoch)
-	if err == nil {
-		a.epoch = reply.Epoch
 	}
 }
 

@@ -80,11 +80,11 @@ type Config struct {
 	// DrainTimeout bounds the wait for active sessions to end. Default: 30s.
 	DrainTimeout time.Duration
 	// LeaseTTL is the proxies' lease TTL (Caddy's lease_ttl). After the
-	// worker's record was lost (Redis restarted empty, or failed over),
+	// worker's record was lost, Redis may have lost its leases too, and
 	// its live sessions count again only once their proxies re-assert
-	// their leases, within one lease TTL: a drain that began less than
-	// that after the loss does not take 0 active as drained until it has
-	// passed. Default: 30s.
+	// them, within one lease TTL: until then a drain takes 0 active as
+	// drained only when the browser has no established connection either.
+	// Default: 30s.
 	LeaseTTL time.Duration
 	// ProbeTimeout bounds each health probe of the browser, run every
 	// heartbeat; a failed probe restarts the browser. 0 disables probes
@@ -231,7 +231,7 @@ func bindings() []binding {
 		{Option{"stale-threshold", "STALE_THRESHOLD", "30s", "the reaper's stale threshold (Caddy side), checked against the heartbeat"}, dur(func(c *Config) *time.Duration { return &c.StaleThreshold })},
 		{Option{"command-ttl", "SHUTDOWN_COMMAND_TTL", "60s", "the shutdown command's TTL (Caddy side), checked against the heartbeat"}, dur(func(c *Config) *time.Duration { return &c.CommandTTL })},
 		{Option{"drain-timeout", "DRAIN_TIMEOUT", "30s", "longest wait for active sessions when draining"}, dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
-		{Option{"lease-ttl", "LEASE_TTL", "30s", "the proxies' lease_ttl (Caddy side): after Redis lost the record, how long a drain waits for live sessions to be re-asserted before it trusts 0 active"}, dur(func(c *Config) *time.Duration { return &c.LeaseTTL })},
+		{Option{"lease-ttl", "LEASE_TTL", "30s", "the proxies' lease_ttl (Caddy side): after the record was lost, how long a drain that reads 0 active still waits while the browser has connections"}, dur(func(c *Config) *time.Duration { return &c.LeaseTTL })},
 		{Option{"probe-timeout", "PROBE_TIMEOUT", "5s", "timeout of the browser probe run every heartbeat (0: no probe)"}, dur(func(c *Config) *time.Duration { return &c.ProbeTimeout })},
 		{Option{"start-timeout", "START_TIMEOUT", "60s", "longest wait for a launched browser's endpoint"}, dur(func(c *Config) *time.Duration { return &c.StartTimeout })},
 		{Option{"redis-retry-attempts", "REDIS_RETRY_ATTEMPTS", "10", "tries to reach Redis at start before giving up"}, num(func(c *Config) *int { return &c.RedisRetryAttempts })},

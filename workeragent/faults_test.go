@@ -281,9 +281,9 @@ func TestSIGTERMDuringCommandDrainDoesNotLaunchAnotherBrowser(t *testing.T) {
 // A record lost while Redis kept the leases (the reaper removed it, or
 // the agent was frozen past its key TTL): registering again with the same
 // generation counts the live leases at once, so 0 active is already true.
-// The pool's epoch tells this from an empty Redis restart: an idle worker
-// SIGTERMed soon after must stop at once, not after -lease-ttl (30 s, the
-// default), which it did while every record loss started the wait.
+// An idle worker SIGTERMed soon after must stop at once, not after
+// -lease-ttl (30 s, the default), as it did while every record loss
+// started the wait: its browser has no connection, so no session is live.
 func TestIdleDrainAfterAReapedRecordIsNotHeldForLeaseTTL(t *testing.T) {
 	t.Parallel()
 	r := testenv.StartRedis(t)

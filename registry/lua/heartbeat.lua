@@ -14,12 +14,10 @@
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id, 5 ttl ms,
 --       6 max leases to expire, 7 durations kept, 8 command ttl ms.
--- Returns: {1, command, lifetime, active, epoch} when renewed (the agent
---          keeps the lifetime, to re-assert it if the record is lost);
---          {0, reason, epoch} when the record is gone ('missing'), past its
---          TTL ('expired') or does not parse (the reason). epoch is the
---          pool's dataset epoch ('' none yet: see claim.lua): an agent that
---          finds its record gone tells by it whether the leases went too.
+-- Returns: {1, command, lifetime, active} when renewed (the agent keeps the
+--          lifetime, to re-assert it if the record is lost); {0, reason}
+--          when the record is gone ('missing'), past its TTL ('expired') or
+--          does not parse (the reason).
 -- Complexity: O(log N) plus O(log N) per lease expired, plus O(V log N)
 --   when the worker re-enters the indexes, plus O(R) for R members of the
 --   retiring set when the worker is at the limit under StaggerDrains.
@@ -30,21 +28,20 @@ wake_if(back)
 -- One read of the worker (record, counters, durations) serves the renewal,
 -- the reindex and the reply.
 local w, err = load_worker(id)
-local function epoch() return redis.call('HGET', K_CFG, 'epoch') or '' end
 if not w and err ~= 'missing' then
   -- the record parses but a counter does not: renew the record anyway
   -- (as before: only the record decides), and reindex nothing
   w, err = decode(redis.call('HGET', K_WORKERS, id))
-  if not w then return { 0, err, epoch() } end
-  if w.expires < now then return { 0, 'expired', epoch() } end
+  if not w then return { 0, err } end
+  if w.expires < now then return { 0, 'expired' } end
   w.heartbeat = now
   w.expires = now + tonumber(ARGV[5])
   store(id, w)
   return { 1, pending_command(id, now), count(redis.call('HGET', K_LIFETIME, id)) or 0,
-    count(redis.call('HGET', K_ACTIVE, id)) or 0, epoch() }
+    count(redis.call('HGET', K_ACTIVE, id)) or 0 }
 end
-if not w then return { 0, err, epoch() } end
-if w.expires < now then return { 0, 'expired', epoch() } end
+if not w then return { 0, err } end
+if w.expires < now then return { 0, 'expired' } end
 w.heartbeat = now
 w.expires = now + tonumber(ARGV[5])
 store(id, w)
@@ -59,4 +56,4 @@ if cfg.ml > 0 and w.lifetime >= cfg.ml and w.status == 'available' and not live_
   redis.call('HSET', K_CMD, id, 'shutdown|' .. fmt(now + tonumber(ARGV[8])))
   redis.call('SADD', K_RET, id)
 end
-return { 1, pending_command(id, now), w.lifetime, w.active, cfg.epoch or '' }
+return { 1, pending_command(id, now), w.lifetime, w.active }
