@@ -68,13 +68,20 @@ type Agent struct {
 // given the record's loss (Agent.recordLost): it may once the proxies had
 // one lease TTL to re-assert their sessions, or at once when the browser
 // has no established connection (none could be live). It returns what it
-// found, for the log: the connections, or -1 when it cannot count them.
+// found, for the log: the connections, or -1 when it cannot count them
+// (no /proc, or the browser does not listen in this network namespace).
 func (a *Agent) drainedAfterLoss(b *Browser) (bool, int) {
 	if a.recordLost.IsZero() || time.Since(a.recordLost) >= a.cfg.LeaseTTL {
 		return true, 0
 	}
 	port, err := strconv.Atoi(b.Endpoint.Port())
 	if err != nil {
+		return false, -1
+	}
+	// Counted only where the browser listens in this network namespace:
+	// an exec launcher's browser may run elsewhere (another container or
+	// host), whose connections this one cannot see.
+	if l, err := sockets.Listening(port); err != nil || l == 0 {
 		return false, -1
 	}
 	n, err := sockets.Established(port)
