@@ -67,28 +67,30 @@ type Agent struct {
 // drainedAfterLoss says whether a drain that reads 0 active may end,
 // given the record's loss (Agent.recordLost): it may once the proxies had
 // one lease TTL to re-assert their sessions, or at once when the browser
-// has no established connection (none could be live). It returns what it
-// found, for the log: the connections, or -1 when it cannot count them
-// (no /proc, or the browser does not listen in this network namespace).
+// has no established connection (none could be live). The connections are
+// counted in the browser process's own network namespace, and only when a
+// process of the browser's holds the listening socket of its port: a
+// browser run elsewhere (an exec launcher's, in another container) may
+// have its port published by another program that sees none of them. It
+// returns what it found, for the log: the connections, or -1 when it
+// cannot count them.
 func (a *Agent) drainedAfterLoss(b *Browser) (bool, int) {
 	if a.recordLost.IsZero() || time.Since(a.recordLost) >= a.cfg.LeaseTTL {
 		return true, 0
 	}
-	port, err := strconv.Atoi(b.Endpoint.Port())
+	_, p, _ := net.SplitHostPort(dialAddr(b.Endpoint))
+	port, err := strconv.Atoi(p)
 	if err != nil {
 		return false, -1
 	}
-	// Counted only where the browser listens in this network namespace:
-	// an exec launcher's browser may run elsewhere (another container or
-	// host), whose connections this one cannot see.
-	if l, err := sockets.Listening(port); err != nil || l == 0 {
+	ps, err := sockets.ReadPort(b.Pid, port)
+	if err != nil || len(ps.Listening) == 0 {
 		return false, -1
 	}
-	n, err := sockets.Established(port)
-	if err != nil {
+	if owned, err := sockets.Owned(ps.Listening, b.Groups()); err != nil || !owned {
 		return false, -1
 	}
-	return n == 0, n
+	return ps.Established == 0, ps.Established
 }
 
 type handover struct {
@@ -498,7 +500,7 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 	defer poll.Stop()
 	hb := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer hb.Stop()
-	active, waitedForLeases := -1, false
+	active, waitedForLeases, counted := -1, false, time.Time{}
 	for {
 		cctx, cancel := rctx()
 		w, err := a.reg.Worker(cctx, reg.Pool, reg.ID)
@@ -512,6 +514,12 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 			if active <= 0 {
 				// Right after the record was lost, 0 may only mean the
 				// proxies have not re-asserted their leases yet.
+				// Counting reads /proc (every socket of the host's
+				// namespace, every process): once a second at most.
+				if time.Since(counted) < time.Second && time.Since(a.recordLost) < a.cfg.LeaseTTL {
+					break
+				}
+				counted = time.Now()
 				if ok, conns := a.drainedAfterLoss(b); ok {
 					log.Info("drained", zap.Duration("took", time.Since(start)))
 					return

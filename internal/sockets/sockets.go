@@ -4,6 +4,8 @@
 package sockets
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -39,34 +41,109 @@ func Listening(port int) (int, error) {
 	return n, nil
 }
 
-// Established counts the TCP connections accepted on local port (any
-// address, IPv4 and IPv6) that are still established, from /proc/net/tcp
-// and tcp6 of the caller's network namespace: the live clients of a
-// server listening there. An error means it cannot tell (no /proc).
-func Established(port int) (int, error) {
-	n, read := 0, false
-	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		data, err := os.ReadFile(table)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
+// Port is what a network namespace's TCP tables hold for one local port.
+type Port struct {
+	// Listening are the inodes of the sockets listening on it.
+	Listening []uint64
+	// Established counts the connections accepted on it still
+	// established: the live clients of the server listening there.
+	Established int
+}
+
+// ReadPort reads the TCP sockets (IPv4 and IPv6) of local port in the
+// network namespace of process pid, from /proc/<pid>/net/tcp and tcp6. An
+// error means it cannot tell (no /proc, or the process is gone).
+func ReadPort(pid, port int) (Port, error) {
+	var out Port
+	for _, table := range []string{"tcp", "tcp6"} {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, table))
+		if errors.Is(err, os.ErrNotExist) && table == "tcp6" {
+			continue // no IPv6
 		}
 		if err != nil {
-			return 0, fmt.Errorf("reading the established sockets: %w", err)
+			return Port{}, fmt.Errorf("reading the sockets of port %d: %w", port, err)
 		}
-		read = true
-		for _, line := range strings.Split(string(data), "\n")[1:] {
-			f := strings.Fields(line)
-			if len(f) < 4 || f[3] != "01" { // 01: TCP_ESTABLISHED
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 0, 4096), 1<<20)
+		sc.Scan() // the header
+		for sc.Scan() {
+			// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+			f := bytes.Fields(sc.Bytes())
+			if len(f) < 10 {
 				continue
 			}
-			_, hexPort, ok := strings.Cut(f[1], ":")
-			if p, err := strconv.ParseUint(hexPort, 16, 16); ok && err == nil && int(p) == port {
-				n++
+			i := bytes.LastIndexByte(f[1], ':')
+			if i < 0 {
+				continue
+			}
+			if p, err := strconv.ParseUint(string(f[1][i+1:]), 16, 16); err != nil || int(p) != port {
+				continue
+			}
+			switch string(f[3]) {
+			case "0A": // TCP_LISTEN
+				if ino, err := strconv.ParseUint(string(f[9]), 10, 64); err == nil {
+					out.Listening = append(out.Listening, ino)
+				}
+			case "01": // TCP_ESTABLISHED
+				out.Established++
+			}
+		}
+		err = sc.Err()
+		f.Close()
+		if err != nil {
+			return Port{}, fmt.Errorf("reading the sockets of port %d: %w", port, err)
+		}
+	}
+	return out, nil
+}
+
+// Owned reports whether a process in one of the process groups pgids
+// holds one of the sockets inodes (its /proc/<pid>/fd), so a listener on
+// a port is the browser's own and not another program's on the same port
+// (a container runtime's port proxy, a sidecar).
+func Owned(inodes []uint64, pgids []int) (bool, error) {
+	want := map[string]bool{}
+	for _, ino := range inodes {
+		want["socket:["+strconv.FormatUint(ino, 10)+"]"] = true
+	}
+	groups := map[int]bool{}
+	for _, g := range pgids {
+		groups[g] = true
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return false, fmt.Errorf("listing processes: %w", err)
+	}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid pgrp ...: comm may hold spaces and ')'
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := bytes.Fields(stat[i+1:])
+		if len(f) < 3 {
+			continue
+		}
+		if g, err := strconv.Atoi(string(f[2])); err != nil || !groups[g] {
+			continue
+		}
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && want[l] {
+				return true, nil
 			}
 		}
 	}
-	if !read {
-		return 0, fmt.Errorf("reading the established sockets: no /proc/net/tcp")
-	}
-	return n, nil
+	return false, nil
 }
