@@ -24,22 +24,8 @@ func TestSuspectWithoutLeaseExpiresBackToRotation(t *testing.T) {
 			register(t, r, pool, "w2", 1)
 			register(t, r, pool, "w3", 1)
 			req := ClaimRequest{Pool: pool, Policy: p.Name}
-			// settle the policy's index
-			c, err := r.Claim(ctx, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := r.Undo(ctx, pool, c.LeaseID, 0); err != nil {
-				t.Fatal(err)
-			}
-			c, err = r.Claim(ctx, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			bad, gen := c.Worker.ID, c.Gen
-			if err := r.Undo(ctx, pool, c.LeaseID, 0); err != nil {
-				t.Fatal(err)
-			}
+			claimGivenBack(t, r, req) // settles the policy's index
+			bad, gen := claimGivenBack(t, r, req)
 			// draining worker: suspect must not bring it back
 			var drain string
 			for _, id := range []string{"w1", "w2", "w3"} {

@@ -23,16 +23,8 @@ func TestSuspectWithoutLease(t *testing.T) {
 			register(t, r, pool, "w1", 4)
 			register(t, r, pool, "w2", 4)
 			req := ClaimRequest{Pool: pool, Policy: p.Name}
-			c, err := r.Claim(ctx, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			bad, gen := c.Worker.ID, c.Gen
+			bad, gen := claimGivenBack(t, r, req)
 			other := map[string]string{"w1": "w2", "w2": "w1"}[bad]
-			// given back unblamed, as a retry does before it waits
-			if err := r.Undo(ctx, pool, c.LeaseID, 0); err != nil {
-				t.Fatal(err)
-			}
 			if err := r.Suspect(ctx, pool, bad, gen, time.Hour); err != nil {
 				t.Fatalf("Suspect: %v", err)
 			}
@@ -86,4 +78,20 @@ func TestSuspectWithoutLease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// claimGivenBack claims under req and gives the claim back unblamed, as a
+// retry does before it waits in the queue: the worker it had, and the
+// registration's generation.
+func claimGivenBack(t *testing.T, r *Registry, req ClaimRequest) (id, gen string) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := r.Claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Undo(ctx, req.Pool, c.LeaseID, 0); err != nil {
+		t.Fatal(err)
+	}
+	return c.Worker.ID, c.Gen
 }

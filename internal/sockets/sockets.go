@@ -10,35 +10,14 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 )
 
 // Listening counts the sockets listening on TCP port (any address, IPv4
-// and IPv6), from /proc/net/tcp and tcp6 of the caller's network
-// namespace. Caddy binds each config's listeners with SO_REUSEPORT, so
-// while a reload runs, a port has two.
+// and IPv6) in the caller's network namespace. Caddy binds each config's
+// listeners with SO_REUSEPORT, so while a reload runs, a port has two.
 func Listening(port int) (int, error) {
-	n := 0
-	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		data, err := os.ReadFile(table)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return 0, fmt.Errorf("reading the listening sockets: %w", err)
-		}
-		for _, line := range strings.Split(string(data), "\n")[1:] {
-			f := strings.Fields(line)
-			if len(f) < 4 || f[3] != "0A" { // 0A: TCP_LISTEN
-				continue
-			}
-			_, hexPort, ok := strings.Cut(f[1], ":")
-			if p, err := strconv.ParseUint(hexPort, 16, 16); ok && err == nil && int(p) == port {
-				n++
-			}
-		}
-	}
-	return n, nil
+	p, err := ReadPort(os.Getpid(), port)
+	return len(p.Listening), err
 }
 
 // Port is what a network namespace's TCP tables hold for one local port.
