@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/compose-spec/compose-go/v2 v2.16.2
+	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/moby/buildkit v0.34.2
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.1
 	k8s.io/api v0.37.2

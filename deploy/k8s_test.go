@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -287,11 +288,10 @@ func checkWorkerPod(t *testing.T, help workerHelp, where string, spec *corev1.Po
 			}
 		}
 	}
-	drain := help.drainTimeout(t, where, env)
 	if spec.TerminationGracePeriodSeconds == nil {
-		t.Errorf("%s: no terminationGracePeriodSeconds (Kubernetes' default 30s is not above the drain timeout %v)", where, drain)
-	} else if g := *spec.TerminationGracePeriodSeconds; float64(g) <= drain.Seconds() {
-		t.Errorf("%s: terminationGracePeriodSeconds %d is not above the drain timeout %v", where, g, drain)
+		t.Errorf("%s: no terminationGracePeriodSeconds (Kubernetes' default 30s is not above the default drain timeout)", where)
+	} else {
+		help.checkStopGrace(t, where, "terminationGracePeriodSeconds", time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second, env)
 	}
 	if sc := spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
 		t.Errorf("%s: the pod does not require a non-root user (securityContext.runAsNonRoot)", where)

@@ -45,6 +45,9 @@ type workerHelp struct {
 	flags    map[string]bool   // "drain-timeout"
 	env      map[string]bool   // "DRAIN_TIMEOUT"
 	defaults map[string]string // by env var: "DRAIN_TIMEOUT" -> "30s"
+	// stopMargin: a stop on SIGTERM takes at most the drain timeout plus
+	// this ("at most -drain-timeout + 10s").
+	stopMargin time.Duration
 }
 
 var (
@@ -56,6 +59,7 @@ var (
 var (
 	helpFlagLine = regexp.MustCompile(`^\s+-([a-z0-9][a-z0-9-]*)\b`)
 	helpEnvNote  = regexp.MustCompile(`\(env ([A-Z][A-Z0-9_]*)(?:, default ([^)]*))?\)\s*$`)
+	helpStopNote = regexp.MustCompile(`at most -drain-timeout \+ ([0-9a-z.]+)`)
 )
 
 // gridWorkerHelp runs the binary built by make build once per test run.
@@ -91,6 +95,15 @@ func parseWorkerHelp(text string) (workerHelp, error) {
 			}
 		}
 	}
+	if m := helpStopNote.FindStringSubmatch(text); m != nil {
+		d, err := time.ParseDuration(m[1])
+		if err != nil {
+			return h, fmt.Errorf("grid-worker -help: stop margin %q: %v", m[1], err)
+		}
+		h.stopMargin = d
+	} else {
+		return h, fmt.Errorf("grid-worker -help does not say how long a stop takes at most (\"at most -drain-timeout + ...\"):\n%s", text)
+	}
 	if len(h.flags) < 10 || len(h.env) < 10 {
 		return h, fmt.Errorf("grid-worker -help: found %d flags and %d variables; has its format changed?\n%s",
 			len(h.flags), len(h.env), text)
@@ -125,6 +138,17 @@ func (h workerHelp) drainTimeout(t *testing.T, where string, env map[string]stri
 		t.Fatalf("%s: DRAIN_TIMEOUT %q: %v", where, v, err)
 	}
 	return d
+}
+
+// checkStopGrace fails unless a supervisor's grace before SIGKILL is above
+// the longest stop of a worker with these variables: its drain timeout
+// plus the margin grid-worker -help states.
+func (h workerHelp) checkStopGrace(t *testing.T, where, field string, grace time.Duration, env map[string]string) {
+	t.Helper()
+	need := h.drainTimeout(t, where, env) + h.stopMargin
+	if grace <= need {
+		t.Errorf("%s: %s %v is not above the longest stop, %v (drain timeout + %v, grid-worker -help)", where, field, grace, need, h.stopMargin)
+	}
 }
 
 // workerDuration reads a duration the way grid-worker does: a Go duration
@@ -170,6 +194,10 @@ func contains(list []string, s string) bool {
 
 func TestParseWorkerHelp(t *testing.T) {
 	h, err := parseWorkerHelp(`Usage: grid-worker [flags]
+
+A stop on SIGTERM takes at most -drain-timeout + 10s, whatever Redis does:
+give the supervisor longer than that before it kills the agent.
+
   -drain-timeout value
     	longest wait for active sessions when draining (env DRAIN_TIMEOUT, default 30s)
   -respawn
@@ -199,7 +227,7 @@ func TestParseWorkerHelp(t *testing.T) {
 			t.Errorf("flag %s not found", f)
 		}
 	}
-	if !h.env["GRID_WORKER_SECRET"] || h.defaults["DRAIN_TIMEOUT"] != "30s" || h.defaults["RESPAWN"] != "false" {
+	if !h.env["GRID_WORKER_SECRET"] || h.defaults["DRAIN_TIMEOUT"] != "30s" || h.defaults["RESPAWN"] != "false" || h.stopMargin != 10*time.Second {
 		t.Errorf("parsed %+v", h)
 	}
 	if _, err := parseWorkerHelp("nothing here"); err == nil {

@@ -34,7 +34,16 @@ import (
 const redisCallTimeout = 5 * time.Second
 
 // stopGrace is how long a browser gets to close itself before SIGKILL.
-const stopGrace = 10 * time.Second
+const stopGrace = 5 * time.Second
+
+// deregisterBudget bounds all of a deregistration's attempts together.
+const deregisterBudget = 3 * time.Second
+
+// StopMargin is how much longer than DrainTimeout a stop on SIGTERM takes
+// at most, whatever Redis does (answers, refuses, or holds every call):
+// deregisterBudget, then stopGrace, and room to spare. A supervisor must
+// give the agent more than DrainTimeout + StopMargin before its SIGKILL.
+const StopMargin = 10 * time.Second
 
 // Agent runs the lifecycle of one worker slot: one browser at a time.
 type Agent struct {
@@ -105,6 +114,9 @@ type handover struct {
 func New(cfg Config, log *zap.Logger) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	for _, w := range cfg.Warnings() {
+		log.Warn(w)
 	}
 	rdb, err := registry.NewClient(cfg.RedisURL)
 	if err != nil {
@@ -309,6 +321,15 @@ func rctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), redisCallTimeout)
 }
 
+// rctxBy is rctx cut short at end: a call made near a deadline (the
+// drain's, the deregistration's) does not outlast it.
+func rctxBy(end time.Time) (context.Context, context.CancelFunc) {
+	if d := time.Now().Add(redisCallTimeout); d.Before(end) {
+		end = d
+	}
+	return context.WithDeadline(context.Background(), end)
+}
+
 // life runs one browser from launch to exit.
 func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 	a.log.Info("launching browser", zap.String("launcher", a.cfg.Launcher), zap.String("browser_type", a.cfg.BrowserType))
@@ -383,7 +404,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 
 	lifeCtx, stopProbe := context.WithCancel(context.Background())
 	defer stopProbe()
-	probeFailed := a.startProber(lifeCtx, b)
+	probeFailed := a.startProber(lifeCtx, log, b)
 
 	tick := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer tick.Stop()
@@ -408,9 +429,28 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 			}
 			return endCrashed, fmt.Errorf("the browser stopped answering: %w", err)
 		case <-tick.C:
-			cctx, cancel := rctx()
-			hb, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
-			cancel()
+			// A signal does not wait for the call (a blocked read ends
+			// only at its own timeout): the drain must not wait for a
+			// Redis that holds every call, so that the stop stays within
+			// DrainTimeout + StopMargin. The call left behind ends alone.
+			type beat struct {
+				hb  registry.HeartbeatReply
+				err error
+			}
+			beaten := make(chan beat, 1)
+			go func() {
+				cctx, cancel := rctx()
+				defer cancel()
+				hb, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
+				beaten <- beat{hb, err}
+			}()
+			var res beat
+			select {
+			case res = <-beaten:
+			case <-ctx.Done():
+				continue
+			}
+			hb, err := res.hb, res.err
 			cmd := hb.Command
 			if err == nil {
 				// Kept to re-assert if Redis loses the record.
@@ -421,7 +461,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 				log.Warn("worker record gone (expired, reaped or redis restarted); registering again",
 					zap.Int("lifetime", reg.Lifetime))
 				a.recordLost = time.Now()
-				cctx, cancel := rctx()
+				cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
 				if err := a.reg.Register(cctx, reg); err != nil {
 					log.Warn("registering again failed; will retry at the next heartbeat", zap.Error(err))
 				} else {
@@ -446,8 +486,9 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 }
 
 // startProber checks the browser every heartbeat interval; the returned
-// channel receives the first failure.
-func (a *Agent) startProber(ctx context.Context, b *Browser) <-chan error {
+// channel receives the last error once ProbeFailures probes in a row have
+// failed. A success in between starts the count again.
+func (a *Agent) startProber(ctx context.Context, log *zap.Logger, b *Browser) <-chan error {
 	failed := make(chan error, 1)
 	if a.cfg.ProbeTimeout <= 0 {
 		return failed
@@ -455,6 +496,7 @@ func (a *Agent) startProber(ctx context.Context, b *Browser) <-chan error {
 	go func() {
 		t := time.NewTicker(a.cfg.HeartbeatInterval)
 		defer t.Stop()
+		inRow := 0
 		for {
 			select {
 			case <-ctx.Done():
@@ -463,18 +505,30 @@ func (a *Agent) startProber(ctx context.Context, b *Browser) <-chan error {
 				return // the lifecycle loop sees the exit itself
 			case <-t.C:
 			}
-			if err := b.Probe(ctx, a.cfg.ProbeTimeout); err != nil {
-				if ctx.Err() != nil {
-					return
+			err := b.Probe(ctx, a.cfg.ProbeTimeout)
+			if err == nil {
+				if inRow > 0 {
+					log.Info("browser answers its probe again", zap.Int("failed_in_a_row", inRow))
 				}
-				select {
-				case <-b.Done():
-					return
-				default:
-				}
-				failed <- err
+				inRow = 0
+				continue
+			}
+			if ctx.Err() != nil {
 				return
 			}
+			select {
+			case <-b.Done():
+				return
+			default:
+			}
+			inRow++
+			if inRow < a.cfg.ProbeFailures {
+				log.Warn("browser failed a probe; restarting it if it fails in a row",
+					zap.Int("failed_in_a_row", inRow), zap.Int("probe_failures", a.cfg.ProbeFailures), zap.Error(err))
+				continue
+			}
+			failed <- fmt.Errorf("%d probes in a row failed, the last: %w", inRow, err)
+			return
 		}
 	}()
 	return failed
@@ -486,15 +540,18 @@ func (a *Agent) startProber(ctx context.Context, b *Browser) <-chan error {
 func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, reason string) {
 	log.Info("draining", zap.String("reason", reason), zap.Duration("drain_timeout", a.cfg.DrainTimeout))
 	start := time.Now()
-	cctx, cancel := rctx()
+	// Every Redis call below ends by the drain's deadline, so a Redis
+	// that holds calls cannot stretch the drain past DrainTimeout.
+	end := start.Add(a.cfg.DrainTimeout)
+	cctx, cancel := rctxBy(end)
 	err := a.reg.SetDraining(cctx, reg.Pool, reg.ID)
 	cancel()
 	if errors.Is(err, registry.ErrNotRegistered) {
-		a.registerDraining(log, reg)
+		a.registerDraining(log, reg, end)
 	} else if err != nil {
 		log.Warn("marking the worker draining failed; waiting for its sessions anyway", zap.Error(err))
 	}
-	deadline := time.NewTimer(a.cfg.DrainTimeout)
+	deadline := time.NewTimer(time.Until(end))
 	defer deadline.Stop()
 	poll := time.NewTicker(min(250*time.Millisecond, a.cfg.HeartbeatInterval))
 	defer poll.Stop()
@@ -502,7 +559,7 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 	defer hb.Stop()
 	active, waitedForLeases, counted := -1, false, time.Time{}
 	for {
-		cctx, cancel := rctx()
+		cctx, cancel := rctxBy(end)
 		w, err := a.reg.Worker(cctx, reg.Pool, reg.ID)
 		cancel()
 		switch {
@@ -531,14 +588,14 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 				}
 			}
 		case errors.Is(err, registry.ErrNotRegistered):
-			a.registerDraining(log, reg)
+			a.registerDraining(log, reg, end)
 		default:
 			log.Warn("reading active sessions failed", zap.Error(err))
 		}
 		select {
 		case <-poll.C:
 		case <-hb.C:
-			cctx, cancel := rctx()
+			cctx, cancel := rctxBy(end)
 			if _, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL); err != nil && !errors.Is(err, registry.ErrNotRegistered) {
 				log.Warn("heartbeat while draining failed", zap.Error(err))
 			}
@@ -561,11 +618,11 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 // lost (expired while the agent was paused, or Redis lost it): with the
 // same generation its live sessions still count, so the drain waits for
 // them rather than cutting them.
-func (a *Agent) registerDraining(log *zap.Logger, reg registry.Registration) {
+func (a *Agent) registerDraining(log *zap.Logger, reg registry.Registration, end time.Time) {
 	log.Warn("worker record gone while draining; registering it again as draining to wait for its sessions")
 	a.recordLost = time.Now()
 	reg.Draining = true
-	cctx, cancel := rctx()
+	cctx, cancel := rctxBy(end)
 	defer cancel()
 	if err := a.reg.Register(cctx, reg); err != nil {
 		log.Warn("registering the draining worker again failed; will retry", zap.Error(err))
@@ -604,7 +661,7 @@ func (a *Agent) retire(log *zap.Logger, b *Browser, reg registry.Registration) {
 				return
 			case <-t.C:
 			}
-			cctx, cancel := rctx()
+			cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
 			_, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
 			cancel()
 			if errors.Is(err, registry.ErrNotRegistered) {
@@ -627,8 +684,9 @@ func (a *Agent) endHandover() {
 }
 
 func (a *Agent) deregister(log *zap.Logger, reg registry.Registration) {
-	for attempt := 1; attempt <= 3; attempt++ {
-		cctx, cancel := rctx()
+	end := time.Now().Add(deregisterBudget)
+	for attempt := 1; attempt <= 3 && time.Now().Before(end); attempt++ {
+		cctx, cancel := rctxBy(end)
 		err := a.reg.Deregister(cctx, reg.Pool, reg.ID)
 		cancel()
 		if err == nil || errors.Is(err, registry.ErrNotRegistered) {

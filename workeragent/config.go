@@ -87,9 +87,13 @@ type Config struct {
 	// Default: 30s.
 	LeaseTTL time.Duration
 	// ProbeTimeout bounds each health probe of the browser, run every
-	// heartbeat; a failed probe restarts the browser. 0 disables probes
-	// (process exit is still noticed at once). Default: 5s.
+	// heartbeat. 0 disables probes (process exit is still noticed at
+	// once). Default: 5s.
 	ProbeTimeout time.Duration
+	// ProbeFailures is how many probes in a row must fail before the
+	// browser is restarted with whatever sessions it has: one slow answer
+	// from a busy browser is not a hang. Default: 3.
+	ProbeFailures int
 	// StartTimeout bounds the wait for a launched browser to print its
 	// endpoint. Default: 60s.
 	StartTimeout time.Duration
@@ -166,6 +170,7 @@ func Defaults() Config {
 		DrainTimeout:       30 * time.Second,
 		LeaseTTL:           30 * time.Second,
 		ProbeTimeout:       5 * time.Second,
+		ProbeFailures:      3,
 		StartTimeout:       60 * time.Second,
 		RedisRetryAttempts: 10,
 		RedisRetryDelay:    time.Second,
@@ -233,6 +238,7 @@ func bindings() []binding {
 		{Option{"drain-timeout", "DRAIN_TIMEOUT", "30s", "longest wait for active sessions when draining"}, dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
 		{Option{"lease-ttl", "LEASE_TTL", "30s", "the proxies' lease_ttl (Caddy side): after the record was lost, how long a drain that reads 0 active still waits while the browser has connections"}, dur(func(c *Config) *time.Duration { return &c.LeaseTTL })},
 		{Option{"probe-timeout", "PROBE_TIMEOUT", "5s", "timeout of the browser probe run every heartbeat (0: no probe)"}, dur(func(c *Config) *time.Duration { return &c.ProbeTimeout })},
+		{Option{"probe-failures", "PROBE_FAILURES", "3", "probes in a row that must fail before the browser is restarted with its sessions"}, num(func(c *Config) *int { return &c.ProbeFailures })},
 		{Option{"start-timeout", "START_TIMEOUT", "60s", "longest wait for a launched browser's endpoint"}, dur(func(c *Config) *time.Duration { return &c.StartTimeout })},
 		{Option{"redis-retry-attempts", "REDIS_RETRY_ATTEMPTS", "10", "tries to reach Redis at start before giving up"}, num(func(c *Config) *int { return &c.RedisRetryAttempts })},
 		{Option{"redis-retry-delay", "REDIS_RETRY_DELAY", "1s", "first wait between those tries (doubles up to 5s)"}, dur(func(c *Config) *time.Duration { return &c.RedisRetryDelay })},
@@ -329,7 +335,7 @@ func ParseFlags(args []string, getenv func(string) string, out io.Writer) (Confi
 		fs.Var(flagValue{&c, b}, b.Flag, usage)
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: grid-worker [flags]\n\nLaunches a browser server, registers it in the grid's Redis, heartbeats,\ndrains on the shutdown command or SIGTERM, and exits (or respawns).\n\n")
+		fmt.Fprintf(out, "Usage: grid-worker [flags]\n\nLaunches a browser server, registers it in the grid's Redis, heartbeats,\ndrains on the shutdown command or SIGTERM, and exits (or respawns).\nA stop on SIGTERM takes at most -drain-timeout + %s, whatever Redis does:\ngive the supervisor longer than that before it kills the agent.\n\n", StopMargin)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -342,6 +348,16 @@ func ParseFlags(args []string, getenv func(string) string, out io.Writer) (Confi
 		return c, err
 	}
 	return c, nil
+}
+
+// Warnings names settings that work but defeat a promise of the agent;
+// the agent logs each at start.
+func (c Config) Warnings() []string {
+	var w []string
+	if c.LeaseTTL > c.DrainTimeout {
+		w = append(w, fmt.Sprintf("-lease-ttl %s is above -drain-timeout %s: after the record was lost, a drain ends at its timeout before the proxies have had one lease TTL to re-assert their live sessions, and closes the browser with them", c.LeaseTTL, c.DrainTimeout))
+	}
+	return w
 }
 
 // Validate checks the configuration, the worker lifecycle's timing relationships first;
@@ -360,6 +376,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ProbeTimeout < 0 {
 		add("-probe-timeout must not be negative, got %s", c.ProbeTimeout)
+	}
+	if c.ProbeFailures < 1 {
+		add("-probe-failures must be at least 1, got %d", c.ProbeFailures)
 	}
 	if c.HeartbeatInterval > 0 {
 		// The worker lifecycle, "Timing Relationships".

@@ -77,6 +77,7 @@ func TestBadConfigurationsNameTheProblem(t *testing.T) {
 		{"weight out of range", []string{"-weight", "10001"}, nil, []string{"-weight", "10001", "0-10000"}},
 		{"negative weight from the environment", nil, map[string]string{"WORKER_WEIGHT": "-1"}, []string{"-weight", "-1"}},
 		{"zero heartbeat", []string{"-heartbeat-interval", "0"}, nil, []string{"-heartbeat-interval must be positive"}},
+		{"zero probe failures", []string{"-probe-failures", "0"}, nil, []string{"-probe-failures must be at least 1", "0"}},
 		{"unknown launcher", []string{"-launcher", "selenium"}, nil, []string{"-launcher", "selenium"}},
 		{"exec without command", []string{"-launcher", "exec"}, nil, []string{"-exec"}},
 		{"cdp with firefox", []string{"-launcher", "cdp", "-browser-type", "firefox"}, nil, []string{"cdp", "firefox"}},
@@ -167,5 +168,25 @@ func TestOperationsDocListsEveryFlag(t *testing.T) {
 		if !strings.Contains(section, row) {
 			t.Errorf("%s flags table has no row starting %q", page, row)
 		}
+	}
+}
+
+// A lease TTL above the drain timeout is allowed but warned about: after
+// a record loss the drain would end before the proxies re-assert.
+func TestLeaseTTLAboveDrainTimeoutWarns(t *testing.T) {
+	c, err := ParseFlags(nil, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := c.Warnings(); len(w) != 0 {
+		t.Fatalf("the defaults warn: %q", w)
+	}
+	c, err = ParseFlags([]string{"-lease-ttl", "45s", "-drain-timeout", "30s"}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := c.Warnings()
+	if len(w) != 1 || !strings.Contains(w[0], "-lease-ttl 45s") || !strings.Contains(w[0], "-drain-timeout 30s") {
+		t.Fatalf("warnings %q, want one naming -lease-ttl 45s and -drain-timeout 30s", w)
 	}
 }

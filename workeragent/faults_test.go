@@ -18,6 +18,7 @@ import (
 
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/browsergrid/caddy-browser-grid/workeragent"
 )
 
 // docs/operations.md: "Bad flags or values exit with code 2 and a message
@@ -290,4 +291,44 @@ func TestIdleDrainAfterAReapedRecordIsNotHeldForLeaseTTL(t *testing.T) {
 	if took > 5*time.Second {
 		t.Fatalf("an idle worker took %.1fs to stop after SIGTERM: its record was reaped (leases intact, active already exact), yet the drain waited out -lease-ttl", took.Seconds())
 	}
+}
+
+// A SIGTERM while Redis holds every call (frozen: it accepts connections
+// and runs nothing), with a heartbeat in flight and a session open: the
+// agent stops within -drain-timeout + StopMargin, the bound -help states
+// and the deploy files' grace periods are checked against, and closes
+// its browser. (Before: 17.8 s for a 2 s drain: the heartbeat in flight
+// held the drain's start for 3 s, the drain's calls ran past its deadline
+// and deregistering took 3 × 5 s.)
+func TestSIGTERMWithRedisHoldingEveryCallStopsWithinTheBound(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	const drain = 2 * time.Second
+	p := startWorker(t, r, "-drain-timeout", drain.String())
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	pid, _, groups := browserOf(t, p, w.ID)
+	claim(t, reg, "chromium") // never released: the drain waits its whole timeout
+
+	if err := syscall.Kill(r.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(r.Pid(), syscall.SIGCONT) })
+	time.Sleep(500 * time.Millisecond) // the agent's next heartbeat is now held
+	start := time.Now()
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	code := exitCode(t, p, 60*time.Second)
+	took := time.Since(start)
+	if bound := drain + workeragent.StopMargin; took > bound {
+		t.Fatalf("the stop took %.1fs with Redis holding every call, past the stated bound %s", took.Seconds(), bound)
+	}
+	if code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	if alive(pid) || len(groupMembers(groups)) > 0 {
+		t.Fatal("the browser was left running")
+	}
+	t.Logf("stopped in %.1fs (drain %s + margin %s)", took.Seconds(), drain, workeragent.StopMargin)
 }

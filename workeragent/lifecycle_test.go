@@ -454,7 +454,7 @@ func TestHungBrowserFailsItsProbeAndIsReplaced(t *testing.T) {
 	t.Parallel()
 	r := testenv.StartRedis(t)
 	reg := newRegistry(t, r)
-	p := startWorker(t, r, "-respawn", "-probe-timeout", "300ms")
+	p := startWorker(t, r, "-respawn", "-probe-timeout", "300ms", "-probe-failures", "3")
 	first := waitOne(t, reg, "chromium", "", 15*time.Second)
 	pid, _, _ := browserOf(t, p, first.ID)
 
@@ -469,6 +469,59 @@ func TestHungBrowserFailsItsProbeAndIsReplaced(t *testing.T) {
 	testenv.Eventually(t, 15*time.Second, "the frozen browser killed", func() bool { return !alive(pid) })
 	if pid2, _, _ := browserOf(t, p, second.ID); !alive(pid2) {
 		t.Fatal("the replacement browser is not running")
+	}
+}
+
+// A browser that misses one probe (busy, or frozen for a moment) and
+// answers the next keeps running, and so do its sessions: only
+// -probe-failures probes in a row restart it.
+func TestBrowserMissingOneProbeKeepsItsSessions(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	p := startWorker(t, r, "-probe-timeout", "300ms", "-probe-failures", "3")
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	pid, ep, _ := browserOf(t, p, w.ID)
+	conn, _, err := websocket.Dial(context.Background(), ep.String(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseNow()
+
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "one failed probe logged", func() bool {
+		return countLogs(p, "browser failed a probe; restarting it if it fails in a row") >= 1
+	})
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the probe answered again", func() bool {
+		return countLogs(p, "browser answers its probe again") >= 1
+	})
+	// Ten more probes: the same browser, registered, its session live.
+	for i := 0; i < 10; i++ {
+		time.Sleep(200 * time.Millisecond)
+		if got, ok := registered(t, reg, "chromium", w.ID); !ok || got.Status != "available" {
+			t.Fatalf("after one missed probe the worker is %+v (registered %v); log:\n%s", got, ok, p.Output())
+		}
+		if !alive(pid) {
+			t.Fatal("the browser was stopped after one missed probe")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := conn.Write(ctx, websocket.MessageText, []byte("ping"))
+		var msg []byte
+		if err == nil {
+			_, msg, err = conn.Read(ctx)
+		}
+		cancel()
+		if err != nil || string(msg) != "ping" {
+			t.Fatalf("the live session was cut after one missed probe: %v", err)
+		}
+	}
+	if n := countLogs(p, "browser failed its probe; restarting it"); n != 0 {
+		t.Fatalf("%d restarts logged", n)
 	}
 }
 

@@ -1,0 +1,66 @@
+package deploy
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/coreos/go-systemd/v22/unit"
+)
+
+// The systemd unit in docs/operations.md is the deploy file of operators
+// without containers: parsed with go-systemd's unit parser, its flags and
+// variables must be grid-worker's, it must signal the agent alone, and its
+// TimeoutStopSec must outlast the longest stop.
+func TestSystemdUnitInTheDocs(t *testing.T) {
+	const page = "../docs/operations.md"
+	text, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```ini\n(# /etc/systemd/system/grid-worker@\\.service.*?)```").FindSubmatch(text)
+	if m == nil {
+		t.Fatalf("%s: no ```ini block with the grid-worker@.service unit", page)
+	}
+	opts, err := unit.DeserializeOptions(strings.NewReader(string(m[1])))
+	if err != nil {
+		t.Fatalf("%s: the unit does not parse: %v", page, err)
+	}
+	help := gridWorkerHelp(t)
+	env := map[string]string{}
+	var names []string
+	service := map[string]string{}
+	for _, o := range opts {
+		if o.Section != "Service" {
+			continue
+		}
+		service[o.Name] = o.Value
+		if o.Name == "Environment" {
+			k, v, _ := strings.Cut(o.Value, "=")
+			env[k] = v
+			names = append(names, k)
+		}
+	}
+	help.checkEnv(t, page, names)
+	for _, a := range strings.Fields(service["ExecStart"])[1:] {
+		if f, ok := strings.CutPrefix(a, "-"); ok {
+			f, _, _ = strings.Cut(strings.TrimPrefix(f, "-"), "=")
+			if !help.flags[f] {
+				t.Errorf("%s: ExecStart flag %s is not a grid-worker flag", page, a)
+			}
+		}
+	}
+	if service["KillMode"] != "mixed" {
+		t.Errorf("%s: KillMode %q; mixed sends SIGTERM to the agent alone, so the browser keeps its sessions through the drain", page, service["KillMode"])
+	}
+	v, ok := service["TimeoutStopSec"]
+	if !ok {
+		t.Fatalf("%s: no TimeoutStopSec (systemd's default 90s may be set lower on the host)", page)
+	}
+	grace, err := workerDuration(v)
+	if err != nil {
+		t.Fatalf("%s: TimeoutStopSec %q: %v", page, v, err)
+	}
+	help.checkStopGrace(t, page, "TimeoutStopSec", grace, env)
+}
