@@ -65,6 +65,9 @@ func (a *App) reaperEvent(e reaper.Event) {
 	if e.Count != 0 {
 		fields = append(fields, zap.Int("count", e.Count))
 	}
+	if e.Addr != "" {
+		fields = append(fields, zap.String("addr", e.Addr), zap.Strings("worker_ids", e.Workers))
+	}
 	if e.Err != nil {
 		fields = append(fields, zap.Error(e.Err))
 	}
@@ -73,6 +76,8 @@ func (a *App) reaperEvent(e reaper.Event) {
 		a.logger.Error("reaper could not clean a pool", fields...)
 	case reaper.KindBadRecord, reaper.KindCountersFixed:
 		a.logger.Warn("reaper repaired the registry", fields...)
+	case reaper.KindSharedAddress:
+		a.logger.Warn("workers of a pool are registered at one address: its browser is sent the sessions of all of them, past its capacity; two agents advertise the same address (grid-worker -advertise, PRIVATE_HOSTNAME)", fields...)
 	case reaper.KindPoolBusy:
 		a.logger.Debug("reaper skipped a pool another reaper is cleaning", fields...)
 	case reaper.KindKicked:

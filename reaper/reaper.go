@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
 // Defaults (the worker lifecycle: reaper every 300 s, stale threshold 30 s).
@@ -42,6 +43,10 @@ type Event struct {
 	Pool string
 	// Worker is set for worker_expired and bad_record.
 	Worker string
+	// Addr and Workers are set for shared_address: the address and the
+	// workers registered at it, sorted.
+	Addr    string
+	Workers []string
 	// Count is set for leases_freed, counters_fixed and orphans_removed.
 	Count int
 	// Err is set for error and bad_record.
@@ -65,6 +70,11 @@ const (
 	KindPoolBusy       = "pool_busy"       // another reaper holds the pool's lock
 	KindKicked         = "kicked"          // a pool is reaped early: a claim met stale workers in it (Kick)
 	KindError          = "error"           // a pool could not be reaped this time
+	// Two or more live, available workers of a pool registered at one
+	// address: one browser is sent the sessions of all of them, past its
+	// capacity (two agents advertise the same address). Reported, not
+	// repaired: which agent is wrong only its operator can tell.
+	KindSharedAddress = "shared_address"
 )
 
 // Reaper removes what crashed from a registry. Set the fields before Run;
@@ -127,6 +137,16 @@ type Report struct {
 	// LeasesFreed, CountersFixed and OrphansRemoved add up the pools'
 	// registry.Reconcile results.
 	LeasesFreed, CountersFixed, OrphansRemoved int
+	// Shared lists the addresses at which more than one live, available
+	// worker of a pool is registered (KindSharedAddress).
+	Shared []SharedAddress
+}
+
+// SharedAddress is an address more than one available worker of a pool
+// registered.
+type SharedAddress struct {
+	Pool, Addr string
+	Workers    []string // sorted
 }
 
 func (r *Reaper) defaults() error {
@@ -225,11 +245,26 @@ func (r *Reaper) reapPool(ctx context.Context, pool string, rep *Report) (err er
 		now = info.Now
 	}
 	var stale []string
+	byAddr := map[string][]string{}
 	for _, w := range info.Workers {
 		if now.Sub(w.LastHeartbeat) <= r.StaleAfter && !now.After(w.ExpiresAt) {
+			// A draining record beside its successor at the same
+			// address is an agent's own hand-over, not a conflict.
+			if w.Status == selection.Available {
+				byAddr[w.Addr] = append(byAddr[w.Addr], w.ID)
+			}
 			continue
 		}
 		stale = append(stale, w.ID)
+	}
+	for _, addr := range slices.Sorted(maps.Keys(byAddr)) {
+		ids := byAddr[addr]
+		if len(ids) < 2 {
+			continue
+		}
+		slices.Sort(ids)
+		rep.Shared = append(rep.Shared, SharedAddress{Pool: pool, Addr: addr, Workers: ids})
+		r.emit(Event{Kind: KindSharedAddress, Pool: pool, Addr: addr, Workers: ids})
 	}
 	removed, err := r.Registry.ExpireStale(ctx, pool, stale, r.StaleAfter)
 	for _, id := range removed {

@@ -333,3 +333,50 @@ func TestRunStopsWithContext(t *testing.T) {
 }
 
 func redisZ(member string) redis.Z { return redis.Z{Score: 0, Member: member} }
+
+// Two agents advertising one address (a copy-pasted PRIVATE_HOSTNAME send
+// one browser the sessions of both) are reported by every pass, naming
+// the address and both workers. An agent's own hand-over (its drained
+// record, draining, beside its successor at the same address) is not.
+func TestSharedAddressIsReported(t *testing.T) {
+	reg, _ := newRegistry(t)
+	ctx := context.Background()
+	for _, w := range []struct{ pool, id, addr string }{
+		{"p", "a2", "10.0.0.7:3000"}, {"p", "a1", "10.0.0.7:3000"},
+		{"p", "old", "10.0.0.8:3000"}, {"p", "new", "10.0.0.8:3000"},
+		{"p", "solo", "10.0.0.9:3000"}, {"q", "other-pool", "10.0.0.9:3000"},
+	} {
+		if err := reg.Register(ctx, registry.Registration{Pool: w.pool, ID: w.id, Addr: w.addr, Path: "/", TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := reg.SetDraining(ctx, "p", "old"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var events []Event
+	r := &Reaper{Registry: reg, OnEvent: func(e Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		if e.Kind == KindSharedAddress {
+			events = append(events, e)
+		}
+	}}
+	rep, err := r.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []SharedAddress{{Pool: "p", Addr: "10.0.0.7:3000", Workers: []string{"a1", "a2"}}}
+	if fmt.Sprint(rep.Shared) != fmt.Sprint(want) {
+		t.Fatalf("report %+v, want %+v", rep.Shared, want)
+	}
+	if len(events) != 1 || events[0].Pool != "p" || events[0].Addr != "10.0.0.7:3000" || !slices.Equal(events[0].Workers, []string{"a1", "a2"}) {
+		t.Fatalf("events %+v", events)
+	}
+	if err := reg.Deregister(ctx, "p", "a2"); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := r.RunOnce(ctx); err != nil || len(rep.Shared) != 0 {
+		t.Fatalf("after a2 left: %+v, %v", rep.Shared, err)
+	}
+}
