@@ -133,7 +133,7 @@ func checkComposeWorker(t *testing.T, help workerHelp, name string, s types.Serv
 	if s.StopGracePeriod == nil {
 		t.Errorf("service %s: no stop_grace_period (Docker's default 10s is shorter than any drain)", name)
 	} else {
-		help.checkStopGrace(t, "service "+name, "stop_grace_period", time.Duration(*s.StopGracePeriod), env)
+		help.checkStopGrace(t, "service "+name, "stop_grace_period", time.Duration(*s.StopGracePeriod), env, append(append([]string{}, s.Entrypoint...), s.Command...))
 	}
 	if s.ShmSize < 256<<20 {
 		t.Errorf("service %s: shm_size %d; Chromium needs more than Docker's 64 MB /dev/shm", name, s.ShmSize)

@@ -291,7 +291,7 @@ func checkWorkerPod(t *testing.T, help workerHelp, where string, spec *corev1.Po
 	if spec.TerminationGracePeriodSeconds == nil {
 		t.Errorf("%s: no terminationGracePeriodSeconds (Kubernetes' default 30s is not above the default drain timeout)", where)
 	} else {
-		help.checkStopGrace(t, where, "terminationGracePeriodSeconds", time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second, env)
+		help.checkStopGrace(t, where, "terminationGracePeriodSeconds", time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second, env, append(append([]string{}, ctr.Command...), ctr.Args...))
 	}
 	if sc := spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
 		t.Errorf("%s: the pod does not require a non-root user (securityContext.runAsNonRoot)", where)

@@ -36,14 +36,25 @@ func TestSystemdUnitInTheDocs(t *testing.T) {
 			continue
 		}
 		service[o.Name] = o.Value
-		if o.Name == "Environment" {
-			k, v, _ := strings.Cut(o.Value, "=")
-			env[k] = v
-			names = append(names, k)
+		switch o.Name {
+		case "Environment":
+			// systemd takes several assignments on one line, quoted
+			// when a value has spaces; this check reads plain ones.
+			if strings.ContainsAny(o.Value, `"'\\`) {
+				t.Errorf("%s: Environment=%s: write plain assignments (this check does not read quotes or escapes)", page, o.Value)
+			}
+			for _, kv := range strings.Fields(o.Value) {
+				k, v, _ := strings.Cut(kv, "=")
+				env[k] = v
+				names = append(names, k)
+			}
+		case "EnvironmentFile":
+			t.Errorf("%s: EnvironmentFile=%s: this check cannot see what it sets (DRAIN_TIMEOUT), so the unit sets its variables itself", page, o.Value)
 		}
 	}
 	help.checkEnv(t, page, names)
-	for _, a := range strings.Fields(service["ExecStart"])[1:] {
+	args := strings.Fields(service["ExecStart"])[1:]
+	for _, a := range args {
 		if f, ok := strings.CutPrefix(a, "-"); ok {
 			f, _, _ = strings.Cut(strings.TrimPrefix(f, "-"), "=")
 			if !help.flags[f] {
@@ -62,5 +73,5 @@ func TestSystemdUnitInTheDocs(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s: TimeoutStopSec %q: %v", page, v, err)
 	}
-	help.checkStopGrace(t, page, "TimeoutStopSec", grace, env)
+	help.checkStopGrace(t, page, "TimeoutStopSec", grace, env, args)
 }

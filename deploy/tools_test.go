@@ -122,11 +122,17 @@ func (h workerHelp) checkEnv(t *testing.T, where string, names []string, allowed
 	}
 }
 
-// drainTimeout is the drain timeout a worker with these variables uses:
-// its DRAIN_TIMEOUT, else the default grid-worker prints.
-func (h workerHelp) drainTimeout(t *testing.T, where string, env map[string]string) time.Duration {
+// drainTimeout is the drain timeout a worker started with these
+// variables and arguments uses: its -drain-timeout flag, else its
+// DRAIN_TIMEOUT, else the default grid-worker prints.
+func (h workerHelp) drainTimeout(t *testing.T, where string, env map[string]string, args []string) time.Duration {
 	t.Helper()
-	v, ok := env["DRAIN_TIMEOUT"]
+	v, ok := flagValue(args, "drain-timeout")
+	what := "-drain-timeout"
+	if !ok {
+		v, ok = env["DRAIN_TIMEOUT"]
+		what = "DRAIN_TIMEOUT"
+	}
 	if !ok {
 		v, ok = h.defaults["DRAIN_TIMEOUT"]
 		if !ok {
@@ -135,17 +141,37 @@ func (h workerHelp) drainTimeout(t *testing.T, where string, env map[string]stri
 	}
 	d, err := workerDuration(v)
 	if err != nil {
-		t.Fatalf("%s: DRAIN_TIMEOUT %q: %v", where, v, err)
+		t.Fatalf("%s: %s %q: %v", where, what, v, err)
 	}
 	return d
 }
 
+// flagValue is the value args give the grid-worker flag name (-name v,
+// -name=v, --name v or --name=v; the last one wins, as in the flag
+// package), and whether they give one.
+func flagValue(args []string, name string) (string, bool) {
+	v, ok := "", false
+	for i, a := range args {
+		f, isFlag := strings.CutPrefix(a, "-")
+		if !isFlag {
+			continue
+		}
+		f = strings.TrimPrefix(f, "-")
+		if f == name && i+1 < len(args) {
+			v, ok = args[i+1], true
+		} else if val, found := strings.CutPrefix(f, name+"="); found {
+			v, ok = val, true
+		}
+	}
+	return v, ok
+}
+
 // checkStopGrace fails unless a supervisor's grace before SIGKILL is above
-// the longest stop of a worker with these variables: its drain timeout
-// plus the margin grid-worker -help states.
-func (h workerHelp) checkStopGrace(t *testing.T, where, field string, grace time.Duration, env map[string]string) {
+// the longest stop of a worker with these variables and arguments: its
+// drain timeout plus the margin grid-worker -help states.
+func (h workerHelp) checkStopGrace(t *testing.T, where, field string, grace time.Duration, env map[string]string, args []string) {
 	t.Helper()
-	need := h.drainTimeout(t, where, env) + h.stopMargin
+	need := h.drainTimeout(t, where, env, args) + h.stopMargin
 	if grace <= need {
 		t.Errorf("%s: %s %v is not above the longest stop, %v (drain timeout + %v, grid-worker -help)", where, field, grace, need, h.stopMargin)
 	}

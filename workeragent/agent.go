@@ -20,6 +20,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,6 +44,11 @@ const deregisterBudget = 3 * time.Second
 // at most, whatever Redis does (answers, refuses, or holds every call):
 // deregisterBudget, then stopGrace, and room to spare. A supervisor must
 // give the agent more than DrainTimeout + StopMargin before its SIGKILL.
+//
+// The stop's phases are cut at times counted from the signal (see
+// stopClock), not from when each phase starts: a call already in flight,
+// a second record to remove (a -respawn hand-over) or a late drain cannot
+// add their times up past the bound.
 const StopMargin = 10 * time.Second
 
 // Agent runs the lifecycle of one worker slot: one browser at a time.
@@ -71,6 +77,70 @@ type Agent struct {
 	// browser has no live connection either (drainedAfterLoss). Used by
 	// the life loop only.
 	recordLost time.Time
+
+	// signalled is when Run's ctx ended (UnixNano; 0 before): the start
+	// of a stop, from which its phases' deadlines are counted.
+	signalled atomic.Int64
+}
+
+// The stop's clock: after the signal the drain ends by DrainTimeout, the
+// records are removed by deregisterBudget more and the browser is closed
+// by stopGrace more, whatever ran late before. Before the signal (a
+// drain for the shutdown command, a crash) each phase has its full time.
+
+// stopAt is when the signal came (zero before it).
+func (a *Agent) stopAt() time.Time {
+	if n := a.signalled.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// drainEnd is when a drain starting at start must end.
+func (a *Agent) drainEnd(start time.Time) time.Time {
+	end := start.Add(a.cfg.DrainTimeout)
+	if s := a.stopAt(); !s.IsZero() && s.Add(a.cfg.DrainTimeout).Before(end) {
+		end = s.Add(a.cfg.DrainTimeout)
+	}
+	return end
+}
+
+// recordsEnd is when removing a record (every attempt) must end.
+func (a *Agent) recordsEnd() time.Time {
+	end := time.Now().Add(deregisterBudget)
+	if s := a.stopAt(); !s.IsZero() && s.Add(a.cfg.DrainTimeout+deregisterBudget).Before(end) {
+		end = s.Add(a.cfg.DrainTimeout + deregisterBudget)
+	}
+	return end
+}
+
+// browserGrace is how long the browser may take to close before SIGKILL.
+func (a *Agent) browserGrace() time.Duration {
+	g := stopGrace
+	if s := a.stopAt(); !s.IsZero() {
+		g = min(g, max(0, time.Until(s.Add(a.cfg.DrainTimeout+deregisterBudget+stopGrace))))
+	}
+	return g
+}
+
+// unlessStopped runs call with a context for one Redis call and returns
+// its error, or ctx's at once when ctx ends first: a blocked read ends
+// only at its own timeout (go-redis does not act on a cancelled context
+// mid-read), and a stop must not wait for a Redis that holds every call.
+// The call left behind ends alone at that timeout.
+func unlessStopped(ctx context.Context, call func(context.Context) error) error {
+	done := make(chan error, 1)
+	go func() {
+		cctx, cancel := rctx()
+		defer cancel()
+		done <- call(cctx)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // drainedAfterLoss says whether a drain that reads 0 active may end,
@@ -106,7 +176,6 @@ type handover struct {
 	log  *zap.Logger
 	reg  registry.Registration
 	stop context.CancelFunc
-	done chan struct{}
 }
 
 // New checks what the agent needs before anything starts: the Redis URL
@@ -163,6 +232,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	ran := make(chan struct{})
+	defer close(ran)
+	go func() {
+		select {
+		case <-ctx.Done():
+			a.signalled.Store(time.Now().UnixNano())
+		case <-ran:
+		}
+	}()
 	const firstBackoff = time.Second
 	backoff := firstBackoff
 	defer a.endHandover()
@@ -341,7 +419,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		return endCrashed, fmt.Errorf("launching the browser (%s launcher): %w", a.cfg.Launcher, err)
 	}
 	defer func() {
-		if err := b.Stop(stopGrace); err != nil {
+		if err := b.Stop(a.browserGrace()); err != nil {
 			a.log.Error("stopping the browser", zap.Error(err))
 		}
 	}()
@@ -375,11 +453,15 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 
 	// Register; keep trying while Redis is away (it answered at start).
 	for attempt := 1; ; attempt++ {
-		cctx, cancel := rctx()
-		err := a.reg.Register(cctx, reg)
-		cancel()
+		err := unlessStopped(ctx, func(c context.Context) error { return a.reg.Register(c, reg) })
 		if err == nil {
 			break
+		}
+		if ctx.Err() != nil {
+			// The attempt left in flight may still land (after this
+			// deregistration, even): the record then lapses at its TTL.
+			a.deregister(log, reg)
+			return endSignal, nil
 		}
 		log.Warn("registering failed; retrying", zap.Int("attempt", attempt), zap.Error(err))
 		t := time.NewTimer(min(a.cfg.HeartbeatInterval, 2*time.Second))
@@ -429,28 +511,17 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 			}
 			return endCrashed, fmt.Errorf("the browser stopped answering: %w", err)
 		case <-tick.C:
-			// A signal does not wait for the call (a blocked read ends
-			// only at its own timeout): the drain must not wait for a
-			// Redis that holds every call, so that the stop stays within
-			// DrainTimeout + StopMargin. The call left behind ends alone.
-			type beat struct {
-				hb  registry.HeartbeatReply
-				err error
-			}
-			beaten := make(chan beat, 1)
-			go func() {
-				cctx, cancel := rctx()
-				defer cancel()
-				hb, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
-				beaten <- beat{hb, err}
-			}()
-			var res beat
-			select {
-			case res = <-beaten:
-			case <-ctx.Done():
+			// A signal does not wait for the call (unlessStopped); a
+			// heartbeat that lands after the drain began cannot undo it
+			// (heartbeat.lua keeps the stored status).
+			var hb registry.HeartbeatReply
+			err := unlessStopped(ctx, func(c context.Context) (err error) {
+				hb, err = a.reg.Heartbeat(c, reg.Pool, reg.ID, reg.TTL)
+				return err
+			})
+			if ctx.Err() != nil {
 				continue
 			}
-			hb, err := res.hb, res.err
 			cmd := hb.Command
 			if err == nil {
 				// Kept to re-assert if Redis loses the record.
@@ -461,13 +532,14 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 				log.Warn("worker record gone (expired, reaped or redis restarted); registering again",
 					zap.Int("lifetime", reg.Lifetime))
 				a.recordLost = time.Now()
-				cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
-				if err := a.reg.Register(cctx, reg); err != nil {
+				err := unlessStopped(ctx, func(c context.Context) error { return a.reg.Register(c, reg) })
+				switch {
+				case ctx.Err() != nil:
+				case err != nil:
 					log.Warn("registering again failed; will retry at the next heartbeat", zap.Error(err))
-				} else {
+				default:
 					log.Info("worker registered again", zap.String("addr", reg.Addr), zap.Int("lifetime", reg.Lifetime))
 				}
-				cancel()
 			case err != nil:
 				log.Warn("heartbeat failed; still serving, will retry", zap.Error(err))
 			case cmd == registry.CommandShutdown:
@@ -541,8 +613,9 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 	log.Info("draining", zap.String("reason", reason), zap.Duration("drain_timeout", a.cfg.DrainTimeout))
 	start := time.Now()
 	// Every Redis call below ends by the drain's deadline, so a Redis
-	// that holds calls cannot stretch the drain past DrainTimeout.
-	end := start.Add(a.cfg.DrainTimeout)
+	// that holds calls cannot stretch the drain past DrainTimeout (after
+	// a signal: past DrainTimeout from the signal).
+	end := a.drainEnd(start)
 	cctx, cancel := rctxBy(end)
 	err := a.reg.SetDraining(cctx, reg.Pool, reg.ID)
 	cancel()
@@ -633,7 +706,7 @@ func (a *Agent) registerDraining(log *zap.Logger, reg registry.Registration, end
 // "Phase 4: Exit").
 func (a *Agent) exit(log *zap.Logger, b *Browser, reg registry.Registration) {
 	a.deregister(log, reg)
-	if err := b.Stop(stopGrace); err != nil {
+	if err := b.Stop(a.browserGrace()); err != nil {
 		log.Error("stopping the browser", zap.Error(err))
 	} else {
 		log.Info("browser closed")
@@ -643,16 +716,14 @@ func (a *Agent) exit(log *zap.Logger, b *Browser, reg registry.Registration) {
 // retire closes a drained browser but keeps its record, still draining and
 // heartbeated, until the next browser registers (endHandover).
 func (a *Agent) retire(log *zap.Logger, b *Browser, reg registry.Registration) {
-	if err := b.Stop(stopGrace); err != nil {
+	if err := b.Stop(a.browserGrace()); err != nil {
 		log.Error("stopping the browser", zap.Error(err))
 	} else {
 		log.Info("browser closed; its record stays draining until the new browser registers")
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	h := &handover{log: log, reg: reg, stop: stop, done: make(chan struct{})}
-	a.handover = h
+	a.handover = &handover{log: log, reg: reg, stop: stop}
 	go func() {
-		defer close(h.done)
 		t := time.NewTicker(a.cfg.HeartbeatInterval)
 		defer t.Stop()
 		for {
@@ -678,13 +749,15 @@ func (a *Agent) endHandover() {
 		return
 	}
 	a.handover = nil
+	// Not waiting for its heartbeat in flight (it ends alone, at its
+	// timeout, and one that lands after the deregistration finds no
+	// record and writes nothing).
 	h.stop()
-	<-h.done
 	a.deregister(h.log, h.reg)
 }
 
 func (a *Agent) deregister(log *zap.Logger, reg registry.Registration) {
-	end := time.Now().Add(deregisterBudget)
+	end := a.recordsEnd()
 	for attempt := 1; attempt <= 3 && time.Now().Before(end); attempt++ {
 		cctx, cancel := rctxBy(end)
 		err := a.reg.Deregister(cctx, reg.Pool, reg.ID)

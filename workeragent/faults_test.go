@@ -4,12 +4,14 @@ package workeragent_test
 // with where it is documented (found by a red team of 21a9d68).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -293,13 +295,34 @@ func TestIdleDrainAfterAReapedRecordIsNotHeldForLeaseTTL(t *testing.T) {
 	}
 }
 
+// stopWithin sends SIGTERM and fails unless the agent exits 0 within
+// drain + StopMargin, the bound -help states and the deploy files' grace
+// periods are checked against, and closes its browser.
+func stopWithin(t *testing.T, p *testenv.Process, drain time.Duration, pid int, groups []int) {
+	t.Helper()
+	start := time.Now()
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	code := exitCode(t, p, 60*time.Second)
+	took := time.Since(start)
+	if bound := drain + workeragent.StopMargin; took > bound {
+		t.Fatalf("the stop took %.1fs with Redis holding every call, past the stated bound %s:\n%s", took.Seconds(), bound, p.Output())
+	}
+	if code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	if alive(pid) || len(groupMembers(groups)) > 0 {
+		t.Fatal("the browser was left running")
+	}
+	t.Logf("stopped in %.1fs (drain %s + margin %s)", took.Seconds(), drain, workeragent.StopMargin)
+}
+
 // A SIGTERM while Redis holds every call (frozen: it accepts connections
-// and runs nothing), with a heartbeat in flight and a session open: the
-// agent stops within -drain-timeout + StopMargin, the bound -help states
-// and the deploy files' grace periods are checked against, and closes
-// its browser. (Before: 17.8 s for a 2 s drain: the heartbeat in flight
-// held the drain's start for 3 s, the drain's calls ran past its deadline
-// and deregistering took 3 × 5 s.)
+// and runs nothing), with a heartbeat in flight and a session open.
+// (Before: 17.8 s for a 2 s drain: the heartbeat in flight held the
+// drain's start for 3 s, the drain's calls ran past its deadline and
+// deregistering took 3 x 5 s.)
 func TestSIGTERMWithRedisHoldingEveryCallStopsWithinTheBound(t *testing.T) {
 	t.Parallel()
 	r := testenv.StartRedis(t)
@@ -315,20 +338,128 @@ func TestSIGTERMWithRedisHoldingEveryCallStopsWithinTheBound(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = syscall.Kill(r.Pid(), syscall.SIGCONT) })
 	time.Sleep(500 * time.Millisecond) // the agent's next heartbeat is now held
-	start := time.Now()
-	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	stopWithin(t, p, drain, pid, groups)
+}
+
+// The same after a record loss: the heartbeat finds the record gone, and
+// Redis holds the registration that follows; the browser ignores SIGTERM
+// (it takes the whole grace). (Found by a red team of ce7cc39: the
+// registration was not cut by the signal, 3 s more; 41.0 s for a 30 s
+// drain.)
+func TestSIGTERMDuringARegistrationAfterARecordLossStopsWithinTheBound(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	addr := holdAfterMissing(t, r.Addr)
+	const drain = 2 * time.Second
+	args := append([]string{"-redis", "redis://" + addr + "/0", "-launcher", "fake"}, fastTimings...)
+	p := testenv.Start(t, nil, gridWorker(), append(args, "-drain-timeout", drain.String(), "-fake-args", "-ignore-term")...)
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	pid, _, groups := browserOf(t, p, w.ID)
+	if err := reg.Deregister(context.Background(), "chromium", w.ID); err != nil {
 		t.Fatal(err)
 	}
-	code := exitCode(t, p, 60*time.Second)
-	took := time.Since(start)
-	if bound := drain + workeragent.StopMargin; took > bound {
-		t.Fatalf("the stop took %.1fs with Redis holding every call, past the stated bound %s", took.Seconds(), bound)
+	testenv.Eventually(t, 10*time.Second, "the record loss seen", func() bool {
+		return countLogs(p, "worker record gone (expired, reaped or redis restarted); registering again") >= 1
+	})
+	stopWithin(t, p, drain, pid, groups)
+}
+
+// -respawn: the drained record waits in the hand-over while Redis holds
+// the fresh browser's registration; SIGTERM lands with an attempt in
+// flight, and the browser ignores SIGTERM. Two records to remove and a
+// browser to kill must share the margin. (Found by a red team of
+// ce7cc39: 15.7 s for a 5 s drain.)
+func TestSIGTERMDuringARespawnRegistrationStopsWithinTheBound(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	const drain = 2 * time.Second
+	p := startWorker(t, r, "-respawn", "-drain-timeout", drain.String(), "-fake-args", "-ignore-term")
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	if err := reg.Drain(context.Background(), "chromium", w.ID); err != nil {
+		t.Fatal(err)
 	}
-	if code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
+	testenv.Eventually(t, 10*time.Second, "status draining", func() bool {
+		w, ok := registered(t, reg, "chromium", w.ID)
+		return ok && w.Status == "draining"
+	})
+	if err := syscall.Kill(r.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
 	}
-	if alive(pid) || len(groupMembers(groups)) > 0 {
-		t.Fatal("the browser was left running")
+	t.Cleanup(func() { _ = syscall.Kill(r.Pid(), syscall.SIGCONT) })
+	testenv.Eventually(t, 30*time.Second, "a failed registration of the fresh browser", func() bool {
+		return countLogs(p, "registering failed; retrying") >= 1
+	})
+	e, _ := lastLog(p, "browser listening", "")
+	pid, groups := -1, []int(nil)
+	if e != nil {
+		if v, ok := e["pid"].(float64); ok {
+			pid = int(v)
+		}
+		for _, g := range e["process_groups"].([]any) {
+			groups = append(groups, int(g.(float64)))
+		}
 	}
-	t.Logf("stopped in %.1fs (drain %s + margin %s)", took.Seconds(), drain, workeragent.StopMargin)
+	time.Sleep(300 * time.Millisecond) // the next attempt is in flight
+	stopWithin(t, p, drain, pid, groups)
+}
+
+// holdAfterMissing is a TCP proxy to Redis that forwards until a reply
+// says "missing" (a heartbeat that found the record gone) and from then
+// on forwards nothing either way: Redis holds every later call.
+func holdAfterMissing(t *testing.T, target string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var hold atomic.Bool
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			t.Cleanup(func() { s.Close() })
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 && !hold.Load() {
+						_, _ = s.Write(buf[:n])
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 {
+						missing := bytes.Contains(buf[:n], []byte("missing"))
+						if missing {
+							hold.Store(true)
+						}
+						if !hold.Load() || missing {
+							_, _ = c.Write(buf[:n])
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }

@@ -48,13 +48,14 @@ func run(args []string) int {
 	fs.DurationVar(&b.CloseAfter, "close-after", 0, "close each session this long after it opened (0: never)")
 	fs.IntVar(&b.CrashOnSession, "crash-on-session", 0, "exit with code 3 right after accepting the Nth session (0: never)")
 	fs.IntVar(&b.CrashAfterSessions, "crash-after-sessions", 0, "exit with code 3 once N sessions have ended (0: never)")
+	ignoreTerm := fs.Bool("ignore-term", false, "ignore SIGTERM, as a browser that will not close itself: only SIGKILL (or SIGINT) ends it")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	// Validate through the same parser /control uses, so the rules agree.
 	vals := url.Values{}
 	fs.Visit(func(f *flag.Flag) { vals.Set(f.Name, f.Value.String()) })
-	for _, k := range []string{"addr", "path", "count", "v"} {
+	for _, k := range []string{"addr", "path", "count", "v", "ignore-term"} {
 		vals.Del(k)
 	}
 	if _, err := (fake.Behavior{}).Apply(vals, ""); err != nil {
@@ -98,7 +99,12 @@ func run(args []string) int {
 	}
 
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	if *ignoreTerm {
+		signal.Ignore(syscall.SIGTERM)
+		signal.Notify(sig, syscall.SIGINT)
+	} else {
+		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	}
 	<-sig
 	for _, s := range servers {
 		s.Close()
