@@ -9,8 +9,8 @@ import (
 	"testing"
 )
 
-// TestDocsLinksResolve keeps the README and the pages under docs/ linked
-// together: every relative link must name a file of the checkout, and a
+// TestDocsLinksResolve keeps the README and the pages under docs/ and
+// docs/perf/ linked together: every relative link must name a file of the checkout, and a
 // link with an anchor (page.md#section) must name a heading of that page,
 // slugged as GitHub slugs headings. External links (https:, mailto:) are
 // not followed.
@@ -19,7 +19,11 @@ func TestDocsLinksResolve(t *testing.T) {
 	if err != nil {
 		t.Fatalf("listing docs/: %v", err)
 	}
-	pages = append([]string{"README.md"}, pages...)
+	perf, err := filepath.Glob(filepath.Join("docs", "perf", "*.md"))
+	if err != nil {
+		t.Fatalf("listing docs/perf/: %v", err)
+	}
+	pages = append(append([]string{"README.md"}, pages...), perf...)
 	anchors := map[string]map[string]bool{}
 	headingsOf := func(page string) (map[string]bool, error) {
 		if a, ok := anchors[page]; ok {
