@@ -11,8 +11,10 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -206,9 +208,9 @@ func renderStatus(pools []PoolDetail, now time.Time) string {
 			limit = fmt.Sprint(p.MaxLifetime)
 		}
 		fmt.Fprintf(&b, "pool %s: %d workers (%d available, %d draining), %d active, %d leases, %d queued here, max_lifetime %s",
-			p.Pool, len(p.WorkerStatuses), p.Available, p.Draining, p.Active, p.Leases, p.QueueDepth, limit)
+			printable(p.Pool), len(p.WorkerStatuses), p.Available, p.Draining, p.Active, p.Leases, p.QueueDepth, limit)
 		if len(p.Versions) > 0 {
-			fmt.Fprintf(&b, ", Playwright %s", strings.Join(p.Versions, ", "))
+			fmt.Fprintf(&b, ", Playwright %s", printable(strings.Join(p.Versions, ", ")))
 		}
 		b.WriteByte('\n')
 		ws := append([]WorkerStatus(nil), p.WorkerStatuses...)
@@ -219,8 +221,9 @@ func renderStatus(pools []PoolDetail, now time.Time) string {
 			return ws[i].ID < ws[j].ID
 		})
 		idWidth := 6
-		for _, w := range ws {
-			idWidth = max(idWidth, len(w.ID))
+		for i := range ws {
+			ws[i].ID, ws[i].Status = printable(ws[i].ID), printable(ws[i].Status)
+			idWidth = max(idWidth, len(ws[i].ID))
 		}
 		fmt.Fprintf(&b, "  %-*s  %-9s  %-*s  %-14s  %s\n", idWidth, "WORKER", "STATUS", barWidth+8, "LIFETIME", "ACTIVE", "HEARTBEAT")
 		for _, w := range ws {
@@ -228,15 +231,27 @@ func renderStatus(pools []PoolDetail, now time.Time) string {
 			fmt.Fprintf(&b, "  %-*s  %-9s  %s  %s  %s", idWidth, w.ID, w.Status,
 				lifetimeBar(w.Lifetime, p.MaxLifetime), activeBar(w.Active, cap), w.HeartbeatAge)
 			if w.PlaywrightVersion != "" {
-				fmt.Fprintf(&b, "  Playwright %s", w.PlaywrightVersion)
+				fmt.Fprintf(&b, "  Playwright %s", printable(w.PlaywrightVersion))
 			}
 			b.WriteByte('\n')
 		}
 		for _, bad := range p.BadRecords {
-			fmt.Fprintf(&b, "  %-*s  bad record skipped: %s\n", idWidth, bad.ID, bad.Error)
+			fmt.Fprintf(&b, "  %-*s  bad record skipped: %s\n", idWidth, printable(bad.ID), printable(bad.Error))
 		}
 	}
 	return b.String()
+}
+
+// printable is s when every rune of it prints, else s quoted: what the
+// status shows comes from Redis, where any writer can put terminal escapes
+// and line breaks into a worker's name.
+func printable(s string) string {
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 func effectiveCap(maxConcurrent, capacity int) int {

@@ -306,13 +306,22 @@ func inspectPool(ctx context.Context, b *backend, pool string) (registry.PoolInf
 }
 
 // basePools lists the pools of a pool list that holds version groups too.
+// Names the registry would refuse (written into the set by hand or by a
+// hostile Redis writer) are left out: one of them must not fail the views
+// of every other pool. Linear in the names, sorted.
 func basePools(names []string) []string {
-	var out []string
+	seen := make(map[string]bool, len(names))
+	out := make([]string, 0, len(names))
 	for _, n := range names {
+		if registry.CheckPool(n) != nil {
+			continue
+		}
 		p, _ := registry.SplitGroup(n)
-		if !slices.Contains(out, p) {
+		if !seen[p] {
+			seen[p] = true
 			out = append(out, p)
 		}
 	}
+	slices.Sort(out)
 	return out
 }

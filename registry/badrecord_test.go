@@ -39,7 +39,11 @@ func TestBadRecordsSkippedAndReported(t *testing.T) {
 		"bad-gen": func() {
 			rdb.HSet(ctx, r.Key("p", keyWorkers), "bad-gen", `{"id":"bad-gen","browser":"c","addr":"h:1","path":"/","status":"available","gen":"g h","capacity":0,"vnodes":8,"heartbeat":1,"registered":1,"expires":1,"suspect_until":0,"predicted_end":0}`)
 		},
-		"bad-json":    func() { rdb.HSet(ctx, r.Key("p", keyWorkers), "bad-json", `{"id":`) },
+		"bad-json": func() { rdb.HSet(ctx, r.Key("p", keyWorkers), "bad-json", `{"id":`) },
+		// a valid record under another name than its id (a copy)
+		"bad-name": func() {
+			rdb.HSet(ctx, r.Key("p", keyWorkers), "bad-name", `{"id":"elsewhere","browser":"c","addr":"h:1","path":"/","status":"available","gen":"g","capacity":0,"vnodes":8,"heartbeat":1,"registered":1,"expires":1,"suspect_until":0,"predicted_end":0}`)
+		},
 		"bad-counter": func() { rdb.HSet(ctx, r.Key("p", keyActive), "bad-counter", "two") },
 		"bad-durations": func() {
 			rdb.HSet(ctx, r.Key("p", keyDurations), "bad-durations", "100,abc")

@@ -101,6 +101,11 @@ func checkPool(pool string) error {
 	return nil
 }
 
+// CheckPool reports why the registry would refuse the pool name pool
+// (nil: a name it takes, a version group's included). The set of pools in
+// Redis may hold names a Redis writer put there; views skip those.
+func CheckPool(pool string) error { return checkPool(pool) }
+
 // CheckWorkerID reports why Register would refuse the worker ID id (nil:
 // it would take it), for an agent to check the IDs it will make before it
 // starts a browser.

@@ -64,6 +64,12 @@ func decodeWorker(pool string, raw rawWorker, now int64) (WorkerInfo, error) {
 			return WorkerInfo{}, fmt.Errorf("field %s is empty, longer than 200 bytes or has spaces or control characters", recordStrings[f])
 		}
 	}
+	// The hash field names the worker everywhere (claims, leases, the
+	// admin API): a record stored under another name than its own id (a
+	// hand copy, or a field name carrying terminal escapes) is not one.
+	if raw.id != strs[0] {
+		return WorkerInfo{}, fmt.Errorf("stored under another name than its id")
+	}
 	active, err := parseCount(raw.active)
 	if err != nil {
 		return WorkerInfo{}, fmt.Errorf("active count is missing or not a whole number")

@@ -318,6 +318,10 @@ local function load_worker(id)
   local rec = redis.call('HGET', K_WORKERS, id)
   local w, err = decoded(rec)
   if not w then return nil, err end
+  -- The hash field names the worker (leases, indexes, replies): a record
+  -- stored under another name than its own id (a hand copy, a hostile
+  -- write) is not that worker. As Go's decodeWorker.
+  if w.id ~= id then return nil, 'stored under another name than its id' end
   -- A record's JSON may hold more than store() writes (an older or newer
   -- version's field, a hand edit, an attacker): a field named after a
   -- figure set below only when missing must not stand in for it (a batch's

@@ -1,0 +1,95 @@
+package caddygrid_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+)
+
+// What a Redis writer puts into the set of pools or a pool's records
+// must not take the operator's views down or take over their terminal
+// (found by a red team of the admin API and the page, 7eed9cd): a pool
+// name the registry refuses ("a b", "@1.0") made GET /grid/pools answer
+// 503, the page show no pool and `caddy grid status` fail; a copy of a
+// worker's record under a name holding terminal escapes was listed as a
+// worker, and the status printed the escapes raw.
+func TestOperatorViewsSurviveHostileRedisEntries(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "w1", fake.Behavior{})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium
+	}
+	handle_path /grid-ui/* {
+		browser_grid_ui {
+			interval 500ms
+		}
+	}`})
+	ctx := context.Background()
+	if err := g.rdb.SAdd(ctx, "{grid}:pools", "a b", "@1.0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	evil := "\x1b]0;owned\x07\x1b[2J\x1b[31mFAKE\nw9"
+	for _, k := range []string{"workers", "active", "lifetime"} {
+		v, err := g.rdb.HGet(ctx, "{grid:chromium}:"+k, "w1").Result()
+		if err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+		g.rdb.HSet(ctx, "{grid:chromium}:"+k, evil, v)
+	}
+	g.rdb.HSet(ctx, "{grid:chromium}:workers", "bad\x1b[5mBLINK\r\nx", "not json")
+
+	code, body := c.admin(http.MethodGet, "/grid/pools")
+	var pools []struct {
+		Pool    string `json:"pool"`
+		Workers int    `json:"workers"`
+	}
+	if code != http.StatusOK || json.Unmarshal(body, &pools) != nil || len(pools) != 1 || pools[0].Pool != "chromium" || pools[0].Workers != 1 {
+		t.Fatalf("GET /grid/pools: %d %s; want 200 with chromium and its one worker", code, body)
+	}
+	code, body = c.admin(http.MethodGet, "/grid/pools/chromium")
+	var detail struct {
+		Workers []struct {
+			ID string `json:"id"`
+		} `json:"workers"`
+		Bad []struct {
+			ID string `json:"id"`
+		} `json:"bad_records"`
+	}
+	if code != http.StatusOK || json.Unmarshal(body, &detail) != nil || len(detail.Workers) != 1 || detail.Workers[0].ID != "w1" || len(detail.Bad) != 2 {
+		t.Fatalf("GET /grid/pools/chromium: %d %s; want w1 alone, the copy and the unparseable one as bad records", code, body)
+	}
+
+	out, err := exec.Command(caddyBin(t), "grid", "status", "--address", fmt.Sprintf("127.0.0.1:%d", c.adminPort)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("caddy grid status: %v\n%q", err, out)
+	}
+	if strings.ContainsAny(string(out), "\x1b\r\x07") || !strings.Contains(string(out), "pool chromium:") {
+		t.Fatalf("caddy grid status printed control characters or no pool:\n%q", out)
+	}
+
+	testenv.Eventually(t, 10*time.Second, "the page to show chromium", func() bool {
+		resp, err := http.Get("http://" + c.addr() + "/grid-ui/data.json")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var d struct {
+			Error string `json:"error"`
+			Pools []struct {
+				Pool string `json:"pool"`
+			} `json:"pools"`
+		}
+		return json.Unmarshal(b, &d) == nil && d.Error == "" && len(d.Pools) == 1 && d.Pools[0].Pool == "chromium"
+	})
+}
