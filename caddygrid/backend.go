@@ -112,6 +112,9 @@ type backend struct {
 	// swept is when a client-limit refusal last swept a pool's version
 	// groups for expired leases (versions.go, sweepGroups).
 	swept map[string]time.Time
+	// omittedWarned is when this backend last warned that a pool serves
+	// more than registry.MaxVersionGroups versions (under mu).
+	omittedWarned map[string]time.Time
 	// versionReads makes concurrent reads of one pool's versions one.
 	versionReads singleflight.Group
 	lastPick     map[string]registry.ClaimRequest // pool → the last claim's request, for admin picks

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
@@ -143,6 +144,16 @@ func (b *backend) readVersions(ctx context.Context, pool string) (registry.PoolV
 			return registry.PoolVersions{}, err
 		}
 		b.versions[pool] = cachedVersions{at: time.Now(), v: v}
+		if len(v.Omitted) > 0 && time.Since(b.omittedWarned[pool]) >= time.Minute {
+			if b.omittedWarned == nil {
+				b.omittedWarned = map[string]time.Time{}
+			}
+			b.omittedWarned[pool] = time.Now()
+			b.logger.Warn("the pool has workers of more Playwright versions than the grid routes to: the oldest are left out (no claim goes to them); a Redis writer may have made them up",
+				zap.String("pool", pool), zap.Int("max_version_groups", registry.MaxVersionGroups),
+				zap.Strings("routed", v.Versions), zap.Int("omitted", len(v.Omitted)),
+				zap.Strings("omitted_newest", v.Omitted[:min(len(v.Omitted), 8)]))
+		}
 		return v, nil
 	})
 	if err != nil {

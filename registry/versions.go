@@ -118,8 +118,14 @@ func parseVersion(v string) ([2]int, bool) {
 type PoolVersions struct {
 	// Versions are the Playwright versions the pool serves, oldest first:
 	// a group with a registered worker, or one registered within the last
-	// minute (a lone worker restarting).
+	// minute (a lone worker restarting). At most MaxVersionGroups, the
+	// newest.
 	Versions []string
+	// Omitted are the versions past MaxVersionGroups the pool would serve
+	// too, newest first: no claim, read or metric goes to them. A pool
+	// that serves so many at once is most likely one a Redis writer filled
+	// with made-up versions.
+	Omitted []string
 	// Workers counts the registered workers per version ("" for the pool's
 	// workers without a version).
 	Workers map[string]int
@@ -155,14 +161,26 @@ func (r *Registry) noteVersion(ctx context.Context, group string) error {
 	return r.rdb.ZAdd(ctx, r.Key(pool, keyVersions), redis.Z{Score: float64(time.Now().UnixMilli()), Member: version}).Err()
 }
 
-// versions reads a pool's versions: one ZRANGE and one pipelined HLEN per
-// version ever registered in the pool (a handful).
+// MaxVersionGroups bounds the Playwright versions a pool serves at once
+// (PoolVersions.Versions): a claim of a client without a version tries
+// each group, the admin API and the page read each, and metrics are
+// labelled by each, so a set of versions a Redis writer filled must not
+// make these unbounded. Releases of Playwright come monthly; a grid runs
+// a few at once.
+const MaxVersionGroups = 16
+
+// maxVersionsRead bounds the versions read per pool: the most recently
+// registered ones.
+const maxVersionsRead = 4 * MaxVersionGroups
+
+// versions reads a pool's versions: one ZREVRANGE of the most recently
+// registered (at most maxVersionsRead) and one pipelined HLEN each.
 func (r *Registry) versions(ctx context.Context, pool string) (PoolVersions, error) {
 	if err := checkPool(pool); err != nil {
 		return PoolVersions{}, fmt.Errorf("reading the versions of a pool: %w", err)
 	}
 	pool, _ = SplitGroup(pool)
-	zs, err := r.rdb.ZRangeWithScores(ctx, r.Key(pool, keyVersions), 0, -1).Result()
+	zs, err := r.rdb.ZRevRangeWithScores(ctx, r.Key(pool, keyVersions), 0, maxVersionsRead-1).Result()
 	if err != nil {
 		return PoolVersions{}, fmt.Errorf("reading the versions of pool %q: %w", pool, err)
 	}
@@ -190,6 +208,14 @@ func (r *Registry) versions(ctx context.Context, pool string) (PoolVersions, err
 		}
 	}
 	slices.SortFunc(out.Versions, CompareVersions)
+	if n := len(out.Versions) - MaxVersionGroups; n > 0 {
+		out.Omitted = slices.Clone(out.Versions[:n])
+		slices.Reverse(out.Omitted)
+		out.Versions = out.Versions[n:]
+		for _, v := range out.Omitted {
+			delete(out.Workers, v)
+		}
+	}
 	return out, nil
 }
 

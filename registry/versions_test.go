@@ -3,10 +3,13 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/browsergrid/caddy-browser-grid/selection"
 )
@@ -267,4 +270,48 @@ func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
 		}
 	}
 	return true
+}
+
+// A pool filled with versions (a Redis writer making them up, one worker
+// record each) is routed to, read and labelled by its newest
+// MaxVersionGroups alone: a claim of a client without a version tries at
+// most that many groups and the pool's own (found by a red team: 1,000
+// made-up versions made one CDP request run 18,389 Redis commands and
+// created 46,000 metric series).
+func TestVersionsAreCapped(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{NoStaleExpiry: true})
+	const n = MaxVersionGroups + 4
+	var all []string
+	for i := range n {
+		v := fmt.Sprintf("2.%d", i)
+		all = append(all, v)
+		if err := r.Register(ctx, Registration{Pool: GroupPool("p", v), ID: "w" + v, Addr: "h:1", Path: "/", TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// made-up versions past what is read, noted long ago: never read
+	for i := range 200 {
+		rdb.ZAdd(ctx, r.Key("p", keyVersions), redis.Z{Score: 1, Member: fmt.Sprintf("9.%d", i)})
+	}
+	vs, err := r.Versions(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := all[n-MaxVersionGroups:]; !slices.Equal(vs.Versions, want) {
+		t.Fatalf("versions %v, want the newest %d: %v", vs.Versions, MaxVersionGroups, want)
+	}
+	if want := []string{"2.3", "2.2", "2.1", "2.0"}; !slices.Equal(vs.Omitted, want) {
+		t.Fatalf("omitted %v, want %v", vs.Omitted, want)
+	}
+	if g := vs.Groups("p"); len(g) != MaxVersionGroups || g[0] != GroupPool("p", all[n-1]) {
+		t.Fatalf("groups %v: want the %d newest, newest first", g, MaxVersionGroups)
+	}
+	_, _, groups, err := r.InspectGroups(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(groups) > maxVersionsRead+1 || slices.Contains(groups, GroupPool("p", "2.0")) {
+		t.Fatalf("InspectGroups read %d groups (%v): an omitted one, or more than are read", len(groups), groups)
+	}
 }
