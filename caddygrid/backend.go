@@ -112,6 +112,10 @@ type backend struct {
 	// swept is when a client-limit refusal last swept a pool's version
 	// groups for expired leases (versions.go, sweepGroups).
 	swept map[string]time.Time
+	// claimed holds the pools (and version groups) this backend has
+	// claimed in (under mu): the pools its configuration serves, as
+	// opposed to names a Redis writer may have put in the set of pools.
+	claimed map[string]bool
 	// omittedWarned is when this backend last warned that a pool serves
 	// more than registry.MaxVersionGroups versions (under mu).
 	omittedWarned map[string]time.Time
@@ -228,8 +232,19 @@ func (b *backend) start() {
 
 // badRecord reports a worker record that does not parse, at most once a
 // minute per worker.
+//
+// The metric names the pool only when this instance has claimed in it;
+// others are "other": the reaper and the admin reads meet every pool in
+// Redis, names a Redis writer may make up by the thousand, and each would
+// be a series of its own. The log names it.
 func (b *backend) badRecord(pool, id string, err error) {
-	badRecords.WithLabelValues(pool, reasonUnparsable).Inc()
+	b.mu.Lock()
+	label := pool
+	if !b.claimed[pool] {
+		label = poolOther
+	}
+	b.mu.Unlock()
+	badRecords.WithLabelValues(label, reasonUnparsable).Inc()
 	if !b.firstReport(reasonUnparsable, pool, id) {
 		return
 	}
@@ -250,6 +265,14 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 	// (its call failed or timed out, and it may have run or still run) can
 	// be cancelled.
 	req.LeaseID = registry.NewLeaseID()
+	b.mu.Lock()
+	if !b.claimed[req.Pool] {
+		if b.claimed == nil {
+			b.claimed = map[string]bool{}
+		}
+		b.claimed[req.Pool] = true
+	}
+	b.mu.Unlock()
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
 	if b.renewOwed.Load() {

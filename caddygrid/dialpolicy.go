@@ -67,6 +67,10 @@ const (
 	reasonBadSignature    = "bad_signature"
 )
 
+// poolOther labels bad records of a pool this instance has not claimed
+// in (backend.badRecord).
+const poolOther = "other"
+
 // badRecords counts the worker records this instance skipped or refused.
 var badRecords = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Namespace: "caddy", Subsystem: "grid", Name: "bad_records_total",

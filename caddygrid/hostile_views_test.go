@@ -21,7 +21,8 @@ import (
 // name the registry refuses ("a b", "@1.0") made GET /grid/pools answer
 // 503, the page show no pool and `caddy grid status` fail; a copy of a
 // worker's record under a name holding terminal escapes was listed as a
-// worker, and the status printed the escapes raw.
+// worker, and the status printed the escapes raw; each made-up pool with
+// a bad record became a series of caddy_grid_bad_records_total.
 func TestOperatorViewsSurviveHostileRedisEntries(t *testing.T) {
 	g := newGrid(t)
 	g.worker("chromium", "w1", fake.Behavior{})
@@ -35,9 +36,11 @@ func TestOperatorViewsSurviveHostileRedisEntries(t *testing.T) {
 		}
 	}`})
 	ctx := context.Background()
-	if err := g.rdb.SAdd(ctx, "{grid}:pools", "a b", "@1.0").Err(); err != nil {
+	if err := g.rdb.SAdd(ctx, "{grid}:pools", "a b", "@1.0", "junk1", "junk2").Err(); err != nil {
 		t.Fatal(err)
 	}
+	g.rdb.HSet(ctx, "{grid:junk1}:workers", "x", "garbage")
+	g.rdb.HSet(ctx, "{grid:junk2}:workers", "x", "garbage")
 	evil := "\x1b]0;owned\x07\x1b[2J\x1b[31mFAKE\nw9"
 	for _, k := range []string{"workers", "active", "lifetime"} {
 		v, err := g.rdb.HGet(ctx, "{grid:chromium}:"+k, "w1").Result()
@@ -53,8 +56,12 @@ func TestOperatorViewsSurviveHostileRedisEntries(t *testing.T) {
 		Pool    string `json:"pool"`
 		Workers int    `json:"workers"`
 	}
-	if code != http.StatusOK || json.Unmarshal(body, &pools) != nil || len(pools) != 1 || pools[0].Pool != "chromium" || pools[0].Workers != 1 {
-		t.Fatalf("GET /grid/pools: %d %s; want 200 with chromium and its one worker", code, body)
+	if code != http.StatusOK || json.Unmarshal(body, &pools) != nil || len(pools) != 3 || pools[0].Pool != "chromium" || pools[0].Workers != 1 {
+		t.Fatalf("GET /grid/pools: %d %s; want 200 with chromium and its one worker, then junk1 and junk2", code, body)
+	}
+	_, metrics := c.admin(http.MethodGet, "/metrics")
+	if strings.Contains(string(metrics), `pool="junk`) || !strings.Contains(string(metrics), `caddy_grid_bad_records_total{pool="other",reason="unparsable"}`) {
+		t.Fatalf("bad records of pools this instance never claimed in are not labelled other:\n%s", grepLines(string(metrics), "bad_records"))
 	}
 	code, body = c.admin(http.MethodGet, "/grid/pools/chromium")
 	var detail struct {
@@ -90,6 +97,16 @@ func TestOperatorViewsSurviveHostileRedisEntries(t *testing.T) {
 				Pool string `json:"pool"`
 			} `json:"pools"`
 		}
-		return json.Unmarshal(b, &d) == nil && d.Error == "" && len(d.Pools) == 1 && d.Pools[0].Pool == "chromium"
+		return json.Unmarshal(b, &d) == nil && d.Error == "" && len(d.Pools) == 3 && d.Pools[0].Pool == "chromium"
 	})
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
