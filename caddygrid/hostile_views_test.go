@@ -13,6 +13,7 @@ import (
 
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 // What a Redis writer puts into the set of pools or a pool's records
@@ -109,4 +110,52 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// The page lists at most 500 workers of a pool, the oldest first, and
+// counts the rest (a red team filled a pool with 100,000 records: a
+// 22.5 MB data.json, fetched by every open page every interval).
+func TestPageListsABoundedStaircase(t *testing.T) {
+	g := newGrid(t)
+	ctx := context.Background()
+	const n = 510
+	for i := range n {
+		if err := g.reg.Register(ctx, registry.Registration{Pool: "chromium", ID: fmt.Sprintf("w%03d", i),
+			Addr: "127.0.0.1:9", Path: "/", TTL: time.Hour, Lifetime: i % 7}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	handle_path /grid-ui/* {
+		browser_grid_ui {
+			interval 500ms
+		}
+	}`})
+	var d struct {
+		Pools []struct {
+			Workers []struct {
+				ID       string `json:"id"`
+				Lifetime int    `json:"lifetime"`
+			} `json:"workers"`
+			Hidden int `json:"workers_hidden"`
+		} `json:"pools"`
+	}
+	testenv.Eventually(t, 10*time.Second, "the page to show the pool", func() bool {
+		resp, err := http.Get("http://" + c.addr() + "/grid-ui/data.json")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return json.Unmarshal(b, &d) == nil && len(d.Pools) == 1
+	})
+	p := d.Pools[0]
+	if len(p.Workers) != 500 || p.Hidden != n-500 {
+		t.Fatalf("the page lists %d workers and counts %d more; want 500 and %d", len(p.Workers), p.Hidden, n-500)
+	}
+	for i, w := range p.Workers {
+		if i == 0 && w.Lifetime != 6 || i > 0 && w.Lifetime > p.Workers[i-1].Lifetime {
+			t.Fatalf("the staircase is not the oldest first: row %d is %+v", i, w)
+		}
+	}
 }

@@ -47,6 +47,11 @@ const (
 	DefaultUIMaxWorkers = 200
 	// uiMaxPools is how many pools get a history.
 	uiMaxPools = 32
+	// uiMaxRows is how many workers of a pool the staircase lists (the
+	// oldest first: the next to retire); the rest are counted. Each row
+	// is about 220 bytes of data.json that every open page fetches every
+	// interval.
+	uiMaxRows = 500
 )
 
 //go:embed ui
@@ -216,6 +221,9 @@ type uiPool struct {
 	// BadRecords counts the worker records that do not parse (the admin
 	// API lists them).
 	BadRecords int `json:"bad_records,omitempty"`
+	// WorkersHidden counts the workers past uiMaxRows, left out of
+	// Workers (the admin API lists every one).
+	WorkersHidden int `json:"workers_hidden,omitempty"`
 	poolHistoryOut
 }
 
@@ -381,6 +389,10 @@ func readPools(ctx context.Context, interval time.Duration) ([]uiPool, []poolObs
 			}
 			return p.Workers[i].ID < p.Workers[j].ID
 		})
+		if n := len(p.Workers) - uiMaxRows; n > 0 {
+			p.WorkersHidden = n
+			p.Workers = p.Workers[:uiMaxRows]
+		}
 		pools = append(pools, p)
 		obs = append(obs, o)
 	}

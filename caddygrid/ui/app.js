@@ -126,7 +126,7 @@ function renderPool(p, d) {
   const cap = p.capacity + (p.uncapped ? ` (+${p.uncapped} uncapped)` : '');
   const figure = (name, value, key) => el('div', { 'data-figure': key }, name + ' ', el('b', {}, value));
   const figures = el('div', { class: 'figures' },
-    figure('workers', p.workers.length, 'workers'),
+    figure('workers', p.workers.length + (p.workers_hidden || 0), 'workers'),
     figure('available', p.available, 'available'),
     figure('draining', p.draining, 'draining'),
     figure('active', p.active, 'active'),
@@ -151,6 +151,7 @@ function renderPool(p, d) {
   const table = el('table', { class: 'staircase' },
     el('thead', {}, el('tr', {}, ...['worker', 'status', 'lifetime / max_lifetime', 'active / cap', 'Playwright', 'heartbeat age'].map((h) => el('th', {}, h)))),
     el('tbody', {}, ...rows));
+  const hidden = p.workers_hidden ? el('p', { class: 'muted', 'data-hidden-workers': String(p.workers_hidden) }, `${p.workers_hidden} more workers not listed (the admin API lists every one)`) : null;
 
   const now = d.sampled_at;
   // The charts span what the history holds: up to the window, at least
@@ -184,7 +185,7 @@ function renderPool(p, d) {
     el('div', { class: 'load' }, el('h3', {}, 'active, capacity, queue depth'), loadChart,
       legend([['active', PALETTE[0]], ['capacity', '#9aa3a8'], ['queue depth', PALETTE[4]]])));
 
-  return el('section', { class: 'pool', 'data-pool': p.pool }, el('h2', {}, 'pool ', p.pool), figures, table, charts);
+  return el('section', { class: 'pool', 'data-pool': p.pool }, el('h2', {}, 'pool ', p.pool), figures, table, hidden, charts);
 }
 
 function render(d) {
