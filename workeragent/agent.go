@@ -29,6 +29,7 @@ import (
 
 	"github.com/browsergrid/caddy-browser-grid/internal/sockets"
 	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
 // How long a single Redis call may take before the agent moves on.
@@ -45,10 +46,14 @@ const deregisterBudget = 3 * time.Second
 // deregisterBudget, then stopGrace, and room to spare. A supervisor must
 // give the agent more than DrainTimeout + StopMargin before its SIGKILL.
 //
-// The stop's phases are cut at times counted from the signal (see
-// stopClock), not from when each phase starts: a call already in flight,
-// a second record to remove (a -respawn hand-over) or a late drain cannot
-// add their times up past the bound.
+// The stop's phases are cut at times counted from the signal (drainEnd,
+// recordsEnd, browserGrace), not from when each phase starts: a Redis
+// call in flight when the signal comes (it ends by its own timeout,
+// redisCallTimeout, which is shorter than the margin), a second record to
+// remove (a -respawn hand-over) or a late drain cannot add their times up
+// past the bound. Calls are never abandoned in flight: one that landed
+// after the drain or the deregistration began would register the worker
+// available again.
 const StopMargin = 10 * time.Second
 
 // Agent runs the lifecycle of one worker slot: one browser at a time.
@@ -78,9 +83,10 @@ type Agent struct {
 	// the life loop only.
 	recordLost time.Time
 
-	// signalled is when Run's ctx ended (UnixNano; 0 before): the start
-	// of a stop, from which its phases' deadlines are counted.
-	signalled atomic.Int64
+	// signalled is when Run's ctx ended (nil before): the start of a
+	// stop, from which its phases' deadlines are counted. It keeps its
+	// monotonic reading: a step of the wall clock moves no deadline.
+	signalled atomic.Pointer[time.Time]
 }
 
 // The stop's clock: after the signal the drain ends by DrainTimeout, the
@@ -90,8 +96,8 @@ type Agent struct {
 
 // stopAt is when the signal came (zero before it).
 func (a *Agent) stopAt() time.Time {
-	if n := a.signalled.Load(); n != 0 {
-		return time.Unix(0, n)
+	if t := a.signalled.Load(); t != nil {
+		return *t
 	}
 	return time.Time{}
 }
@@ -121,26 +127,6 @@ func (a *Agent) browserGrace() time.Duration {
 		g = min(g, max(0, time.Until(s.Add(a.cfg.DrainTimeout+deregisterBudget+stopGrace))))
 	}
 	return g
-}
-
-// unlessStopped runs call with a context for one Redis call and returns
-// its error, or ctx's at once when ctx ends first: a blocked read ends
-// only at its own timeout (go-redis does not act on a cancelled context
-// mid-read), and a stop must not wait for a Redis that holds every call.
-// The call left behind ends alone at that timeout.
-func unlessStopped(ctx context.Context, call func(context.Context) error) error {
-	done := make(chan error, 1)
-	go func() {
-		cctx, cancel := rctx()
-		defer cancel()
-		done <- call(cctx)
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // drainedAfterLoss says whether a drain that reads 0 active may end,
@@ -237,7 +223,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() {
 		select {
 		case <-ctx.Done():
-			a.signalled.Store(time.Now().UnixNano())
+			t := time.Now()
+			a.signalled.Store(&t)
 		case <-ran:
 		}
 	}()
@@ -453,15 +440,11 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 
 	// Register; keep trying while Redis is away (it answered at start).
 	for attempt := 1; ; attempt++ {
-		err := unlessStopped(ctx, func(c context.Context) error { return a.reg.Register(c, reg) })
+		cctx, cancel := rctx()
+		err := a.reg.Register(cctx, reg)
+		cancel()
 		if err == nil {
 			break
-		}
-		if ctx.Err() != nil {
-			// The attempt left in flight may still land (after this
-			// deregistration, even): the record then lapses at its TTL.
-			a.deregister(log, reg)
-			return endSignal, nil
 		}
 		log.Warn("registering failed; retrying", zap.Int("attempt", attempt), zap.Error(err))
 		t := time.NewTimer(min(a.cfg.HeartbeatInterval, 2*time.Second))
@@ -469,8 +452,16 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			// A register that timed out may still have landed.
+			// A register that timed out may still have landed. The
+			// drained browser's record (a -respawn hand-over) goes too,
+			// at the same time: both share the stop's time for records.
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				a.endHandover()
+			}()
 			a.deregister(log, reg)
+			<-done
 			return endSignal, nil
 		case <-b.Done():
 			t.Stop()
@@ -511,17 +502,9 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 			}
 			return endCrashed, fmt.Errorf("the browser stopped answering: %w", err)
 		case <-tick.C:
-			// A signal does not wait for the call (unlessStopped); a
-			// heartbeat that lands after the drain began cannot undo it
-			// (heartbeat.lua keeps the stored status).
-			var hb registry.HeartbeatReply
-			err := unlessStopped(ctx, func(c context.Context) (err error) {
-				hb, err = a.reg.Heartbeat(c, reg.Pool, reg.ID, reg.TTL)
-				return err
-			})
-			if ctx.Err() != nil {
-				continue
-			}
+			cctx, cancel := rctx()
+			hb, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
+			cancel()
 			cmd := hb.Command
 			if err == nil {
 				// Kept to re-assert if Redis loses the record.
@@ -532,14 +515,13 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 				log.Warn("worker record gone (expired, reaped or redis restarted); registering again",
 					zap.Int("lifetime", reg.Lifetime))
 				a.recordLost = time.Now()
-				err := unlessStopped(ctx, func(c context.Context) error { return a.reg.Register(c, reg) })
-				switch {
-				case ctx.Err() != nil:
-				case err != nil:
+				cctx, cancel := rctx()
+				if err := a.reg.Register(cctx, reg); err != nil {
 					log.Warn("registering again failed; will retry at the next heartbeat", zap.Error(err))
-				default:
+				} else {
 					log.Info("worker registered again", zap.String("addr", reg.Addr), zap.Int("lifetime", reg.Lifetime))
 				}
+				cancel()
 			case err != nil:
 				log.Warn("heartbeat failed; still serving, will retry", zap.Error(err))
 			case cmd == registry.CommandShutdown:
@@ -637,6 +619,18 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 		cancel()
 		switch {
 		case err == nil:
+			if w.Status != selection.Draining {
+				// A registration that landed late (it timed out here, but
+				// Redis ran it after the drain began) wrote the worker
+				// available again: proxies would keep sending sessions
+				// the drain's end cuts.
+				log.Warn("the draining worker is available again (a late registration landed); marking it draining again")
+				cctx, cancel := rctxBy(end)
+				if err := a.reg.SetDraining(cctx, reg.Pool, reg.ID); err != nil && !errors.Is(err, registry.ErrNotRegistered) {
+					log.Warn("marking the worker draining again failed", zap.Error(err))
+				}
+				cancel()
+			}
 			if w.Active != active {
 				active = w.Active
 				log.Info("waiting for active sessions", zap.Int("active", active))

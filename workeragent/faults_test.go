@@ -350,9 +350,9 @@ func TestSIGTERMDuringARegistrationAfterARecordLossStopsWithinTheBound(t *testin
 	t.Parallel()
 	r := testenv.StartRedis(t)
 	reg := newRegistry(t, r)
-	addr := holdAfterMissing(t, r.Addr)
+	px := startRedisProxy(t, r.Addr, stallHold, 0)
 	const drain = 2 * time.Second
-	args := append([]string{"-redis", "redis://" + addr + "/0", "-launcher", "fake"}, fastTimings...)
+	args := append([]string{"-redis", "redis://" + px.addr + "/0", "-launcher", "fake"}, fastTimings...)
 	p := testenv.Start(t, nil, gridWorker(), append(args, "-drain-timeout", drain.String(), "-fake-args", "-ignore-term")...)
 	w := waitOne(t, reg, "chromium", "", 15*time.Second)
 	pid, _, groups := browserOf(t, p, w.ID)
@@ -405,17 +405,39 @@ func TestSIGTERMDuringARespawnRegistrationStopsWithinTheBound(t *testing.T) {
 	stopWithin(t, p, drain, pid, groups)
 }
 
-// holdAfterMissing is a TCP proxy to Redis that forwards until a reply
-// says "missing" (a heartbeat that found the record gone) and from then
-// on forwards nothing either way: Redis holds every later call.
-func holdAfterMissing(t *testing.T, target string) string {
+// redisProxy is a TCP proxy to Redis for faults between the agent and
+// Redis, one of:
+//   - stallHold: from the first reply that says "missing" (a heartbeat
+//     that found the record gone) on, it forwards nothing more either way:
+//     Redis holds every later call;
+//   - stallAfterMissing: the reply after that one, on the same
+//     connection, is held back d (one TCP retransmission or two);
+//   - stallSADD: the reply to the first SADD (a registration's first
+//     command) is held back d.
+//
+// stalled says when the stall began.
+type redisProxy struct {
+	addr    string
+	stalled atomic.Bool
+}
+
+type stallMode int
+
+const (
+	stallHold stallMode = iota
+	stallAfterMissing
+	stallSADD
+)
+
+func startRedisProxy(t *testing.T, target string, mode stallMode, d time.Duration) *redisProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	var hold atomic.Bool
+	px := &redisProxy{addr: ln.Addr().String()}
+	hold := func() bool { return mode == stallHold && px.stalled.Load() }
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -429,11 +451,15 @@ func holdAfterMissing(t *testing.T, target string) string {
 				continue
 			}
 			t.Cleanup(func() { s.Close() })
+			var delayNext atomic.Bool // the next reply of this connection
 			go func() {
 				buf := make([]byte, 64<<10)
 				for {
 					n, err := c.Read(buf)
-					if n > 0 && !hold.Load() {
+					if n > 0 && !hold() {
+						if mode == stallSADD && bytes.Contains(bytes.ToUpper(buf[:n]), []byte("SADD")) && px.stalled.CompareAndSwap(false, true) {
+							delayNext.Store(true)
+						}
 						_, _ = s.Write(buf[:n])
 					}
 					if err != nil {
@@ -447,11 +473,14 @@ func holdAfterMissing(t *testing.T, target string) string {
 					n, err := s.Read(buf)
 					if n > 0 {
 						missing := bytes.Contains(buf[:n], []byte("missing"))
-						if missing {
-							hold.Store(true)
+						if delayNext.CompareAndSwap(true, false) {
+							time.Sleep(d) // the replies behind it wait too, as on a stalled connection
 						}
-						if !hold.Load() || missing {
+						if !hold() || missing {
 							_, _ = c.Write(buf[:n])
+						}
+						if missing && mode != stallSADD && px.stalled.CompareAndSwap(false, true) && mode == stallAfterMissing {
+							delayNext.Store(true)
 						}
 					}
 					if err != nil {
@@ -461,5 +490,120 @@ func holdAfterMissing(t *testing.T, target string) string {
 			}()
 		}
 	}()
-	return ln.Addr().String()
+	return px
+}
+
+// After a record loss, the registration that follows is slow (its reply
+// held back 1.5 s on its connection) when SIGTERM comes. The drain must
+// keep the worker draining: a red team of 84cf022 found the registration,
+// abandoned by the signal, landing after the drain had marked the worker
+// draining, and writing it available: 54 sessions admitted on the
+// draining worker, all cut at the drain's end.
+func TestSlowRegistrationDuringASIGTERMDoesNotReviveTheDrainingWorker(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	px := startRedisProxy(t, r.Addr, stallAfterMissing, 1500*time.Millisecond)
+	const drain = 5 * time.Second
+	args := append([]string{"-redis", "redis://" + px.addr + "/0", "-launcher", "fake"}, fastTimings...)
+	p := testenv.Start(t, nil, gridWorker(), append(args, "-drain-timeout", drain.String())...)
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	claim(t, reg, "chromium") // a live session: the drain waits its whole timeout
+	if err := reg.Deregister(context.Background(), "chromium", w.ID); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the record loss seen", func() bool {
+		return countLogs(p, "worker record gone (expired, reaped or redis restarted); registering again") >= 1
+	})
+	sig := time.Now()
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// Once the drain has marked it (it starts once the registration in
+	// flight has ended), no claim may take it.
+	testenv.Eventually(t, 10*time.Second, "the worker draining", func() bool {
+		got, ok := registered(t, reg, "chromium", w.ID)
+		return ok && got.Status == "draining"
+	})
+	admitted := 0
+	for time.Since(sig) < drain {
+		if got, ok := registered(t, reg, "chromium", w.ID); ok && got.Status == "available" {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			c, err := reg.Claim(ctx, registry.ClaimRequest{Pool: "chromium", Policy: registry.LifetimeFirst, Holder: "test", LeaseTTL: time.Minute})
+			cancel()
+			if err == nil && c.Worker.ID == w.ID {
+				admitted++
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code := exitCode(t, p, 30*time.Second); code != 0 || admitted > 0 {
+		t.Fatalf("exit %d; %d sessions admitted on the draining worker during its drain\n%s", code, admitted, firstLines(p.Output(), 60))
+	}
+}
+
+// SIGTERM while the first registration is slow (the reply to its first
+// command held back 1 s): once the agent has exited, no record of its
+// browser (killed, it ignores SIGTERM) is left for claims to pick. (A red
+// team of 84cf022: the abandoned registration landed after the
+// deregistration and left an available record of a dead browser, 24
+// sessions sent to it until it expired.)
+func TestSIGTERMDuringASlowFirstRegistrationLeavesNoRecord(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	px := startRedisProxy(t, r.Addr, stallSADD, time.Second)
+	args := append([]string{"-redis", "redis://" + px.addr + "/0", "-launcher", "fake"}, fastTimings...)
+	p := testenv.Start(t, nil, gridWorker(), append(args, "-key-ttl", "10s", "-stale-threshold", "10s", "-fake-args", "-ignore-term")...)
+	testenv.Eventually(t, 15*time.Second, "the registration's first command sent", px.stalled.Load)
+	time.Sleep(100 * time.Millisecond)
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitCode(t, p, 30*time.Second); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	for range 8 {
+		if ws := workers(t, reg, "chromium"); len(ws) > 0 {
+			t.Fatalf("the agent exited, and left the record %+v of its killed browser\n%s", ws[0], firstLines(p.Output(), 40))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// A registration of the worker that lands in Redis after its drain began
+// (sent before the signal, run late: it timed out at the agent) writes it
+// available again; the drain marks it draining again within a poll, so
+// proxies stop sending it sessions the drain's end would cut.
+func TestLateRegistrationDuringADrainIsUndone(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	p := startWorker(t, r, "-drain-timeout", "20s")
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	c := claim(t, reg, "chromium") // a live session: the drain waits
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "the worker draining", func() bool {
+		got, ok := registered(t, reg, "chromium", w.ID)
+		return ok && got.Status == "draining"
+	})
+	// The late registration: the agent's own, as it sent it.
+	late := registry.Registration{Pool: "chromium", ID: w.ID, BrowserType: w.BrowserType, Addr: w.Addr, Path: w.Path,
+		Capacity: w.Capacity, TTL: 3 * time.Second, Generation: c.Gen}
+	if err := reg.Register(context.Background(), late); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := registered(t, reg, "chromium", w.ID); got.Status != "available" {
+		t.Fatalf("the late registration did not write it available (%s): the test shows nothing", got.Status)
+	}
+	testenv.Eventually(t, 2*time.Second, "the worker draining again", func() bool {
+		got, ok := registered(t, reg, "chromium", w.ID)
+		return ok && got.Status == "draining" && got.Active == 1
+	})
+	release(t, reg, c)
+	if code := exitCode(t, p, 15*time.Second); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
 }
