@@ -68,8 +68,8 @@ const (
 )
 
 // poolOther labels bad records of a pool this instance has not claimed
-// in (backend.badRecord).
-const poolOther = "other"
+// in (backend.badRecord): a name no pool can have (registry.CheckPool).
+const poolOther = "(other)"
 
 // badRecords counts the worker records this instance skipped or refused.
 var badRecords = prometheus.NewCounterVec(prometheus.CounterOpts{

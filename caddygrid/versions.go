@@ -144,14 +144,14 @@ func (b *backend) readVersions(ctx context.Context, pool string) (registry.PoolV
 			return registry.PoolVersions{}, err
 		}
 		b.versions[pool] = cachedVersions{at: time.Now(), v: v}
-		if len(v.Omitted) > 0 && time.Since(b.omittedWarned[pool]) >= time.Minute {
+		if (len(v.Omitted) > 0 || v.Unread > 0) && time.Since(b.omittedWarned[pool]) >= time.Minute {
 			if b.omittedWarned == nil {
 				b.omittedWarned = map[string]time.Time{}
 			}
 			b.omittedWarned[pool] = time.Now()
-			b.logger.Warn("the pool has workers of more Playwright versions than the grid routes to: the oldest are left out (no claim goes to them); a Redis writer may have made them up",
+			b.logger.Warn("the pool has more Playwright versions than the grid routes to: those past the limit are left out (no claim goes to them, the admin API does not list their workers), and entries past the read window are not read; a Redis writer may have made them up",
 				zap.String("pool", pool), zap.Int("max_version_groups", registry.MaxVersionGroups),
-				zap.Strings("routed", v.Versions), zap.Int("omitted", len(v.Omitted)),
+				zap.Strings("routed", v.Versions), zap.Int("omitted", len(v.Omitted)), zap.Int("unread", v.Unread),
 				zap.Strings("omitted_newest", v.Omitted[:min(len(v.Omitted), 8)]))
 		}
 		return v, nil

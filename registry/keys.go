@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // The key schema. Every key of one pool shares the hash tag
@@ -118,6 +119,11 @@ func checkID(id string) error {
 	}
 	if len(id) > maxNameLen {
 		return fmt.Errorf("invalid worker id: %d bytes, more than %d", len(id), maxNameLen)
+	}
+	// cjson stores the bytes, encoding/json reads U+FFFD for a bad one:
+	// a proxy would read back another id than the hash field's.
+	if !utf8.ValidString(id) {
+		return fmt.Errorf("invalid worker id %q: not valid UTF-8", id)
 	}
 	if i := strings.IndexFunc(id, func(c rune) bool { return !unicode.IsPrint(c) || unicode.IsSpace(c) }); i >= 0 {
 		return fmt.Errorf("invalid worker id %q: character %q at %d (no spaces or control characters)", id, id[i], i)

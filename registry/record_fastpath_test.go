@@ -196,6 +196,8 @@ func TestRegisteredFieldsReadBack(t *testing.T) {
 		{Pool: "p", ID: "bad-addr", BrowserType: "chromium", Addr: "h\xff:1", Path: "/"},
 		{Pool: "p", ID: "bad-browser", BrowserType: "chrom\xffium", Addr: "h:1", Path: "/"},
 		{Pool: "p", ID: "bad-gen", BrowserType: "chromium", Addr: "h:1", Path: "/", Generation: "g\xff"},
+		// the id too: a record under it was claimed by Lua and refused by Go
+		{Pool: "p", ID: "w\xff1", BrowserType: "chromium", Addr: "h:1", Path: "/"},
 	} {
 		if err := r.Register(ctx, reg); err == nil {
 			t.Errorf("%s: registration of invalid UTF-8 accepted", reg.ID)

@@ -122,10 +122,15 @@ type PoolVersions struct {
 	// newest.
 	Versions []string
 	// Omitted are the versions past MaxVersionGroups the pool would serve
-	// too, newest first: no claim, read or metric goes to them. A pool
-	// that serves so many at once is most likely one a Redis writer filled
-	// with made-up versions.
+	// too, those with workers first, the newest first: no claim, read or
+	// metric goes to them. A pool that serves so many at once is most
+	// likely one a Redis writer filled with made-up versions.
 	Omitted []string
+	// Unread counts the entries of the pool's set of versions that were
+	// not read (past the maxVersionsRead most recent, or registered
+	// later than this clock allows): a set so large is not one agents
+	// wrote.
+	Unread int
 	// Workers counts the registered workers per version ("" for the pool's
 	// workers without a version).
 	Workers map[string]int
@@ -173,18 +178,32 @@ const MaxVersionGroups = 16
 // registered ones.
 const maxVersionsRead = 4 * MaxVersionGroups
 
-// versions reads a pool's versions: one ZREVRANGE of the most recently
-// registered (at most maxVersionsRead) and one pipelined HLEN each.
+// versionSkew is how far ahead of this clock a version's registration
+// time may be (an agent's clock runs ahead): later times, which no agent
+// writes, are not read.
+const versionSkew = time.Minute
+
+// versions reads a pool's versions: the most recently registered (at
+// most maxVersionsRead, none registered later than versionSkew from now)
+// in one ZREVRANGEBYSCORE, with the set's size, and one pipelined HLEN
+// each. Of those the pool serves, the versions with workers come first,
+// the newest first, up to MaxVersionGroups.
 func (r *Registry) versions(ctx context.Context, pool string) (PoolVersions, error) {
 	if err := checkPool(pool); err != nil {
 		return PoolVersions{}, fmt.Errorf("reading the versions of a pool: %w", err)
 	}
 	pool, _ = SplitGroup(pool)
-	zs, err := r.rdb.ZRevRangeWithScores(ctx, r.Key(pool, keyVersions), 0, maxVersionsRead-1).Result()
-	if err != nil {
+	now := time.Now()
+	key := r.Key(pool, keyVersions)
+	pipe := r.rdb.Pipeline()
+	read := pipe.ZRevRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{
+		Max: strconv.FormatInt(now.Add(versionSkew).UnixMilli(), 10), Min: "-inf", Count: maxVersionsRead})
+	size := pipe.ZCard(ctx, key)
+	if _, err := pipe.Exec(ctx); err != nil {
 		return PoolVersions{}, fmt.Errorf("reading the versions of pool %q: %w", pool, err)
 	}
-	pipe := r.rdb.Pipeline()
+	zs := read.Val()
+	pipe = r.rdb.Pipeline()
 	base := pipe.HLen(ctx, r.Key(pool, keyWorkers))
 	lens := make([]*redis.IntCmd, len(zs))
 	for i, z := range zs {
@@ -194,8 +213,8 @@ func (r *Registry) versions(ctx context.Context, pool string) (PoolVersions, err
 	if _, err := pipe.Exec(ctx); err != nil {
 		return PoolVersions{}, fmt.Errorf("counting the workers of pool %q per version: %w", pool, err)
 	}
-	out := PoolVersions{Workers: map[string]int{"": int(base.Val())}}
-	recent := float64(time.Now().Add(-versionGrace).UnixMilli())
+	out := PoolVersions{Workers: map[string]int{"": int(base.Val())}, Unread: max(0, int(size.Val())-len(zs))}
+	recent := float64(now.Add(-versionGrace).UnixMilli())
 	for i, z := range zs {
 		v, _ := z.Member.(string)
 		if CheckVersion(v) != nil {
@@ -207,15 +226,25 @@ func (r *Registry) versions(ctx context.Context, pool string) (PoolVersions, err
 			out.Versions = append(out.Versions, v)
 		}
 	}
-	slices.SortFunc(out.Versions, CompareVersions)
-	if n := len(out.Versions) - MaxVersionGroups; n > 0 {
-		out.Omitted = slices.Clone(out.Versions[:n])
-		slices.Reverse(out.Omitted)
-		out.Versions = out.Versions[n:]
+	// Workers first, then the newest: a version with workers is never
+	// left out for one that has none.
+	slices.SortFunc(out.Versions, func(a, b string) int {
+		if wa, wb := out.Workers[a] > 0, out.Workers[b] > 0; wa != wb {
+			if wa {
+				return -1
+			}
+			return 1
+		}
+		return CompareVersions(b, a)
+	})
+	if len(out.Versions) > MaxVersionGroups {
+		out.Omitted = slices.Clone(out.Versions[MaxVersionGroups:])
+		out.Versions = out.Versions[:MaxVersionGroups]
 		for _, v := range out.Omitted {
 			delete(out.Workers, v)
 		}
 	}
+	slices.SortFunc(out.Versions, CompareVersions)
 	return out, nil
 }
 

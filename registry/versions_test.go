@@ -294,15 +294,29 @@ func TestVersionsAreCapped(t *testing.T) {
 	for i := range 200 {
 		rdb.ZAdd(ctx, r.Key("p", keyVersions), redis.Z{Score: 1, Member: fmt.Sprintf("9.%d", i)})
 	}
+	// made-up versions "registered" far in the future, and names that are
+	// no version: neither read nor served
+	for i := range 2 * maxVersionsRead {
+		rdb.ZAdd(ctx, r.Key("p", keyVersions), redis.Z{Score: 1e15, Member: fmt.Sprintf("8.%d", i)})
+		rdb.ZAdd(ctx, r.Key("p", keyVersions), redis.Z{Score: 1e15, Member: fmt.Sprintf("x%d", i)})
+	}
+	// made-up versions newer than every real one, registered just now but
+	// with no worker: they rank after every version with workers
+	for i := range MaxVersionGroups {
+		rdb.ZAdd(ctx, r.Key("p", keyVersions), redis.Z{Score: float64(time.Now().UnixMilli()), Member: fmt.Sprintf("7.%d", i)})
+	}
 	vs, err := r.Versions(ctx, "p")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if vs.Unread == 0 {
+		t.Errorf("unread %d: the set holds more than is read", vs.Unread)
+	}
 	if want := all[n-MaxVersionGroups:]; !slices.Equal(vs.Versions, want) {
 		t.Fatalf("versions %v, want the newest %d: %v", vs.Versions, MaxVersionGroups, want)
 	}
-	if want := []string{"2.3", "2.2", "2.1", "2.0"}; !slices.Equal(vs.Omitted, want) {
-		t.Fatalf("omitted %v, want %v", vs.Omitted, want)
+	if want := []string{"2.3", "2.2", "2.1", "2.0"}; len(vs.Omitted) != 4+MaxVersionGroups || !slices.Equal(vs.Omitted[:4], want) {
+		t.Fatalf("omitted %v, want %v, then the %d made-up ones without workers", vs.Omitted, want, MaxVersionGroups)
 	}
 	if g := vs.Groups("p"); len(g) != MaxVersionGroups || g[0] != GroupPool("p", all[n-1]) {
 		t.Fatalf("groups %v: want the %d newest, newest first", g, MaxVersionGroups)
