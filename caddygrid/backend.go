@@ -244,6 +244,9 @@ func (b *backend) badRecord(pool, id string, err error) {
 		label = poolOther
 	}
 	b.mu.Unlock()
+	if a := running.current(); label == poolOther && a != nil && a.limits.servesPool(pool) {
+		label = pool
+	}
 	badRecords.WithLabelValues(label, reasonUnparsable).Inc()
 	if !b.firstReport(reasonUnparsable, pool, id) {
 		return

@@ -135,6 +135,16 @@ func (c *limitsClock) configures(key string, pools []string) {
 	}
 }
 
+// servesPool reports whether a policy of this config names pool (a base
+// pool, or a version group of it) among those it claims for: the pools
+// an operator configured, as opposed to any name in Redis.
+func (c *limitsClock) servesPool(pool string) bool {
+	base, _ := registry.SplitGroup(pool)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return base != "" && c.configured[base] != nil
+}
+
 // configuresFor reports whether a policy of c claims with the limits key
 // for pool (or for pools not known). c.mu held.
 func (c *limitsClock) configuresFor(pool, key string) bool {

@@ -357,7 +357,15 @@ func readPools(ctx context.Context, interval time.Duration) ([]uiPool, []poolObs
 		return nil, nil, 0, fmt.Errorf("listing pools: %w", err)
 	}
 	names = basePools(names)
-	sort.Strings(names)
+	// The pools this config serves first, then the others by name: made-up
+	// names that sort first must not push a served pool off the page.
+	sort.SliceStable(names, func(i, j int) bool {
+		si, sj := a.limits.servesPool(names[i]), a.limits.servesPool(names[j])
+		if si != sj {
+			return si
+		}
+		return names[i] < names[j]
+	})
 	untracked := 0
 	if len(names) > uiMaxPools {
 		untracked = len(names) - uiMaxPools
