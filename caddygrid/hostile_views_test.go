@@ -174,3 +174,51 @@ func TestPageListsABoundedStaircase(t *testing.T) {
 		}
 	}
 }
+
+// While Redis does not answer, the page says so and keeps the last sample
+// that succeeded, with its time (the red team of the page: it showed the
+// last sample with no word for about 6.5 s, then dropped every pool).
+func TestPageKeepsTheLastSampleThroughARedisOutage(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "w1", fake.Behavior{})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium
+	}
+	handle_path /grid-ui/* {
+		browser_grid_ui {
+			interval 500ms
+		}
+	}`})
+	type page struct {
+		SampledAt      int64  `json:"sampled_at"`
+		PoolsSampledAt int64  `json:"pools_sampled_at"`
+		Error          string `json:"error"`
+		Pools          []struct {
+			Pool string `json:"pool"`
+		} `json:"pools"`
+	}
+	read := func() (d page) {
+		resp, err := http.Get("http://" + c.addr() + "/grid-ui/data.json")
+		if err != nil {
+			return d
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		_ = json.Unmarshal(b, &d)
+		return d
+	}
+	testenv.Eventually(t, 10*time.Second, "the page to show chromium", func() bool {
+		d := read()
+		return d.Error == "" && len(d.Pools) == 1
+	})
+	g.redis.Stop()
+	var d page
+	testenv.Eventually(t, 20*time.Second, "the page to report the failed sample", func() bool {
+		d = read()
+		return d.Error != ""
+	})
+	if len(d.Pools) != 1 || d.Pools[0].Pool != "chromium" || d.PoolsSampledAt == 0 || d.PoolsSampledAt >= d.SampledAt {
+		t.Fatalf("during the outage the page shows %+v; want the last good sample (chromium) and its older time", d)
+	}
+}

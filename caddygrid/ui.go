@@ -235,9 +235,14 @@ type uiData struct {
 	SampledAt  int64 `json:"sampled_at"`
 	IntervalMS int64 `json:"interval_ms"`
 	WindowMS   int64 `json:"window_ms"`
-	// Error says why the last sample failed, if it did.
-	Error string   `json:"error,omitempty"`
-	Pools []uiPool `json:"pools"`
+	// Error says why the last sample failed, if it did. Pools are then
+	// the last sample that succeeded, taken at PoolsSampledAt (Unix
+	// milliseconds; 0: none succeeded yet, and Pools is empty): an
+	// operator looking at the page during a Redis outage still sees the
+	// grid as it was, and how old that is.
+	Error          string   `json:"error,omitempty"`
+	PoolsSampledAt int64    `json:"pools_sampled_at,omitempty"`
+	Pools          []uiPool `json:"pools"`
 	// UntrackedPools counts pools past the page's limit.
 	UntrackedPools int `json:"untracked_pools,omitempty"`
 }
@@ -253,6 +258,8 @@ type uiSampler struct {
 	mu   sync.Mutex
 	hist *gridHistory
 	data []byte
+	// last is the output of the last sample that succeeded.
+	last *uiData
 }
 
 func startUISampler(interval time.Duration, maxWorkers int, logger *zap.Logger) *uiSampler {
@@ -318,6 +325,9 @@ func (s *uiSampler) sample(ctx context.Context) error {
 	out := uiData{SampledAt: now.UnixMilli(), IntervalMS: s.interval.Milliseconds(), WindowMS: uiWindow.Milliseconds(), Pools: []uiPool{}}
 	if err != nil {
 		out.Error = err.Error()
+		if s.last != nil {
+			out.Pools, out.UntrackedPools, out.PoolsSampledAt = s.last.Pools, s.last.UntrackedPools, s.last.SampledAt
+		}
 	} else {
 		s.hist.add(now, obs)
 		for i := range pools {
@@ -325,6 +335,8 @@ func (s *uiSampler) sample(ctx context.Context) error {
 			out.Pools = append(out.Pools, pools[i])
 		}
 		out.UntrackedPools = untracked + len(s.hist.untrackedPools)
+		last := out
+		s.last = &last
 	}
 	b, merr := json.Marshal(out)
 	if merr != nil {

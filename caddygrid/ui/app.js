@@ -193,7 +193,8 @@ function render(d) {
   status.className = d.error ? 'error' : 'muted';
   status.dataset.sampledAt = String(d.sampled_at);
   const when = d.sampled_at ? new Date(d.sampled_at).toLocaleTimeString() : 'never';
-  status.textContent = `sampled ${when}, every ${d.interval_ms / 1000}s` + (d.error ? ` — ${d.error}` : '');
+  const stale = d.error && d.pools_sampled_at ? `; the pools below are as of ${new Date(d.pools_sampled_at).toLocaleTimeString()}` : '';
+  status.textContent = `sampled ${when}, every ${d.interval_ms / 1000}s` + (d.error ? ` — ${d.error}${stale}` : '');
   const main = document.getElementById('pools');
   const sections = d.pools.map((p) => renderPool(p, d));
   if (d.untracked_pools) sections.push(el('p', { class: 'muted' }, `${d.untracked_pools} more pools not shown`));
