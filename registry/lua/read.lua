@@ -12,7 +12,10 @@
 --   the pool), cursor ('0' to start), chunk (HSCAN COUNT).
 -- Returns: reply{...} with contract.go's readReply fields: now, leases
 --   (live leases: lease_owner's entries, one per lease; leases also holds
---   tombstones), config (flat HGETALL), rows, retiring, cursor, where rows is a flat
+--   tombstones), config (flat HGETALL, in a pool's first chunk only: Go
+--   reads it there, and a config hash swollen by a hand or hostile write
+--   must not be sent again with every chunk), rows, retiring, cursor,
+--   where rows is a flat
 --   list of readRow's fields per worker, added by add_row (id, record,
 --   active, lifetime, durations, command, hot figures; '' for a missing
 --   value), retiring the
@@ -33,7 +36,7 @@ local function row(id, rec)
     command = s(redis.call('HGET', K_CMD, id)), hot = s(redis.call('HGET', K_HOT, id)),
   })
 end
-local id, cursor, retiring = ARGV[REQ.id], '0', {}
+local id, cursor, retiring, config = ARGV[REQ.id], '0', {}, {}
 if id ~= '' then
   local rec = redis.call('HGET', K_WORKERS, id)
   if rec then row(id, rec) end
@@ -42,9 +45,12 @@ else
   cursor = res[1]
   local kv = res[2]
   for i = 1, #kv, 2 do row(kv[i], kv[i + 1]) end
-  if ARGV[REQ.cursor] == '0' then retiring = redis.call('SMEMBERS', K_RET) end
+  if ARGV[REQ.cursor] == '0' then
+    retiring = redis.call('SMEMBERS', K_RET)
+    config = redis.call('HGETALL', K_CFG)
+  end
 end
 return reply {
-  now = now, leases = redis.call('ZCARD', K_OWNER), config = redis.call('HGETALL', K_CFG), rows = rows,
+  now = now, leases = redis.call('ZCARD', K_OWNER), config = config, rows = rows,
   retiring = retiring, cursor = cursor,
 }
