@@ -43,7 +43,8 @@ const deregisterBudget = 3 * time.Second
 
 // StopMargin is how much longer than DrainTimeout a stop on SIGTERM takes
 // at most, whatever Redis does (answers, refuses, or holds every call):
-// deregisterBudget, then stopGrace, and room to spare. A supervisor must
+// deregisterBudget, then stopGrace, and room to spare (a last attempt to
+// remove the record gets a second of it). A supervisor must
 // give the agent more than DrainTimeout + StopMargin before its SIGKILL.
 //
 // The stop's phases are cut at times counted from the signal (drainEnd,
@@ -502,9 +503,21 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 			}
 			return endCrashed, fmt.Errorf("the browser stopped answering: %w", err)
 		case <-tick.C:
+			if ctx.Err() != nil {
+				// The signal came with a tick (select picks either at
+				// random): the drain goes first, not one more heartbeat,
+				// which a Redis holding calls would make 5 s long, again
+				// and again.
+				continue
+			}
 			cctx, cancel := rctx()
 			hb, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
 			cancel()
+			if ctx.Err() != nil && errors.Is(err, registry.ErrNotRegistered) {
+				// The record is gone and a signal came meanwhile: the
+				// drain registers it again, as draining.
+				continue
+			}
 			cmd := hb.Command
 			if err == nil {
 				// Kept to re-assert if Redis loses the record.
@@ -751,7 +764,14 @@ func (a *Agent) endHandover() {
 }
 
 func (a *Agent) deregister(log *zap.Logger, reg registry.Registration) {
+	// At least one attempt of a second, even past the stop's time for
+	// records: a registration that ran late (a slow Redis) must not leave
+	// an available record of a browser about to be closed, and the
+	// margin's spare second covers it.
 	end := a.recordsEnd()
+	if floor := time.Now().Add(time.Second); end.Before(floor) {
+		end = floor
+	}
 	for attempt := 1; attempt <= 3 && time.Now().Before(end); attempt++ {
 		cctx, cancel := rctxBy(end)
 		err := a.reg.Deregister(cctx, reg.Pool, reg.ID)

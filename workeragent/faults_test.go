@@ -413,12 +413,17 @@ func TestSIGTERMDuringARespawnRegistrationStopsWithinTheBound(t *testing.T) {
 //   - stallAfterMissing: the reply after that one, on the same
 //     connection, is held back d (one TCP retransmission or two);
 //   - stallSADD: the reply to the first SADD (a registration's first
-//     command) is held back d.
+//     command) is held back d;
+//   - stallSlow: once slow is set, every reply is held back d (a Redis
+//     that answers, slowly), and onSlow runs before the first request
+//     then forwarded.
 //
 // stalled says when the stall began.
 type redisProxy struct {
 	addr    string
 	stalled atomic.Bool
+	slow    atomic.Bool
+	onSlow  func()
 }
 
 type stallMode int
@@ -427,6 +432,7 @@ const (
 	stallHold stallMode = iota
 	stallAfterMissing
 	stallSADD
+	stallSlow
 )
 
 func startRedisProxy(t *testing.T, target string, mode stallMode, d time.Duration) *redisProxy {
@@ -457,6 +463,9 @@ func startRedisProxy(t *testing.T, target string, mode stallMode, d time.Duratio
 				for {
 					n, err := c.Read(buf)
 					if n > 0 && !hold() {
+						if mode == stallSlow && px.slow.Load() && px.stalled.CompareAndSwap(false, true) && px.onSlow != nil {
+							px.onSlow()
+						}
 						if mode == stallSADD && bytes.Contains(bytes.ToUpper(buf[:n]), []byte("SADD")) && px.stalled.CompareAndSwap(false, true) {
 							delayNext.Store(true)
 						}
@@ -473,7 +482,7 @@ func startRedisProxy(t *testing.T, target string, mode stallMode, d time.Duratio
 					n, err := s.Read(buf)
 					if n > 0 {
 						missing := bytes.Contains(buf[:n], []byte("missing"))
-						if delayNext.CompareAndSwap(true, false) {
+						if delayNext.CompareAndSwap(true, false) || mode == stallSlow && px.slow.Load() {
 							time.Sleep(d) // the replies behind it wait too, as on a stalled connection
 						}
 						if !hold() || missing {
@@ -605,5 +614,40 @@ func TestLateRegistrationDuringADrainIsUndone(t *testing.T) {
 	release(t, reg, c)
 	if code := exitCode(t, p, 15*time.Second); code != 0 {
 		t.Fatalf("exit code %d", code)
+	}
+}
+
+// A record loss while Redis answers slowly (2.4 s a reply, under the 3 s
+// read timeout), with SIGTERM as the heartbeat that finds the record gone
+// is in flight: the stop keeps its bound, and no available record of the
+// closed browser is left for claims to pick. (A red team of e0c4292:
+// after the signal the life loop could pick one more 5 s heartbeat again
+// and again, 42.9 s for a 4 s drain; and the registration that followed
+// the heartbeat outlasted the stop's time for records, so nothing removed
+// the record it wrote.)
+func TestSlowRedisRecordLossAtSIGTERMLeavesNoAvailableRecord(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	const drain = 3 * time.Second
+	var id atomic.Value
+	px := startRedisProxy(t, r.Addr, stallSlow, 2400*time.Millisecond)
+	px.onSlow = func() {
+		// the record is lost just before the heartbeat reaches Redis
+		if err := reg.Deregister(context.Background(), "chromium", id.Load().(string)); err != nil {
+			t.Error(err)
+		}
+	}
+	args := append([]string{"-redis", "redis://" + px.addr + "/0", "-launcher", "fake"}, fastTimings...)
+	p := testenv.Start(t, nil, gridWorker(), append(args, "-key-ttl", "30s", "-stale-threshold", "30s", "-drain-timeout", drain.String())...)
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	id.Store(w.ID)
+	pid, _, groups := browserOf(t, p, w.ID)
+	px.slow.Store(true)
+	testenv.Eventually(t, 10*time.Second, "the heartbeat sent to the slow Redis", px.stalled.Load)
+	stopWithin(t, p, drain, pid, groups)
+	px.slow.Store(false)
+	if got, ok := registered(t, reg, "chromium", w.ID); ok && got.Status == "available" {
+		t.Fatalf("the agent exited and left its closed browser available: %+v\n%s", got, firstLines(p.Output(), 60))
 	}
 }
