@@ -478,7 +478,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 
 	lifeCtx, stopProbe := context.WithCancel(context.Background())
 	defer stopProbe()
-	probeFailed := a.startProber(lifeCtx, log, b)
+	probeFailed := a.startProber(lifeCtx, log, b, reg)
 
 	tick := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer tick.Stop()
@@ -555,7 +555,13 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 // startProber checks the browser every heartbeat interval; the returned
 // channel receives the last error once ProbeFailures probes in a row have
 // failed. A success in between starts the count again.
-func (a *Agent) startProber(ctx context.Context, log *zap.Logger, b *Browser) <-chan error {
+//
+// A failed probe that is not yet the last also takes the worker out of
+// rotation until the next probe's answer is due (registry.Suspect, as
+// Caddy does with a worker that fails a dial): its live sessions go on,
+// and no new one is sent to a browser that may be hung. A success lets
+// the suspicion run out.
+func (a *Agent) startProber(ctx context.Context, log *zap.Logger, b *Browser, reg registry.Registration) <-chan error {
 	failed := make(chan error, 1)
 	if a.cfg.ProbeTimeout <= 0 {
 		return failed
@@ -590,8 +596,13 @@ func (a *Agent) startProber(ctx context.Context, log *zap.Logger, b *Browser) <-
 			}
 			inRow++
 			if inRow < a.cfg.ProbeFailures {
-				log.Warn("browser failed a probe; restarting it if it fails in a row",
+				log.Warn("browser failed a probe; no new sessions until it answers, restarting it if it fails in a row",
 					zap.Int("failed_in_a_row", inRow), zap.Int("probe_failures", a.cfg.ProbeFailures), zap.Error(err))
+				cctx, cancel := rctx()
+				if err := a.reg.Suspect(cctx, reg.Pool, reg.ID, reg.Generation, a.cfg.HeartbeatInterval+a.cfg.ProbeTimeout); err != nil {
+					log.Warn("taking the worker out of rotation failed", zap.Error(err))
+				}
+				cancel()
 				continue
 			}
 			failed <- fmt.Errorf("%d probes in a row failed, the last: %w", inRow, err)

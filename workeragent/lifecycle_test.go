@@ -474,7 +474,8 @@ func TestHungBrowserFailsItsProbeAndIsReplaced(t *testing.T) {
 
 // A browser that misses one probe (busy, or frozen for a moment) and
 // answers the next keeps running, and so do its sessions: only
-// -probe-failures probes in a row restart it.
+// -probe-failures probes in a row restart it. Meanwhile it gets no new
+// session: a missed probe takes it out of rotation until it answers.
 func TestBrowserMissingOneProbeKeepsItsSessions(t *testing.T) {
 	t.Parallel()
 	r := testenv.StartRedis(t)
@@ -492,8 +493,18 @@ func TestBrowserMissingOneProbeKeepsItsSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "one failed probe logged", func() bool {
-		return countLogs(p, "browser failed a probe; restarting it if it fails in a row") >= 1
+		return countLogs(p, "browser failed a probe; no new sessions until it answers, restarting it if it fails in a row") >= 1
 	})
+	testenv.Eventually(t, 2*time.Second, "the worker out of rotation", func() bool {
+		got, ok := registered(t, reg, "chromium", w.ID)
+		return ok && got.SuspectUntil.After(time.Now())
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	c, err := reg.Claim(ctx, registry.ClaimRequest{Pool: "chromium", Policy: registry.LifetimeFirst, Holder: "workeragent-test", LeaseTTL: time.Minute})
+	cancel()
+	if err == nil {
+		t.Fatalf("a new session was claimed on %s while its browser missed its probe", c.Worker.ID)
+	}
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -523,6 +534,8 @@ func TestBrowserMissingOneProbeKeepsItsSessions(t *testing.T) {
 	if n := countLogs(p, "browser failed its probe; restarting it"); n != 0 {
 		t.Fatalf("%d restarts logged", n)
 	}
+	// Answering again, it is back in rotation once the suspicion ran out.
+	release(t, reg, claim(t, reg, "chromium"))
 }
 
 func TestExecLauncher(t *testing.T) {
