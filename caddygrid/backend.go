@@ -112,16 +112,16 @@ type backend struct {
 	// swept is when a client-limit refusal last swept a pool's version
 	// groups for expired leases (versions.go, sweepGroups).
 	swept map[string]time.Time
-	// claimed holds the pools (and version groups) this backend has
-	// claimed in (under mu): the pools its configuration serves, as
-	// opposed to names a Redis writer may have put in the set of pools.
-	claimed map[string]bool
 	// omittedWarned is when this backend last warned that a pool serves
 	// more than registry.MaxVersionGroups versions (under mu).
 	omittedWarned map[string]time.Time
 	// versionReads makes concurrent reads of one pool's versions one.
 	versionReads singleflight.Group
-	lastPick     map[string]registry.ClaimRequest // pool → the last claim's request, for admin picks
+	// lastPick is, per pool (or version group) this backend has claimed
+	// in, the last claim's request: for admin picks, and to tell the
+	// pools it serves from names a Redis writer put in the set of pools
+	// (badRecord).
+	lastPick map[string]registry.ClaimRequest
 	// reapers are the running reapers of the apps on this backend
 	// (*reaper.Reaper → struct{}), kicked when a claim meets stale
 	// workers (reaper.go).
@@ -233,19 +233,18 @@ func (b *backend) start() {
 // badRecord reports a worker record that does not parse, at most once a
 // minute per worker.
 //
-// The metric names the pool only when this instance has claimed in it;
-// others are "other": the reaper and the admin reads meet every pool in
-// Redis, names a Redis writer may make up by the thousand, and each would
-// be a series of its own. The log names it.
+// The metric names the pool only when the configuration serves it or
+// this instance has claimed in it; others are poolOther: the reaper and
+// the admin reads meet every pool in Redis, names a Redis writer may make
+// up by the thousand, and each would be a series of its own. The log
+// names it.
 func (b *backend) badRecord(pool, id string, err error) {
 	b.mu.Lock()
-	label := pool
-	if !b.claimed[pool] {
-		label = poolOther
-	}
+	_, claimed := b.lastPick[pool]
 	b.mu.Unlock()
-	if a := running.current(); label == poolOther && a != nil && a.limits.servesPool(pool) {
-		label = pool
+	label := pool
+	if a := running.current(); !claimed && (a == nil || !a.limits.servesPool(pool)) {
+		label = poolOther
 	}
 	badRecords.WithLabelValues(label, reasonUnparsable).Inc()
 	if !b.firstReport(reasonUnparsable, pool, id) {
@@ -268,14 +267,6 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 	// (its call failed or timed out, and it may have run or still run) can
 	// be cancelled.
 	req.LeaseID = registry.NewLeaseID()
-	b.mu.Lock()
-	if !b.claimed[req.Pool] {
-		if b.claimed == nil {
-			b.claimed = map[string]bool{}
-		}
-		b.claimed[req.Pool] = true
-	}
-	b.mu.Unlock()
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
 	if b.renewOwed.Load() {

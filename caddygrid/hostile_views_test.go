@@ -30,15 +30,7 @@ import (
 func TestOperatorViewsSurviveHostileRedisEntries(t *testing.T) {
 	g := newGrid(t)
 	g.worker("chromium", "w1", fake.Behavior{})
-	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
-	route /playwright/* {
-		browser_grid chromium
-	}
-	handle_path /grid-ui/* {
-		browser_grid_ui {
-			interval 500ms
-		}
-	}`})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: pageSite})
 	ctx := context.Background()
 	if err := g.rdb.SAdd(ctx, "{grid}:pools", "a b", "@1.0", "junk1", "junk2").Err(); err != nil {
 		t.Fatal(err)
@@ -101,20 +93,36 @@ func TestOperatorViewsSurviveHostileRedisEntries(t *testing.T) {
 	}
 
 	testenv.Eventually(t, 10*time.Second, "the page to show chromium", func() bool {
-		resp, err := http.Get("http://" + c.addr() + "/grid-ui/data.json")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
 		var d struct {
 			Error string `json:"error"`
 			Pools []struct {
 				Pool string `json:"pool"`
 			} `json:"pools"`
 		}
-		return json.Unmarshal(b, &d) == nil && d.Error == "" && len(d.Pools) == 32 && d.Pools[0].Pool == "chromium"
+		return readPage(c, &d) && d.Error == "" && len(d.Pools) == 32 && d.Pools[0].Pool == "chromium"
 	})
+}
+
+// pageSite serves chromium and the grid page, sampled every 500ms.
+const pageSite = `
+	route /playwright/* {
+		browser_grid chromium
+	}
+	handle_path /grid-ui/* {
+		browser_grid_ui {
+			interval 500ms
+		}
+	}`
+
+// readPage decodes the page's data.json into v, and says whether it could.
+func readPage(c *caddy, v any) bool {
+	resp, err := http.Get("http://" + c.addr() + "/grid-ui/data.json")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return err == nil && json.Unmarshal(b, v) == nil
 }
 
 func grepLines(s, sub string) string {
@@ -140,12 +148,7 @@ func TestPageListsABoundedStaircase(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
-	handle_path /grid-ui/* {
-		browser_grid_ui {
-			interval 500ms
-		}
-	}`})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: pageSite})
 	var d struct {
 		Pools []struct {
 			Workers []struct {
@@ -156,13 +159,7 @@ func TestPageListsABoundedStaircase(t *testing.T) {
 		} `json:"pools"`
 	}
 	testenv.Eventually(t, 10*time.Second, "the page to show the pool", func() bool {
-		resp, err := http.Get("http://" + c.addr() + "/grid-ui/data.json")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return json.Unmarshal(b, &d) == nil && len(d.Pools) == 1
+		return readPage(c, &d) && len(d.Pools) == 1
 	})
 	p := d.Pools[0]
 	if len(p.Workers) != 500 || p.Hidden != n-500 {
@@ -181,15 +178,7 @@ func TestPageListsABoundedStaircase(t *testing.T) {
 func TestPageKeepsTheLastSampleThroughARedisOutage(t *testing.T) {
 	g := newGrid(t)
 	g.worker("chromium", "w1", fake.Behavior{})
-	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
-	route /playwright/* {
-		browser_grid chromium
-	}
-	handle_path /grid-ui/* {
-		browser_grid_ui {
-			interval 500ms
-		}
-	}`})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: pageSite})
 	type page struct {
 		SampledAt      int64  `json:"sampled_at"`
 		PoolsSampledAt int64  `json:"pools_sampled_at"`
@@ -198,25 +187,15 @@ func TestPageKeepsTheLastSampleThroughARedisOutage(t *testing.T) {
 			Pool string `json:"pool"`
 		} `json:"pools"`
 	}
-	read := func() (d page) {
-		resp, err := http.Get("http://" + c.addr() + "/grid-ui/data.json")
-		if err != nil {
-			return d
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		_ = json.Unmarshal(b, &d)
-		return d
-	}
 	testenv.Eventually(t, 10*time.Second, "the page to show chromium", func() bool {
-		d := read()
-		return d.Error == "" && len(d.Pools) == 1
+		var d page
+		return readPage(c, &d) && d.Error == "" && len(d.Pools) == 1
 	})
 	g.redis.Stop()
 	var d page
 	testenv.Eventually(t, 20*time.Second, "the page to report the failed sample", func() bool {
-		d = read()
-		return d.Error != ""
+		d = page{}
+		return readPage(c, &d) && d.Error != ""
 	})
 	if len(d.Pools) != 1 || d.Pools[0].Pool != "chromium" || d.PoolsSampledAt == 0 || d.PoolsSampledAt >= d.SampledAt {
 		t.Fatalf("during the outage the page shows %+v; want the last good sample (chromium) and its older time", d)

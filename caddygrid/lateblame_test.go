@@ -8,7 +8,6 @@ import (
 
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
-	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 // TestLateBlameDoesNotDelayTheHandshake: the late blame (Registry.Suspect)
@@ -67,46 +66,5 @@ func lateBlameHandshake(t *testing.T, withBad bool) {
 	t.Logf("b accepts after 1 s; the client got its 101 %v after b was claimed (Redis stalled 3 s)", took.Round(10*time.Millisecond))
 	if took > 2*time.Second {
 		t.Errorf("handshake held back %v by a synchronous Redis call on the 101 path (b accepted after 1 s)", took.Round(10*time.Millisecond))
-	}
-}
-
-// TestLateBlameVersionedPool: the late blame reaches the record in the
-// refusing worker's version group (c.Pool is the group's).
-func TestLateBlameVersionedPool(t *testing.T) {
-	g := newGrid(t)
-	p64, p65 := registry.GroupPool("chromium", "1.64"), registry.GroupPool("chromium", "1.65")
-	g.workerCap(p65, "b", 1, fake.Behavior{})
-	a := g.workerCap(p64, "a-refuses", 1, fake.Behavior{})
-	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
-	route /playwright/* {
-		browser_grid chromium {
-			select_timeout 10s
-		}
-	}`})
-	busy, err := dialAs(context.Background(), c.url("/playwright/chromium"), ua165)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.SetBehavior(fake.Behavior{Refuse: http.StatusBadRequest})
-	got := make(chan int, 1)
-	go func() {
-		s, code := dialCode(c.url("/playwright/chromium"))
-		if s != nil {
-			defer s.close()
-		}
-		got <- code
-	}()
-	time.Sleep(500 * time.Millisecond)
-	busy.close()
-	code := <-got
-	if code != http.StatusSwitchingProtocols {
-		t.Fatalf("the waiting client got %d, want 101 from the 1.65 worker once it freed", code)
-	}
-	// marked in the background, just after the 101
-	testenv.Eventually(t, 2*time.Second, "the 1.64 worker suspect after the 1.65 worker accepted what it refused", func() bool {
-		return g.info(p64, "a-refuses").SuspectUntil.After(time.Now())
-	})
-	if n := c.metric(`caddy_grid_redis_errors_total{op="suspect"}`); n != 0 {
-		t.Errorf("redis_errors_total{op=\"suspect\"} = %v", n)
 	}
 }

@@ -179,6 +179,15 @@ func TestRefusing4xxWorkerInABusyVersionedPool(t *testing.T) {
 	code := <-got
 	t.Logf("a client while the 1.65 worker was busy and the 1.64 one answers 400: %d", code)
 	if code != http.StatusSwitchingProtocols {
-		t.Errorf("got %d: the retry past the 1.64 worker's 400 did not wait for the busy 1.65 worker", code)
+		t.Fatalf("got %d: the retry past the 1.64 worker's 400 did not wait for the busy 1.65 worker", code)
+	}
+	// The late blame reaches the record in the refusing worker's version
+	// group (its claim's pool is the group's), in the background, just
+	// after the 101.
+	testenv.Eventually(t, 2*time.Second, "the 1.64 worker suspect after the 1.65 worker accepted what it refused", func() bool {
+		return g.info(p64, "a-refuses").SuspectUntil.After(time.Now())
+	})
+	if n := c.metric(`caddy_grid_redis_errors_total{op="suspect"}`); n != 0 {
+		t.Errorf("redis_errors_total{op=\"suspect\"} = %v", n)
 	}
 }

@@ -371,10 +371,13 @@ func readPools(ctx context.Context, interval time.Duration) ([]uiPool, []poolObs
 	names = basePools(names)
 	// The pools this config serves first, then the others by name: made-up
 	// names that sort first must not push a served pool off the page.
-	sort.SliceStable(names, func(i, j int) bool {
-		si, sj := a.limits.servesPool(names[i]), a.limits.servesPool(names[j])
-		if si != sj {
-			return si
+	served := make(map[string]bool, len(names))
+	for _, n := range names {
+		served[n] = a.limits.servesPool(n)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		if served[names[i]] != served[names[j]] {
+			return served[names[i]]
 		}
 		return names[i] < names[j]
 	})

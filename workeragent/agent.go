@@ -103,31 +103,30 @@ func (a *Agent) stopAt() time.Time {
 	return time.Time{}
 }
 
-// drainEnd is when a drain starting at start must end.
-func (a *Agent) drainEnd(start time.Time) time.Time {
-	end := start.Add(a.cfg.DrainTimeout)
-	if s := a.stopAt(); !s.IsZero() && s.Add(a.cfg.DrainTimeout).Before(end) {
-		end = s.Add(a.cfg.DrainTimeout)
+// bySignal is end, or the signal's time plus after when that is sooner.
+func (a *Agent) bySignal(end time.Time, after time.Duration) time.Time {
+	if s := a.stopAt(); !s.IsZero() && s.Add(after).Before(end) {
+		return s.Add(after)
 	}
 	return end
+}
+
+// drainEnd is when a drain starting at start must end.
+func (a *Agent) drainEnd(start time.Time) time.Time {
+	return a.bySignal(start.Add(a.cfg.DrainTimeout), a.cfg.DrainTimeout)
 }
 
 // recordsEnd is when removing a record (every attempt) must end.
 func (a *Agent) recordsEnd() time.Time {
-	end := time.Now().Add(deregisterBudget)
-	if s := a.stopAt(); !s.IsZero() && s.Add(a.cfg.DrainTimeout+deregisterBudget).Before(end) {
-		end = s.Add(a.cfg.DrainTimeout + deregisterBudget)
-	}
-	return end
+	return a.bySignal(time.Now().Add(deregisterBudget), a.cfg.DrainTimeout+deregisterBudget)
 }
 
 // browserGrace is how long the browser may take to close before SIGKILL.
 func (a *Agent) browserGrace() time.Duration {
-	g := stopGrace
 	if s := a.stopAt(); !s.IsZero() {
-		g = min(g, max(0, time.Until(s.Add(a.cfg.DrainTimeout+deregisterBudget+stopGrace))))
+		return min(stopGrace, max(0, time.Until(s.Add(a.cfg.DrainTimeout+deregisterBudget+stopGrace))))
 	}
-	return g
+	return stopGrace
 }
 
 // drainedAfterLoss says whether a drain that reads 0 active may end,
