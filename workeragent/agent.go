@@ -257,6 +257,13 @@ func (a *Agent) Run(ctx context.Context) error {
 			continue
 		}
 		// Crashed.
+		if ctx.Err() != nil {
+			// The signal came as the browser went down (it exited, or
+			// failed its last probe, and the agent was removing its
+			// record): the stop asked for is done, and a stop exits 0.
+			a.log.Info("the browser went down as the signal came; exiting", zap.NamedError("browser", err))
+			return nil
+		}
 		if !a.cfg.Respawn {
 			return err
 		}

@@ -651,3 +651,35 @@ func TestSlowRedisRecordLossAtSIGTERMLeavesNoAvailableRecord(t *testing.T) {
 		t.Fatalf("the agent exited and left its closed browser available: %+v\n%s", got, firstLines(p.Output(), 60))
 	}
 }
+
+// SIGTERM while the agent removes the record of a browser that just died
+// (Redis answering slowly, 1.5 s a reply): the stop asked for is done, so
+// the agent exits 0, as after any signal, not 1 for the crash. (Without
+// -respawn it exited 1: the crash was reported over the signal.)
+func TestSIGTERMAsTheBrowserDiesExits0(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	reg := newRegistry(t, r)
+	px := startRedisProxy(t, r.Addr, stallSlow, 1500*time.Millisecond)
+	args := append([]string{"-redis", "redis://" + px.addr + "/0", "-launcher", "fake"}, fastTimings...)
+	p := testenv.Start(t, nil, gridWorker(), append(args, "-key-ttl", "30s", "-stale-threshold", "30s")...)
+	w := waitOne(t, reg, "chromium", "", 15*time.Second)
+	pid, _, _ := browserOf(t, p, w.ID)
+	px.slow.Store(true)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "the browser's exit seen", func() bool {
+		_, ok := lastLog(p, "browser exited", w.ID)
+		return ok
+	})
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitCode(t, p, 20*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0 (a signal)\n%s", code, firstLines(p.Output(), 40))
+	}
+	if _, ok := lastLog(p, "worker deregistered", w.ID); !ok {
+		t.Fatalf("the dead browser's record was not removed\n%s", firstLines(p.Output(), 40))
+	}
+}
