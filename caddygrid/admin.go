@@ -126,9 +126,12 @@ type BadRecordOut struct {
 
 // PickResult is GET /grid/pools/{pool}/pick.
 type PickResult struct {
-	Pool   string        `json:"pool"`
-	Policy string        `json:"policy"`
-	Worker *WorkerStatus `json:"worker"`
+	Pool   string `json:"pool"`
+	Policy string `json:"policy"`
+	// Version is the Playwright version group the pick was made in
+	// (absent: the pool's workers without a version).
+	Version string        `json:"version,omitempty"`
+	Worker  *WorkerStatus `json:"worker"`
 	// Scanned, Stale: what the decision walked past.
 	Scanned int      `json:"scanned"`
 	Stale   []string `json:"stale,omitempty"`
@@ -178,7 +181,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 			if r.Method != http.MethodGet {
 				return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use GET", r.Method))
 			}
-			return a.adminPick(ctx, b, w, pool, r.URL.Query().Get("policy"))
+			return a.adminPick(ctx, b, w, pool, r.URL.Query().Get("policy"), r.URL.Query().Get("version"))
 		case len(parts) == 5 && parts[2] == "workers" && parts[4] == "drain":
 			if r.Method != http.MethodPost {
 				return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use POST", r.Method))
@@ -331,41 +334,84 @@ func (a *App) adminDrain(ctx context.Context, b *backend, w http.ResponseWriter,
 	return writeJSON(w, map[string]string{"pool": pool, "worker_id": id, "command": string(registry.CommandShutdown)})
 }
 
-// adminPick asks the registry what a claim would choose now, with the
-// request of this instance's last claim in the pool (its policy and
-// limits), or lifetime_first with the pool's stored limits.
-func (a *App) adminPick(ctx context.Context, b *backend, w http.ResponseWriter, pool, policy string) error {
-	b.mu.Lock()
-	req, ok := b.lastPick[pool]
-	b.mu.Unlock()
-	if !ok {
-		info, err := b.reg.Inspect(ctx, pool)
-		if err != nil {
-			return redisError(fmt.Sprintf("reading pool %q", pool), err)
-		}
-		req = registry.ClaimRequest{Pool: pool, Policy: registry.LifetimeFirst, Limits: info.Limits}
-		req.Limits.StaleAfter = time.Duration(a.StaleThreshold)
-	}
-	if policy != "" && registry.Policy(policy) != req.Policy {
+// adminPick asks the registry what a claim would choose now. With
+// version, a Playwright client of that version: its version's group only.
+// Without, a client that sends none: the pool's groups in the order such
+// a claim tries them (registry.PoolVersions.Groups), up to the first that
+// has a worker to give. In each group the request is this instance's
+// last claim there (its policy and limits), or lifetime_first with the
+// group's stored limits.
+func (a *App) adminPick(ctx context.Context, b *backend, w http.ResponseWriter, pool, policy, version string) error {
+	if policy != "" {
 		if _, ok := registry.LookupPolicy(policy); !ok {
 			return apiError(http.StatusBadRequest, &registry.UnknownPolicyError{Name: policy})
 		}
+	}
+	groups := []string{pool}
+	if version != "" {
+		if err := registry.CheckVersion(version); err != nil {
+			return apiError(http.StatusBadRequest, err)
+		}
+		// as a client's User-Agent is read: "01.065" is 1.65
+		major, minor, _ := strings.Cut(version, ".")
+		groups = []string{registry.GroupPool(pool, trimZeros(major)+"."+trimZeros(minor))}
+	} else {
+		vs, err := b.reg.Versions(ctx, pool)
+		if err != nil {
+			return redisError(fmt.Sprintf("reading the versions of pool %q", pool), err)
+		}
+		if gs := vs.Groups(pool); len(gs) > 0 {
+			groups = gs
+		}
+	}
+	out := PickResult{Pool: pool}
+	for i, group := range groups {
+		req, err := a.pickRequest(ctx, b, group, policy)
+		if err != nil {
+			return err
+		}
+		wi, dec, err := b.reg.Pick(ctx, req)
+		out.Scanned += dec.Scanned
+		out.Stale = append(out.Stale, dec.Stale...)
+		if i == 0 || err == nil {
+			_, out.Version = registry.SplitGroup(group)
+			out.Policy = string(req.Policy)
+		}
+		switch {
+		case err == nil:
+			ws := workerStatus(wi, time.Now())
+			out.Worker = &ws
+			return writeJSON(w, out)
+		case errors.Is(err, registry.ErrNoWorker):
+		default:
+			return redisError(fmt.Sprintf("picking in pool %q", group), err)
+		}
+	}
+	return writeJSON(w, out)
+}
+
+// pickRequest is the claim request adminPick asks about in group: this
+// instance's last there, or lifetime_first with the group's stored limits;
+// with policy, that policy with its parameters at their defaults.
+func (a *App) pickRequest(ctx context.Context, b *backend, group, policy string) (registry.ClaimRequest, error) {
+	b.mu.Lock()
+	req, ok := b.lastPick[group]
+	b.mu.Unlock()
+	if !ok {
+		info, err := b.reg.Inspect(ctx, group)
+		if err != nil {
+			return req, redisError(fmt.Sprintf("reading pool %q", group), err)
+		}
+		req = registry.ClaimRequest{Pool: group, Policy: registry.LifetimeFirst, Limits: info.Limits}
+		req.Limits.StaleAfter = time.Duration(a.StaleThreshold)
+	}
+	if policy != "" && registry.Policy(policy) != req.Policy {
 		// Another policy than the last claim's: its own parameters at
 		// their defaults (the registry fills zero fields).
 		req.Policy = registry.Policy(policy)
 		req.Vnode, req.FairShare = selection.Vnode{}, selection.FairShare{}
 	}
-	wi, dec, err := b.reg.Pick(ctx, req)
-	out := PickResult{Pool: pool, Policy: string(req.Policy), Scanned: dec.Scanned, Stale: dec.Stale}
-	switch {
-	case err == nil:
-		ws := workerStatus(wi, time.Now())
-		out.Worker = &ws
-	case errors.Is(err, registry.ErrNoWorker):
-	default:
-		return redisError(fmt.Sprintf("picking in pool %q", pool), err)
-	}
-	return writeJSON(w, out)
+	return req, nil
 }
 
 // Interface guards

@@ -174,3 +174,63 @@ func TestAdminAndMetrics(t *testing.T) {
 		}
 	}
 }
+
+// GET /grid/pools/{pool}/pick in a pool of Playwright version groups (the
+// playwright launcher's workers all register in one): without ?version,
+// the worker a client sending no version would get (the groups in the
+// order such a claim tries them); with it, the worker a client of that
+// version would get. (It answered "worker": null for every such pool: it
+// looked only at the pool's workers without a version.)
+func TestAdminPickInVersionGroups(t *testing.T) {
+	g := newGrid(t)
+	p64, p65 := registry.GroupPool("chromium", "1.64"), registry.GroupPool("chromium", "1.65")
+	g.worker(p64, "a", fake.Behavior{})
+	g.worker(p65, "b", fake.Behavior{})
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			max_concurrent 1
+		}
+	}`})
+	pick := func(query string) caddygrid.PickResult {
+		t.Helper()
+		code, body := c.admin(http.MethodGet, "/grid/pools/chromium/pick"+query)
+		var p caddygrid.PickResult
+		if code != http.StatusOK || json.Unmarshal(body, &p) != nil {
+			t.Fatalf("GET pick%s: %d %s", query, code, body)
+		}
+		return p
+	}
+	id := func(p caddygrid.PickResult) string {
+		if p.Worker == nil {
+			return ""
+		}
+		return p.Worker.ID
+	}
+	if p := pick(""); id(p) != "b" || p.Version != "1.65" {
+		t.Errorf("pick = %s in %q; want b in 1.65 (the newest version first)", id(p), p.Version)
+	}
+	s, err := dialAs(context.Background(), c.url("/playwright/chromium"), ua165)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	for _, tc := range []struct{ query, worker, version string }{
+		{"", "a", "1.64"}, // b is full: a client without a version gets a
+		{"?version=1.65", "", "1.65"},
+		{"?version=1.64", "a", "1.64"},
+		{"?version=01.064", "a", "1.64"}, // read as a User-Agent's is
+		{"?version=1.63&policy=vnode", "", "1.63"},
+	} {
+		if p := pick(tc.query); id(p) != tc.worker || p.Version != tc.version {
+			t.Errorf("pick%s = %q in %q; want %q in %q", tc.query, id(p), p.Version, tc.worker, tc.version)
+		}
+	}
+	if w := g.info(p64, "a"); w.Lifetime != 0 || w.Active != 0 {
+		t.Errorf("pick claimed something: a lifetime %d active %d", w.Lifetime, w.Active)
+	}
+	code, body := c.admin(http.MethodGet, "/grid/pools/chromium/pick?version=1.x")
+	if code != http.StatusBadRequest || !strings.Contains(string(body), "invalid Playwright version") {
+		t.Errorf("pick?version=1.x: %d %s; want 400 naming the version", code, body)
+	}
+}
