@@ -492,12 +492,19 @@ local function live_command(id, now)
   return exp ~= nil and tonumber(exp) >= now
 end
 
--- restarting reports whether worker o is restarting now: fresh, and
--- draining or holding a live shutdown command.
+-- restarting reports whether worker o holds the restart turn now: fresh,
+-- and holding a live shutdown command, or draining with no session left
+-- (closing its browser, or, with --respawn, waiting for its replacement
+-- to register). A worker draining its last sessions does not hold it: it
+-- takes no session whether it drains or not, and a turn held for a long
+-- session kept every other worker past a lowered limit from restarting,
+-- and the pool from serving, until that session ended (a red team: 17.5 s
+-- without a session after max_lifetime 100 -> 10).
 local function restarting(o, now, stale)
   local w = decode(redis.call('HGET', K_WORKERS, o))
   if not (w and fresh(w, now, stale)) then return false end
-  return w.status == 'draining' or live_command(o, now)
+  if w.status == 'draining' then return (count(redis.call('HGET', K_ACTIVE, o)) or 0) == 0 end
+  return live_command(o, now)
 end
 
 -- restart_turn reports whether worker id may be told to drain now under
