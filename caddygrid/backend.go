@@ -122,6 +122,13 @@ type backend struct {
 	// pools it serves from names a Redis writer put in the set of pools
 	// (badRecord).
 	lastPick map[string]registry.ClaimRequest
+	// clientLive counts, per client and pool (clientSlot), the claims
+	// this process made for a client with a client_limit until their end
+	// has reached Redis; clientEnded is closed when one of them ends.
+	// A request refused at its client's limit while one of these is
+	// ending waits for it (see waitClientEnd).
+	clientLive  map[string]int
+	clientEnded map[string]chan struct{}
 	// reapers are the running reapers of the apps on this backend
 	// (*reaper.Reaper → struct{}), kicked when a claim meets stale
 	// workers (reaper.go).
@@ -165,6 +172,9 @@ func newBackend(key backendKey, logger *zap.Logger) (*backend, error) {
 		watching: map[string]bool{},
 		recent:   map[string]time.Time{},
 		lastPick: map[string]registry.ClaimRequest{},
+
+		clientLive:  map[string]int{},
+		clientEnded: map[string]chan struct{}{},
 	}
 	b.reg = registry.New(rdb, registry.Options{Prefix: key.prefix, OnBadRecord: b.badRecord, OnStale: b.staleSeen,
 		OnBatch: observeBatch})
@@ -324,6 +334,9 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 			ID: c.LeaseID, Worker: c.Worker.ID, Gen: c.Gen, Claimed: start, Lifetime: c.Worker.Lifetime,
 			Client: c.Client,
 		}}
+		if c.Client != "" {
+			b.clientLive[clientSlot(c.Pool, c.Client)]++
+		}
 		b.lastPick[req.Pool] = req
 		b.mu.Unlock()
 		if c.Drain {
@@ -344,7 +357,8 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		metrics.noWorker.WithLabelValues(req.Pool, policy).Inc()
 		return nil, err
 	case errors.Is(err, registry.ErrClientLimit):
-		b.clientLimited(req, err)
+		// counted where the request's answer is decided (acquireWith):
+		// a refusal it waits out is not one
 		return nil, err
 	default:
 		metrics.redisErrors.WithLabelValues("claim").Inc()
@@ -459,10 +473,15 @@ func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 		}
 		return b.reg.Undo(ctx, c.Pool, c.LeaseID, d)
 	}
-	b.forget(c)
+	held := b.forget(c)
 	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
 	err := end(ctx)
 	cancel()
+	if held && c.Client != "" {
+		// ended in Redis (or failed to: then its lease lapses, and the
+		// waiter's claim is refused again)
+		b.clientEnd(c)
+	}
 	metrics.activeSessions.WithLabelValues(c.Pool).Dec()
 	metrics.releases.WithLabelValues(c.Pool, outcome).Inc()
 	if err != nil {
@@ -497,10 +516,90 @@ func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 // release, then finds the lease gone here when its answer comes back, and
 // does not report the release's own tombstone as a live session's lease
 // ended elsewhere (renewBatch).
-func (b *backend) forget(c *registry.Claim) {
+// It reports whether this process held the lease.
+func (b *backend) forget(c *registry.Claim) bool {
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, held := b.leases[c.Pool][c.LeaseID]
 	delete(b.leases[c.Pool], c.LeaseID)
-	b.mu.Unlock()
+	return held
+}
+
+// clientSlot names a client's claims in a pool: its version groups share
+// the client's count (registry: lease_client is the pool's).
+func clientSlot(pool, client string) string {
+	base, _ := registry.SplitGroup(pool)
+	return base + "\x00" + client
+}
+
+// clientEnd notes that claim c of a client with a client_limit has ended
+// in Redis, and wakes the requests of that client waiting for it.
+func (b *backend) clientEnd(c *registry.Claim) {
+	k := clientSlot(c.Pool, c.Client)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.clientLive[k]--; b.clientLive[k] <= 0 {
+		delete(b.clientLive, k)
+	}
+	if ch := b.clientEnded[k]; ch != nil {
+		close(ch)
+		delete(b.clientEnded, k)
+	}
+}
+
+// clientEndGrace bounds how long a request refused at its client's limit
+// waits for one of that client's sessions held here to end.
+const clientEndGrace = time.Second
+
+// waitClientEnd claims again, for a request refused at its client's
+// limit, each time one of the client's claims held by this process ends,
+// for up to clientEndGrace. A client that closes a session and opens the
+// next at once sees the close before Caddy has given the slot back (the
+// proxy's stream ends after it, then the release's round trip): without
+// the wait, that next session got 429 a few times in a hundred. A client
+// that does hold its limit here waits the grace out and gets its 429; one
+// whose sessions are all held by other instances gets it at once.
+func (b *backend) waitClientEnd(ctx context.Context, req registry.ClaimRequest, claim func(context.Context) (*registry.Claim, error), deadline time.Time, err error) (*registry.Claim, error) {
+	k := clientSlot(req.Pool, registry.ClientHash(req.ClientKey))
+	end := time.Now().Add(clientEndGrace)
+	if deadline.Before(end) {
+		end = deadline
+	}
+	retried := false
+	for errors.Is(err, registry.ErrClientLimit) {
+		b.mu.Lock()
+		if b.clientLive[k] == 0 {
+			b.mu.Unlock()
+			if retried {
+				return nil, err
+			}
+			// none held here now: the last may have ended between the
+			// refusal and this look, so one more claim
+		} else {
+			ch := b.clientEnded[k]
+			if ch == nil {
+				ch = make(chan struct{})
+				b.clientEnded[k] = ch
+			}
+			b.mu.Unlock()
+			t := time.NewTimer(time.Until(end))
+			select {
+			case <-ch:
+				t.Stop()
+			case <-t.C:
+				return nil, err
+			case <-ctx.Done():
+				t.Stop()
+				return nil, err
+			}
+		}
+		retried = true
+		var c *registry.Claim
+		if c, err = claim(ctx); err == nil {
+			return c, nil
+		}
+	}
+	return nil, err
 }
 
 // liveLeases counts the leases this process holds, by pool.
@@ -714,10 +813,16 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 		// have been the client's
 		c, err = claim(ctx)
 	}
+	if errors.Is(err, registry.ErrClientLimit) {
+		c, err = b.waitClientEnd(ctx, req, claim, deadline, err)
+	}
 	if err == nil {
 		return c, outcomeNone, nil
 	}
 	if !errors.Is(err, registry.ErrNoWorker) {
+		if errors.Is(err, registry.ErrClientLimit) {
+			b.clientLimited(req, err)
+		}
 		return nil, b.claimFailed(ctx, pool, err), err
 	}
 	if !time.Now().Before(deadline) {
@@ -772,6 +877,9 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 			// budget meanwhile)
 			q.leave(w)
 			q.wakeHead()
+			if errors.Is(err, registry.ErrClientLimit) {
+				b.clientLimited(req, err)
+			}
 			return nil, b.claimFailed(ctx, pool, err), err
 		}
 		if len(req.Avoid) > 0 {
