@@ -122,13 +122,11 @@ type backend struct {
 	// pools it serves from names a Redis writer put in the set of pools
 	// (badRecord).
 	lastPick map[string]registry.ClaimRequest
-	// clientLive counts, per client and pool (clientSlot), the claims
-	// this process made for a client with a client_limit until their end
-	// has reached Redis; clientEnded is closed when one of them ends.
-	// A request refused at its client's limit while one of these is
-	// ending waits for it (see waitClientEnd).
-	clientLive  map[string]int
-	clientEnded map[string]chan struct{}
+	// clients holds, per client and pool (clientSlot), the claims this
+	// process made for a client with a client_limit until their end has
+	// reached Redis, and the requests of that client waiting for one to
+	// end (waitClientEnd). An entry goes when neither is left.
+	clients map[string]*clientSessions
 	// reapers are the running reapers of the apps on this backend
 	// (*reaper.Reaper → struct{}), kicked when a claim meets stale
 	// workers (reaper.go).
@@ -172,9 +170,7 @@ func newBackend(key backendKey, logger *zap.Logger) (*backend, error) {
 		watching: map[string]bool{},
 		recent:   map[string]time.Time{},
 		lastPick: map[string]registry.ClaimRequest{},
-
-		clientLive:  map[string]int{},
-		clientEnded: map[string]chan struct{}{},
+		clients:  map[string]*clientSessions{},
 	}
 	b.reg = registry.New(rdb, registry.Options{Prefix: key.prefix, OnBadRecord: b.badRecord, OnStale: b.staleSeen,
 		OnBatch: observeBatch})
@@ -335,7 +331,13 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 			Client: c.Client,
 		}}
 		if c.Client != "" {
-			b.clientLive[clientSlot(c.Pool, c.Client)]++
+			k := clientSlot(c.Pool, c.Client)
+			cs := b.clients[k]
+			if cs == nil {
+				cs = &clientSessions{wake: make(chan struct{}, clientWakeBuffer)}
+				b.clients[k] = cs
+			}
+			cs.live++
 		}
 		b.lastPick[req.Pool] = req
 		b.mu.Unlock()
@@ -532,18 +534,51 @@ func clientSlot(pool, client string) string {
 	return base + "\x00" + client
 }
 
+// clientSessions is one client's claims in one pool held by this process
+// (under backend.mu).
+type clientSessions struct {
+	live    int    // claims made, their end not yet in Redis
+	waiting int    // requests in waitClientEnd
+	ends    uint64 // claims ended so far
+	// wake gets a token per claim ended, each taken by one waiter.
+	wake chan struct{}
+}
+
+// clientWakeBuffer is how many ends at once wake as many waiters (more
+// are dropped: their waiters claim at the next end, or get the 429).
+const clientWakeBuffer = 8
+
+// clientState is the client's entry of slot k now and its count of ends,
+// for waitClientEnd to tell whether one ended since (nil, 0: none here).
+func (b *backend) clientState(k string) (*clientSessions, uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if cs := b.clients[k]; cs != nil {
+		return cs, cs.ends
+	}
+	return nil, 0
+}
+
 // clientEnd notes that claim c of a client with a client_limit has ended
-// in Redis, and wakes the requests of that client waiting for it.
+// in Redis (or failed to: then its lease lapses by itself), and wakes one
+// request of that client waiting for it. Every path that forgot a claim
+// this process held calls it (finish, refuseRecord).
 func (b *backend) clientEnd(c *registry.Claim) {
 	k := clientSlot(c.Pool, c.Client)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.clientLive[k]--; b.clientLive[k] <= 0 {
-		delete(b.clientLive, k)
+	cs := b.clients[k]
+	if cs == nil {
+		return
 	}
-	if ch := b.clientEnded[k]; ch != nil {
-		close(ch)
-		delete(b.clientEnded, k)
+	cs.live--
+	cs.ends++
+	select {
+	case cs.wake <- struct{}{}:
+	default:
+	}
+	if cs.live <= 0 && cs.waiting == 0 {
+		delete(b.clients, k)
 	}
 }
 
@@ -551,55 +586,73 @@ func (b *backend) clientEnd(c *registry.Claim) {
 // waits for one of that client's sessions held here to end.
 const clientEndGrace = time.Second
 
-// waitClientEnd claims again, for a request refused at its client's
-// limit, each time one of the client's claims held by this process ends,
-// for up to clientEndGrace. A client that closes a session and opens the
-// next at once sees the close before Caddy has given the slot back (the
+// waitClientEnd claims again for a request refused at its client's limit
+// (err) when one of the client's claims held by this process ends, for
+// up to clientEndGrace. A client that closes a session and opens the next
+// at once sees the close before Caddy has given the slot back (the
 // proxy's stream ends after it, then the release's round trip): without
-// the wait, that next session got 429 a few times in a hundred. A client
-// that does hold its limit here waits the grace out and gets its 429; one
-// whose sessions are all held by other instances gets it at once.
-func (b *backend) waitClientEnd(ctx context.Context, req registry.ClaimRequest, claim func(context.Context) (*registry.Claim, error), deadline time.Time, err error) (*registry.Claim, error) {
-	k := clientSlot(req.Pool, registry.ClientHash(req.ClientKey))
+// the wait, that next session got 429 a few times in a hundred.
+//
+// It claims again at once when one ended since the refused claim began
+// (before, the client's entry then was cs with ends0 ended). Otherwise it
+// waits only while this process holds one of the client's sessions, and
+// at most ClientLimit requests of the client wait at once (as in the
+// queue): a client that does hold its limit here gets its 429 after the
+// grace, its further requests at once, and one whose sessions are all
+// held by other instances at once. Each end wakes one waiter, so a client
+// cannot turn one end into a claim per waiting request.
+func (b *backend) waitClientEnd(ctx context.Context, req registry.ClaimRequest, k string, cs *clientSessions, ends0 uint64, claim func(context.Context) (*registry.Claim, error), deadline time.Time, err error) (*registry.Claim, error) {
+	b.mu.Lock()
+	cur := b.clients[k]
+	if cs != nil && (cur != cs || cur.ends != ends0) {
+		// one ended since the claim began: its slot may be free
+		b.mu.Unlock()
+		var c *registry.Claim
+		if c, err = claim(ctx); !errors.Is(err, registry.ErrClientLimit) {
+			return c, err
+		}
+		b.mu.Lock()
+		cur = b.clients[k]
+	}
+	if cur == nil || cur.live == 0 || cur.waiting >= req.ClientLimit {
+		b.mu.Unlock()
+		return nil, err
+	}
+	cur.waiting++
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		cur.waiting--
+		if cur.live <= 0 && cur.waiting == 0 && b.clients[k] == cur {
+			delete(b.clients, k)
+		}
+		b.mu.Unlock()
+	}()
 	end := time.Now().Add(clientEndGrace)
 	if deadline.Before(end) {
 		end = deadline
 	}
-	retried := false
-	for errors.Is(err, registry.ErrClientLimit) {
-		b.mu.Lock()
-		if b.clientLive[k] == 0 {
-			b.mu.Unlock()
-			if retried {
-				return nil, err
-			}
-			// none held here now: the last may have ended between the
-			// refusal and this look, so one more claim
-		} else {
-			ch := b.clientEnded[k]
-			if ch == nil {
-				ch = make(chan struct{})
-				b.clientEnded[k] = ch
-			}
-			b.mu.Unlock()
-			t := time.NewTimer(time.Until(end))
-			select {
-			case <-ch:
-				t.Stop()
-			case <-t.C:
-				return nil, err
-			case <-ctx.Done():
-				t.Stop()
-				return nil, err
-			}
+	t := time.NewTimer(time.Until(end))
+	defer t.Stop()
+	for {
+		select {
+		case <-cur.wake:
+		case <-t.C:
+			return nil, err
+		case <-ctx.Done():
+			return nil, err
 		}
-		retried = true
 		var c *registry.Claim
-		if c, err = claim(ctx); err == nil {
-			return c, nil
+		if c, err = claim(ctx); !errors.Is(err, registry.ErrClientLimit) {
+			return c, err
+		}
+		b.mu.Lock()
+		live := cur.live
+		b.mu.Unlock()
+		if live == 0 {
+			return nil, err
 		}
 	}
-	return nil, err
 }
 
 // liveLeases counts the leases this process holds, by pool.
@@ -807,6 +860,13 @@ func (b *backend) acquire(ctx context.Context, req registry.ClaimRequest, sample
 // client with a client_limit has at most that many requests waiting.
 func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, claim func(context.Context) (*registry.Claim, error), queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
 	pool := req.Pool
+	var slot string
+	var cs *clientSessions
+	var ends0 uint64
+	if req.ClientLimit > 0 {
+		slot = clientSlot(pool, registry.ClientHash(req.ClientKey))
+		cs, ends0 = b.clientState(slot)
+	}
 	c, err := claim(ctx)
 	if errors.Is(err, registry.ErrClientLimit) && b.sweepGroups(ctx, pool) {
 		// expired leases of the pool's other groups were freed: they may
@@ -814,7 +874,7 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 		c, err = claim(ctx)
 	}
 	if errors.Is(err, registry.ErrClientLimit) {
-		c, err = b.waitClientEnd(ctx, req, claim, deadline, err)
+		c, err = b.waitClientEnd(ctx, req, slot, cs, ends0, claim, deadline, err)
 	}
 	if err == nil {
 		return c, outcomeNone, nil

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -279,5 +280,105 @@ func TestClientLimitServesTheNextSessionRightAfterAClose(t *testing.T) {
 	defer live.close()
 	if _, he := ct.dialAs(t, u, ""); he == nil || he.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("a second live session at client_limit 1: %+v, want 429", he)
+	}
+}
+
+// A client at its limit that sends many requests at once while one of its
+// sessions ends: at most client_limit of them wait for it, each end wakes
+// one, and every request costs about one claim. (A red team of the wait:
+// every waiter woke at every end and claimed again, 45 claims per request
+// for 200 requests, 18,811 claim scripts in about a second for 400.)
+func TestClientLimitWaitersCostOneClaimEach(t *testing.T) {
+	g := newGrid(t)
+	for _, id := range []string{"w1", "w2", "w3", "w4"} {
+		g.worker("chromium", id, fake.Behavior{})
+	}
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: clientSite})
+	u := c.url("/playwright/chromium")
+	var ct clientTally
+	held := ct.mustServe(t, u, "hog")
+	defer held.close()
+	closing := ct.mustServe(t, u, "hog") // client_limit 2: at its limit
+	claims := func() float64 {
+		return c.metric(`caddy_grid_select_duration_seconds_count{policy="lifetime_first",pool="chromium"}`)
+	}
+	before := claims()
+	const n = 100
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	answers := map[int]int{}
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h := http.Header{}
+			h.Set("X-Client", "hog")
+			s, err := dialHeader(context.Background(), u, h)
+			code := http.StatusSwitchingProtocols
+			if err != nil {
+				he := refusal(err)
+				if he == nil {
+					t.Error(err)
+					return
+				}
+				code = he.StatusCode
+			} else {
+				s.close() // ends at once: wakes the next waiter
+			}
+			mu.Lock()
+			answers[code]++
+			mu.Unlock()
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	closing.close()
+	wg.Wait()
+	got := claims() - before
+	if answers[http.StatusSwitchingProtocols]+answers[http.StatusTooManyRequests] != n || answers[http.StatusSwitchingProtocols] == 0 {
+		t.Errorf("answers %v to %d requests; want 101s (the slot freed) and 429s only", answers, n)
+	}
+	if got > 2*n {
+		t.Fatalf("%v claims for %d requests (answers %v); want about one each", got, n, answers)
+	}
+}
+
+// A claim whose worker record the dial policy refused ends the client's
+// count here too: that client's later 429s, with its sessions on another
+// instance, come at once, not after the 1 s wait for a session of its
+// that this instance no longer holds. (A red team: 1.0 s each, and one
+// entry kept for ever per client that met such a record.)
+func TestClientLimitAfterARefusedRecordAnswersAtOnce(t *testing.T) {
+	g := newGrid(t)
+	honest := startListeningWorker(t, "tcp", "127.0.0.2:0")
+	rogue := startListeningWorker(t, "tcp", "127.0.0.1:0")
+	g.registerAt(honestID, honest.addr, "/playwright", nil)
+	g.registerAt("rogue", rogue.addr, "/playwright", nil)
+	site := `
+	route /playwright/* {
+		browser_grid chromium {
+			client_limit 1
+			client_key {http.request.header.X-Client}
+		}
+	}`
+	a := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), global: "worker_networks 127.0.0.2/32", site: site})
+	b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), global: "worker_networks 127.0.0.2/32", site: site})
+	var ct clientTally
+	// The first claim through a takes the rogue record (IDs in order),
+	// which a refuses; the honest worker serves.
+	ct.mustServe(t, a.url("/playwright/chromium"), "client-a").close()
+	if n := a.metric(`caddy_grid_bad_records_total{pool="chromium",reason="outside_worker_networks"}`); n != 1 {
+		t.Fatalf("%v records refused by a; want 1: the test shows nothing", n)
+	}
+	testenv.Eventually(t, 10*time.Second, "released", func() bool { return g.clientSessions(t, "client-a") == 0 })
+	hold := ct.mustServe(t, b.url("/playwright/chromium"), "client-a")
+	defer hold.close()
+	start := time.Now()
+	for range 3 {
+		if _, he := ct.dialAs(t, a.url("/playwright/chromium"), "client-a"); he == nil || he.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("a second session of client-a: %+v, want 429", he)
+		}
+	}
+	if took := time.Since(start); took > 1500*time.Millisecond {
+		t.Fatalf("three 429s took %s: a waited for a session it does not hold (1 s each)", took)
 	}
 }

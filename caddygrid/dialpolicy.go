@@ -283,10 +283,13 @@ func (b *backend) refuseRecord(c *registry.Claim, r *refusal) {
 			zap.String("pool", c.Pool), zap.String("worker_id", c.Worker.ID),
 			zap.String("reason", r.reason), zap.Error(r.err))
 	}
-	b.forget(c)
+	held := b.forget(c)
 	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
 	defer cancel()
 	err := b.reg.Undo(ctx, c.Pool, c.LeaseID, refusedSuspectFor)
+	if held && c.Client != "" {
+		b.clientEnd(c)
+	}
 	metrics.activeSessions.WithLabelValues(c.Pool).Dec()
 	metrics.releases.WithLabelValues(c.Pool, "undone").Inc()
 	if err != nil {
