@@ -124,8 +124,8 @@ type backend struct {
 	lastPick map[string]registry.ClaimRequest
 	// clients holds, per client and pool (clientSlot), the claims this
 	// process made for a client with a client_limit until their end has
-	// reached Redis, and the requests of that client waiting for one to
-	// end (waitClientEnd). An entry goes when neither is left.
+	// reached Redis, and the requests of that client under way (see
+	// waitClientEnd). An entry goes when neither is left.
 	clients map[string]*clientSessions
 	// reapers are the running reapers of the apps on this backend
 	// (*reaper.Reaper → struct{}), kicked when a claim meets stale
@@ -334,7 +334,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 			k := clientSlot(c.Pool, c.Client)
 			cs := b.clients[k]
 			if cs == nil {
-				cs = &clientSessions{wake: make(chan struct{}, clientWakeBuffer)}
+				cs = &clientSessions{ended: make(chan struct{})}
 				b.clients[k] = cs
 			}
 			cs.live++
@@ -538,30 +538,45 @@ func clientSlot(pool, client string) string {
 // (under backend.mu).
 type clientSessions struct {
 	live    int    // claims made, their end not yet in Redis
-	waiting int    // requests in waitClientEnd
+	pins    int    // requests under way (acquireWith): the entry stays
+	waiting int    // of them, those waiting in waitClientEnd
 	ends    uint64 // claims ended so far
-	// wake gets a token per claim ended, each taken by one waiter.
-	wake chan struct{}
+	// ended is closed (and replaced) when one of them ends.
+	ended chan struct{}
 }
 
-// clientWakeBuffer is how many ends at once wake as many waiters (more
-// are dropped: their waiters claim at the next end, or get the 429).
-const clientWakeBuffer = 8
-
-// clientState is the client's entry of slot k now and its count of ends,
-// for waitClientEnd to tell whether one ended since (nil, 0: none here).
-func (b *backend) clientState(k string) (*clientSessions, uint64) {
+// pinClient returns the client's entry of slot k, made if needed, kept
+// until unpinClient: a request reads in it whether one of the client's
+// claims ended while its own claim ran.
+func (b *backend) pinClient(k string) *clientSessions {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if cs := b.clients[k]; cs != nil {
-		return cs, cs.ends
+	cs := b.clients[k]
+	if cs == nil {
+		cs = &clientSessions{ended: make(chan struct{})}
+		b.clients[k] = cs
 	}
-	return nil, 0
+	cs.pins++
+	return cs
+}
+
+func (b *backend) unpinClient(k string, cs *clientSessions) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cs.pins--
+	b.dropClient(k, cs)
+}
+
+// dropClient removes an entry nothing uses any more (under mu).
+func (b *backend) dropClient(k string, cs *clientSessions) {
+	if cs.live <= 0 && cs.pins == 0 && b.clients[k] == cs {
+		delete(b.clients, k)
+	}
 }
 
 // clientEnd notes that claim c of a client with a client_limit has ended
-// in Redis (or failed to: then its lease lapses by itself), and wakes one
-// request of that client waiting for it. Every path that forgot a claim
+// in Redis (or failed to: then its lease lapses by itself), and wakes the
+// requests of that client waiting for it. Every path that forgot a claim
 // this process held calls it (finish, refuseRecord).
 func (b *backend) clientEnd(c *registry.Claim) {
 	k := clientSlot(c.Pool, c.Client)
@@ -573,13 +588,9 @@ func (b *backend) clientEnd(c *registry.Claim) {
 	}
 	cs.live--
 	cs.ends++
-	select {
-	case cs.wake <- struct{}{}:
-	default:
-	}
-	if cs.live <= 0 && cs.waiting == 0 {
-		delete(b.clients, k)
-	}
+	close(cs.ended)
+	cs.ended = make(chan struct{})
+	b.dropClient(k, cs)
 }
 
 // clientEndGrace bounds how long a request refused at its client's limit
@@ -587,72 +598,69 @@ func (b *backend) clientEnd(c *registry.Claim) {
 const clientEndGrace = time.Second
 
 // waitClientEnd claims again for a request refused at its client's limit
-// (err) when one of the client's claims held by this process ends, for
-// up to clientEndGrace. A client that closes a session and opens the next
-// at once sees the close before Caddy has given the slot back (the
+// (err) each time one of the client's claims held by this process ends,
+// for up to clientEndGrace. A client that closes a session and opens the
+// next at once sees the close before Caddy has given the slot back (the
 // proxy's stream ends after it, then the release's round trip): without
 // the wait, that next session got 429 a few times in a hundred.
 //
-// It claims again at once when one ended since the refused claim began
-// (before, the client's entry then was cs with ends0 ended). Otherwise it
-// waits only while this process holds one of the client's sessions, and
-// at most ClientLimit requests of the client wait at once (as in the
-// queue): a client that does hold its limit here gets its 429 after the
-// grace, its further requests at once, and one whose sessions are all
-// held by other instances at once. Each end wakes one waiter, so a client
-// cannot turn one end into a claim per waiting request.
-func (b *backend) waitClientEnd(ctx context.Context, req registry.ClaimRequest, k string, cs *clientSessions, ends0 uint64, claim func(context.Context) (*registry.Claim, error), deadline time.Time, err error) (*registry.Claim, error) {
-	b.mu.Lock()
-	cur := b.clients[k]
-	if cs != nil && (cur != cs || cur.ends != ends0) {
-		// one ended since the claim began: its slot may be free
-		b.mu.Unlock()
-		var c *registry.Claim
-		if c, err = claim(ctx); !errors.Is(err, registry.ErrClientLimit) {
-			return c, err
-		}
-		b.mu.Lock()
-		cur = b.clients[k]
-	}
-	if cur == nil || cur.live == 0 || cur.waiting >= req.ClientLimit {
-		b.mu.Unlock()
-		return nil, err
-	}
-	cur.waiting++
-	b.mu.Unlock()
-	defer func() {
-		b.mu.Lock()
-		cur.waiting--
-		if cur.live <= 0 && cur.waiting == 0 && b.clients[k] == cur {
-			delete(b.clients, k)
-		}
-		b.mu.Unlock()
-	}()
+// cs is the client's entry, pinned before the refused claim began, when
+// its ends counted ends0. A claim that ended since may have freed the
+// slot: it claims again at once. Otherwise it waits only while this
+// process holds one of the client's sessions, and at most ClientLimit
+// requests of a client wait at once (as in the queue): a client that does
+// hold its limit here gets its 429 after the grace, its further requests
+// at once, and one whose sessions are all held by other instances at
+// once. Each request claims again at most once per end, so a client's
+// waiters cost at most ClientLimit claims per session that ends.
+func (b *backend) waitClientEnd(ctx context.Context, req registry.ClaimRequest, cs *clientSessions, ends0 uint64, claim func(context.Context) (*registry.Claim, error), deadline time.Time, err error) (*registry.Claim, error) {
 	end := time.Now().Add(clientEndGrace)
 	if deadline.Before(end) {
 		end = deadline
 	}
-	t := time.NewTimer(time.Until(end))
-	defer t.Stop()
-	for {
+	seen, waiting := ends0, false
+	defer func() {
+		if waiting {
+			b.mu.Lock()
+			cs.waiting--
+			b.mu.Unlock()
+		}
+	}()
+	for errors.Is(err, registry.ErrClientLimit) && time.Now().Before(end) {
+		b.mu.Lock()
+		if cs.ends != seen {
+			// one ended since the last claim began: its slot may be free
+			seen = cs.ends
+			b.mu.Unlock()
+			var c *registry.Claim
+			c, err = claim(ctx)
+			if err == nil {
+				return c, nil
+			}
+			continue
+		}
+		if cs.live == 0 || (!waiting && cs.waiting >= req.ClientLimit) {
+			b.mu.Unlock()
+			return nil, err
+		}
+		if !waiting {
+			waiting = true
+			cs.waiting++
+		}
+		ended := cs.ended
+		b.mu.Unlock()
+		t := time.NewTimer(time.Until(end))
 		select {
-		case <-cur.wake:
+		case <-ended:
+			t.Stop()
 		case <-t.C:
 			return nil, err
 		case <-ctx.Done():
-			return nil, err
-		}
-		var c *registry.Claim
-		if c, err = claim(ctx); !errors.Is(err, registry.ErrClientLimit) {
-			return c, err
-		}
-		b.mu.Lock()
-		live := cur.live
-		b.mu.Unlock()
-		if live == 0 {
-			return nil, err
+			t.Stop()
+			return nil, ctx.Err()
 		}
 	}
+	return nil, err
 }
 
 // liveLeases counts the leases this process holds, by pool.
@@ -865,7 +873,11 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 	var ends0 uint64
 	if req.ClientLimit > 0 {
 		slot = clientSlot(pool, registry.ClientHash(req.ClientKey))
-		cs, ends0 = b.clientState(slot)
+		cs = b.pinClient(slot)
+		defer b.unpinClient(slot, cs)
+		b.mu.Lock()
+		ends0 = cs.ends
+		b.mu.Unlock()
 	}
 	c, err := claim(ctx)
 	if errors.Is(err, registry.ErrClientLimit) && b.sweepGroups(ctx, pool) {
@@ -874,7 +886,7 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 		c, err = claim(ctx)
 	}
 	if errors.Is(err, registry.ErrClientLimit) {
-		c, err = b.waitClientEnd(ctx, req, slot, cs, ends0, claim, deadline, err)
+		c, err = b.waitClientEnd(ctx, req, cs, ends0, claim, deadline, err)
 	}
 	if err == nil {
 		return c, outcomeNone, nil
