@@ -883,6 +883,11 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 	if errors.Is(err, registry.ErrClientLimit) && b.sweepGroups(ctx, pool) {
 		// expired leases of the pool's other groups were freed: they may
 		// have been the client's
+		if cs != nil {
+			b.mu.Lock()
+			ends0 = cs.ends
+			b.mu.Unlock()
+		}
 		c, err = claim(ctx)
 	}
 	if errors.Is(err, registry.ErrClientLimit) {
@@ -892,7 +897,7 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 		return c, outcomeNone, nil
 	}
 	if !errors.Is(err, registry.ErrNoWorker) {
-		if errors.Is(err, registry.ErrClientLimit) {
+		if errors.Is(err, registry.ErrClientLimit) && ctx.Err() == nil {
 			b.clientLimited(req, err)
 		}
 		return nil, b.claimFailed(ctx, pool, err), err
@@ -949,7 +954,7 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 			// budget meanwhile)
 			q.leave(w)
 			q.wakeHead()
-			if errors.Is(err, registry.ErrClientLimit) {
+			if errors.Is(err, registry.ErrClientLimit) && ctx.Err() == nil {
 				b.clientLimited(req, err)
 			}
 			return nil, b.claimFailed(ctx, pool, err), err
@@ -963,11 +968,13 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 }
 
 // claimFailed classifies a claim that failed for another reason than "no
-// worker": the client's limit, the request's config gone (a reload that
-// failed after it started), or, through redisFailure, the client leaving
-// or Redis failing.
+// worker": the client leaving, the client's limit, the request's config
+// gone (a reload that failed after it started), or Redis failing
+// (redisFailure).
 func (b *backend) claimFailed(ctx context.Context, pool string, err error) outcome {
 	switch {
+	case ctx.Err() != nil:
+		return outcomeCanceled // the client left: no answer reaches it
 	case errors.Is(err, registry.ErrClientLimit):
 		return outcomeClientLimited
 	case errors.Is(err, errConfigGone):
