@@ -58,7 +58,13 @@ func (a *agents) heartbeat() {
 
 // retiring counts the workers draining or holding a live shutdown
 // command: the ones restarting.
-func (a *agents) retiring() []string {
+func (a *agents) retiring() []string { return a.retiringOnes(false) }
+
+// restarting lists the retiring workers with no session left: those whose
+// browser is down or about to be.
+func (a *agents) restarting() []string { return a.retiringOnes(true) }
+
+func (a *agents) retiringOnes(idle bool) []string {
 	a.t.Helper()
 	info, err := a.r.Inspect(context.Background(), a.pool)
 	if err != nil {
@@ -66,7 +72,7 @@ func (a *agents) retiring() []string {
 	}
 	var out []string
 	for _, w := range info.Workers {
-		if w.Status == selection.Draining || w.Command == CommandShutdown {
+		if (w.Status == selection.Draining || w.Command == CommandShutdown) && (!idle || w.Active == 0) {
 			out = append(out, fmt.Sprintf("%s(life %d)", w.ID, w.Lifetime))
 		}
 	}
@@ -89,15 +95,7 @@ func TestLoweredMaxLifetimeKeepsServing(t *testing.T) {
 	old := time.Now().Add(-time.Hour)
 	req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: old,
 		Limits: selection.Limits{MaxLifetime: 20, StaleAfter: 30 * time.Second, StaggerDrains: true}}
-	for range 8 {
-		c, err := r.Claim(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
-			t.Fatal(err)
-		}
-	}
+	serveSessions(t, r, req, 8)
 	req.Limits.MaxLifetime = 5
 	req.ConfigTime = time.Now()
 	served := 0
@@ -115,6 +113,20 @@ func TestLoweredMaxLifetimeKeepsServing(t *testing.T) {
 			t.Fatalf("session %d went to %s at lifetime %d, past max_lifetime 5", i, c.Worker.ID, c.Worker.Lifetime)
 		}
 		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// serveSessions claims and releases n sessions of req one after another.
+func serveSessions(t *testing.T, r *Registry, req ClaimRequest, n int) {
+	t.Helper()
+	for range n {
+		c, err := r.Claim(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(context.Background(), req.Pool, c.LeaseID); err != nil {
 			t.Fatal(err)
 		}
 	}

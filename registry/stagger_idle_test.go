@@ -28,15 +28,7 @@ func TestLoweredMaxLifetimeDoesNotWaitForALongSession(t *testing.T) {
 	}
 	req := ClaimRequest{Pool: pool, Policy: LifetimeFirst, ConfigTime: time.Now().Add(-time.Hour),
 		Limits: selection.Limits{MaxLifetime: 40, StaleAfter: 30 * time.Second, StaggerDrains: true}}
-	for range 45 {
-		c, err := r.Claim(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
-			t.Fatal(err)
-		}
-	}
+	serveSessions(t, r, req, 45)
 	long, err := r.Claim(ctx, req) // the long session: on the highest lifetime
 	if err != nil {
 		t.Fatal(err)
@@ -45,13 +37,7 @@ func TestLoweredMaxLifetimeDoesNotWaitForALongSession(t *testing.T) {
 	// The limit lowered to 5, brought by one claim of the new config.
 	req.Limits.MaxLifetime = 5
 	req.ConfigTime = time.Now()
-	c, err := r.Claim(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Release(ctx, pool, c.LeaseID); err != nil {
-		t.Fatal(err)
-	}
+	serveSessions(t, r, req, 1)
 	idleSpent := 0
 	for id, f := range counts(t, r, pool) {
 		if id != busy && f[1] >= 5 && f[0] == 0 { // [active, lifetime]
@@ -77,13 +63,7 @@ func TestLoweredMaxLifetimeDoesNotWaitForALongSession(t *testing.T) {
 		if ret := a.restarting(); len(ret) > 1 {
 			t.Fatalf("round %d: %d workers restarting at once: %v", round, len(ret), ret)
 		}
-		c, err := r.Claim(ctx, req)
-		if err != nil {
-			t.Fatalf("round %d: %v; pool %v", round, err, counts(t, r, pool))
-		}
-		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
-			t.Fatal(err)
-		}
+		serveSessions(t, r, req, 1)
 		if a.next >= idleSpent {
 			break
 		}
@@ -100,21 +80,4 @@ func TestLoweredMaxLifetimeDoesNotWaitForALongSession(t *testing.T) {
 	if _, err := r.Worker(ctx, pool, busy); err == nil {
 		t.Fatalf("the busy worker, idle now and draining, did not restart: %v", counts(t, r, pool))
 	}
-}
-
-// restarting lists the retiring workers with no session left: those whose
-// browser is down or about to be.
-func (a *agents) restarting() []string {
-	a.t.Helper()
-	info, err := a.r.Inspect(context.Background(), a.pool)
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	var out []string
-	for _, w := range info.Workers {
-		if (w.Status == selection.Draining || w.Command == CommandShutdown) && w.Active == 0 {
-			out = append(out, w.ID)
-		}
-	}
-	return out
 }
