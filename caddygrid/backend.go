@@ -331,13 +331,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 			Client: c.Client,
 		}}
 		if c.Client != "" {
-			k := clientSlot(c.Pool, c.Client)
-			cs := b.clients[k]
-			if cs == nil {
-				cs = &clientSessions{ended: make(chan struct{})}
-				b.clients[k] = cs
-			}
-			cs.live++
+			b.clientEntry(clientSlot(c.Pool, c.Client)).live++
 		}
 		b.lastPick[req.Pool] = req
 		b.mu.Unlock()
@@ -475,18 +469,7 @@ func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 		}
 		return b.reg.Undo(ctx, c.Pool, c.LeaseID, d)
 	}
-	held := b.forget(c)
-	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
-	err := end(ctx)
-	cancel()
-	if held && c.Client != "" {
-		// ended in Redis (or failed to: then its lease lapses, and the
-		// waiter's claim is refused again)
-		b.clientEnd(c)
-	}
-	metrics.activeSessions.WithLabelValues(c.Pool).Dec()
-	metrics.releases.WithLabelValues(c.Pool, outcome).Inc()
-	if err != nil {
+	if err := b.settle(c, outcome, end); err != nil {
 		metrics.redisErrors.WithLabelValues(op).Inc()
 		b.renewOwed.Store(true)
 		b.logger.Warn("could not end claim; trying again in the background",
@@ -510,6 +493,26 @@ func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 		ce.Write(zap.String("outcome", outcome), zap.String("pool", c.Pool),
 			zap.String("worker_id", c.Worker.ID), zap.String("lease_id", c.LeaseID))
 	}
+}
+
+// settle ends claim c in Redis with end (one try) and keeps this
+// process's books of it: the lease is no longer renewed, the client's
+// waiting requests learn of the end (clientEnd), and the metrics count it
+// as outcome. Every path that ends a claim goes through it (finish,
+// refuseRecord).
+func (b *backend) settle(c *registry.Claim, outcome string, end func(context.Context) error) error {
+	held := b.forget(c)
+	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
+	err := end(ctx)
+	cancel()
+	if held && c.Client != "" {
+		// ended in Redis (or failed to: then its lease lapses, and the
+		// waiter's claim is refused again)
+		b.clientEnd(c)
+	}
+	metrics.activeSessions.WithLabelValues(c.Pool).Dec()
+	metrics.releases.WithLabelValues(c.Pool, outcome).Inc()
+	return err
 }
 
 // forget takes a claim whose session is over out of the leases this
@@ -545,19 +548,32 @@ type clientSessions struct {
 	ended chan struct{}
 }
 
-// pinClient returns the client's entry of slot k, made if needed, kept
-// until unpinClient: a request reads in it whether one of the client's
-// claims ended while its own claim ran.
-func (b *backend) pinClient(k string) *clientSessions {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// clientEntry is the client's entry of slot k, made if needed (under mu).
+func (b *backend) clientEntry(k string) *clientSessions {
 	cs := b.clients[k]
 	if cs == nil {
 		cs = &clientSessions{ended: make(chan struct{})}
 		b.clients[k] = cs
 	}
-	cs.pins++
 	return cs
+}
+
+// pinClient returns the client's entry of slot k, kept until unpinClient,
+// and how many of its claims have ended so far: a request reads in it
+// whether one of the client's claims ended while its own claim ran.
+func (b *backend) pinClient(k string) (*clientSessions, uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cs := b.clientEntry(k)
+	cs.pins++
+	return cs, cs.ends
+}
+
+// clientEnds is how many of the client's claims have ended so far.
+func (b *backend) clientEnds(cs *clientSessions) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return cs.ends
 }
 
 func (b *backend) unpinClient(k string, cs *clientSessions) {
@@ -873,20 +889,15 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 	var ends0 uint64
 	if req.ClientLimit > 0 {
 		slot = clientSlot(pool, registry.ClientHash(req.ClientKey))
-		cs = b.pinClient(slot)
+		cs, ends0 = b.pinClient(slot)
 		defer b.unpinClient(slot, cs)
-		b.mu.Lock()
-		ends0 = cs.ends
-		b.mu.Unlock()
 	}
 	c, err := claim(ctx)
 	if errors.Is(err, registry.ErrClientLimit) && b.sweepGroups(ctx, pool) {
 		// expired leases of the pool's other groups were freed: they may
 		// have been the client's
 		if cs != nil {
-			b.mu.Lock()
-			ends0 = cs.ends
-			b.mu.Unlock()
+			ends0 = b.clientEnds(cs)
 		}
 		c, err = claim(ctx)
 	}

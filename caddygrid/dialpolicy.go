@@ -275,7 +275,8 @@ func (c *policyCore) claimAllowed(ctx context.Context, b *backend, req registry.
 }
 
 // refuseRecord reports a refused record and gives its claim back. It
-// keeps the same books as backend.finish, with a longer suspect mark.
+// keeps the same books as backend.finish (settle), with a longer suspect
+// mark.
 func (b *backend) refuseRecord(c *registry.Claim, r *refusal) {
 	badRecords.WithLabelValues(c.Pool, r.reason).Inc()
 	if b.firstReport("refused", c.Pool, c.Worker.ID) {
@@ -283,15 +284,9 @@ func (b *backend) refuseRecord(c *registry.Claim, r *refusal) {
 			zap.String("pool", c.Pool), zap.String("worker_id", c.Worker.ID),
 			zap.String("reason", r.reason), zap.Error(r.err))
 	}
-	held := b.forget(c)
-	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
-	defer cancel()
-	err := b.reg.Undo(ctx, c.Pool, c.LeaseID, refusedSuspectFor)
-	if held && c.Client != "" {
-		b.clientEnd(c)
-	}
-	metrics.activeSessions.WithLabelValues(c.Pool).Dec()
-	metrics.releases.WithLabelValues(c.Pool, "undone").Inc()
+	err := b.settle(c, "undone", func(ctx context.Context) error {
+		return b.reg.Undo(ctx, c.Pool, c.LeaseID, refusedSuspectFor)
+	})
 	if err != nil {
 		metrics.redisErrors.WithLabelValues("undo").Inc()
 		b.logger.Error("could not give back the claim of a refused record; its lease expires by itself",
