@@ -245,10 +245,7 @@ func TestSIGTERMDuringCommandDrainDoesNotLaunchAnotherBrowser(t *testing.T) {
 	if err := reg.Drain(context.Background(), "chromium", w.ID); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, "status draining", func() bool {
-		w, ok := registered(t, reg, "chromium", w.ID)
-		return ok && w.Status == "draining"
-	})
+	waitDraining(t, reg, "chromium", w.ID, 5*time.Second)
 	p.Cmd.Process.Signal(syscall.SIGTERM)
 	time.Sleep(300 * time.Millisecond)
 	release(t, reg, s)
@@ -380,10 +377,7 @@ func TestSIGTERMDuringARespawnRegistrationStopsWithinTheBound(t *testing.T) {
 	if err := reg.Drain(context.Background(), "chromium", w.ID); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "status draining", func() bool {
-		w, ok := registered(t, reg, "chromium", w.ID)
-		return ok && w.Status == "draining"
-	})
+	waitDraining(t, reg, "chromium", w.ID, 10*time.Second)
 	if err := syscall.Kill(r.Pid(), syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -530,10 +524,7 @@ func TestSlowRegistrationDuringASIGTERMDoesNotReviveTheDrainingWorker(t *testing
 	}
 	// Once the drain has marked it (it starts once the registration in
 	// flight has ended), no claim may take it.
-	testenv.Eventually(t, 10*time.Second, "the worker draining", func() bool {
-		got, ok := registered(t, reg, "chromium", w.ID)
-		return ok && got.Status == "draining"
-	})
+	waitDraining(t, reg, "chromium", w.ID, 10*time.Second)
 	admitted := 0
 	for time.Since(sig) < drain {
 		if got, ok := registered(t, reg, "chromium", w.ID); ok && got.Status == "available" {
@@ -594,10 +585,7 @@ func TestLateRegistrationDuringADrainIsUndone(t *testing.T) {
 	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, "the worker draining", func() bool {
-		got, ok := registered(t, reg, "chromium", w.ID)
-		return ok && got.Status == "draining"
-	})
+	waitDraining(t, reg, "chromium", w.ID, 5*time.Second)
 	// The late registration: the agent's own, as it sent it.
 	late := registry.Registration{Pool: "chromium", ID: w.ID, BrowserType: w.BrowserType, Addr: w.Addr, Path: w.Path,
 		Capacity: w.Capacity, TTL: 3 * time.Second, Generation: c.Gen}

@@ -116,6 +116,15 @@ func registered(t *testing.T, reg *registry.Registry, pool, id string) (registry
 	return registry.WorkerInfo{}, false
 }
 
+// waitDraining waits until worker id of pool is registered as draining.
+func waitDraining(t *testing.T, reg *registry.Registry, pool, id string, timeout time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, timeout, "worker "+id+" draining", func() bool {
+		w, ok := registered(t, reg, pool, id)
+		return ok && w.Status == "draining"
+	})
+}
+
 // logEntries parses the agent's JSON log lines.
 func logEntries(p *testenv.Process) []map[string]any {
 	var out []map[string]any
@@ -292,10 +301,7 @@ func TestShutdownCommandDrainsAfterTheLiveSession(t *testing.T) {
 	if err := reg.Drain(context.Background(), "chromium", w.ID); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, "status draining", func() bool {
-		w, ok := registered(t, reg, "chromium", w.ID)
-		return ok && w.Status == "draining"
-	})
+	waitDraining(t, reg, "chromium", w.ID, 5*time.Second)
 	// The live session holds the drain: the worker stays, heartbeating.
 	heartbeatsWhile(t, reg, "chromium", w.ID, 3, func(w registry.WorkerInfo) bool { return w.Status == "draining" && w.Active == 1 })
 	select {
@@ -374,10 +380,7 @@ func TestSIGTERMDrainsTheSameWay(t *testing.T) {
 	s := claim(t, reg, "chromium")
 
 	p.Cmd.Process.Signal(syscall.SIGTERM)
-	testenv.Eventually(t, 5*time.Second, "status draining", func() bool {
-		w, ok := registered(t, reg, "chromium", w.ID)
-		return ok && w.Status == "draining"
-	})
+	waitDraining(t, reg, "chromium", w.ID, 5*time.Second)
 	heartbeatsWhile(t, reg, "chromium", w.ID, 2, func(w registry.WorkerInfo) bool { return w.Status == "draining" && w.Active == 1 })
 	release(t, reg, s)
 	if code := exitCode(t, p, 15*time.Second); code != 0 {

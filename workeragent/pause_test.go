@@ -242,10 +242,7 @@ func TestDrainSurvivesALostRecord(t *testing.T) {
 	if err := reg.Drain(context.Background(), "chromium", w.ID); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, "status draining", func() bool {
-		w, ok := registered(t, reg, "chromium", w.ID)
-		return ok && w.Status == "draining"
-	})
+	waitDraining(t, reg, "chromium", w.ID, 5*time.Second)
 	if _, err := reg.Expire(context.Background(), "chromium", w.ID, 0); err != nil {
 		t.Fatal(err)
 	}
