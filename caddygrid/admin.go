@@ -354,7 +354,7 @@ func (a *App) adminPick(ctx context.Context, b *backend, w http.ResponseWriter, 
 		}
 		// as a client's User-Agent is read: "01.065" is 1.65
 		major, minor, _ := strings.Cut(version, ".")
-		groups = []string{registry.GroupPool(pool, trimZeros(major)+"."+trimZeros(minor))}
+		groups = []string{registry.GroupPool(pool, majorMinor(major, minor))}
 	} else {
 		vs, err := b.reg.Versions(ctx, pool)
 		if err != nil {

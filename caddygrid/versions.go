@@ -43,7 +43,12 @@ func clientVersion(r *http.Request) string {
 	if m == nil {
 		return ""
 	}
-	return trimZeros(m[1]) + "." + trimZeros(m[2])
+	return majorMinor(m[1], m[2])
+}
+
+// majorMinor is the group's name of a version: "01", "065" → "1.65".
+func majorMinor(major, minor string) string {
+	return trimZeros(major) + "." + trimZeros(minor)
 }
 
 // trimZeros drops leading zeros but keeps one digit ("05" → "5", "0" → "0").
