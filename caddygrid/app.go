@@ -157,6 +157,10 @@ type App struct {
 	prevLimits  limitsTimes
 	dial        *dialPolicy
 
+	// limitsStored is closed once this config's new limits have been
+	// stored as it started (storeLimits), or given up on.
+	limitsStored chan struct{}
+
 	mu         sync.Mutex
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}
@@ -254,6 +258,7 @@ func (a *App) Start() error {
 		a.startReaper()
 	}
 	running.add(a)
+	a.storeLimits()
 	a.logger.Info("grid started",
 		zap.String("redis", a.backend.redacted),
 		zap.String("prefix", a.Prefix),
@@ -262,6 +267,69 @@ func (a *App) Start() error {
 		zap.Bool("reaper", !a.DisableReaper),
 		zap.Int("max_batch", a.backend.reg.MaxBatch()))
 	return nil
+}
+
+// limitsStoreWait is how long Start waits for this config's new limits to
+// be stored before it goes on and lets the storing end in the background:
+// with Redis answering, the reload ends with them in force; with Redis
+// away, it is not held up for long.
+const limitsStoreWait = time.Second
+
+// storeLimits stores, in every group of each pool a policy of this config
+// names, the limits the config brings that are new (first configured at
+// its provisioning), as its first claim there would (registry.
+// StoreLimits). Until then every claim of the pool, whichever config it
+// comes from, ran under the limits stored before: requests of the
+// replaced config still waiting in the shared queue, or retrying past a
+// failed dial, claimed under the old limits until the new config's first
+// claim (a lowered max_concurrent or max_lifetime was exceeded for up to
+// the old select_timeout). Pools named by placeholders, and groups whose
+// first worker registers later, get the limits from the config's first
+// claim as before. A failure is logged: the config's claims store the
+// limits all the same.
+func (a *App) storeLimits() {
+	a.limitsStored = make(chan struct{})
+	reqs := a.limits.newLimits(a.prevLimits, a.provisioned)
+	if len(reqs) == 0 {
+		close(a.limitsStored)
+		return
+	}
+	b, err := a.backend.retain()
+	if err != nil {
+		close(a.limitsStored)
+		return
+	}
+	go func() {
+		defer close(a.limitsStored)
+		defer b.drop()
+		for _, req := range reqs {
+			if a.limits.gone.Load() {
+				return // the config failed: its limits are being dropped
+			}
+			ctx, cancel := context.WithTimeout(b.ctx, claimCallTimeout)
+			groups, err := b.limitGroups(ctx, req.Pool)
+			cancel()
+			for _, g := range groups {
+				if err != nil || a.limits.gone.Load() {
+					break
+				}
+				r := req
+				r.Pool = g
+				ctx, cancel := context.WithTimeout(b.ctx, claimCallTimeout)
+				_, _, err = b.reg.StoreLimits(ctx, r)
+				cancel()
+			}
+			if err != nil {
+				metrics.redisErrors.WithLabelValues("store_limits").Inc()
+				a.logger.Warn("could not store this config's new limits as it started; they apply from its first claim in the pool, and until then requests of the config it replaced claim under the old ones",
+					zap.String("pool", req.Pool), zap.Error(err))
+			}
+		}
+	}()
+	select {
+	case <-a.limitsStored:
+	case <-time.After(limitsStoreWait):
+	}
 }
 
 // Stop ends this app's reaper. Live sessions are not touched: their
@@ -348,10 +416,30 @@ func (a *App) handLimitsBack() {
 	if b == nil {
 		return
 	}
+	stored := a.limitsStored
 	for _, pool := range pools {
 		b.retryInBackground("forget_limits", true, func(ctx context.Context) error {
-			_, err := b.reg.ForgetLimits(ctx, pool, a.provisioned)
-			return err
+			if stored != nil {
+				// what a stores as it starts is dropped after it is stored
+				select {
+				case <-stored:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			groups, err := b.limitGroups(ctx, pool)
+			if err != nil {
+				return err
+			}
+			if !slices.Contains(groups, pool) {
+				groups = append(groups, pool)
+			}
+			for _, g := range groups {
+				if _, err := b.reg.ForgetLimits(ctx, g, a.provisioned); err != nil {
+					return err
+				}
+			}
+			return nil
 		}, func(attempts int, err error) {
 			if err != nil {
 				a.logger.Error("could not drop the limits a failed config stored; the running config's claims still replace them, other instances' older configurations run under them until a newer one claims",

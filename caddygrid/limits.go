@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -34,6 +35,9 @@ type limitsClock struct {
 	// config's policies claim with for it; under "" those of policies
 	// whose pools are not known (configures).
 	configured map[string]map[string]bool
+	// requests holds, per set of limits (limitsKey), a claim that brings
+	// them, but for its pool (storeNew).
+	requests map[string]registry.ClaimRequest
 	// own holds the pools this config claimed for with limits first
 	// configured at its provisioning (not inherited from an older config).
 	own map[string]bool
@@ -85,19 +89,7 @@ func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Tim
 	defer c.mu.Unlock()
 	t, ok := c.since[pool][key]
 	if !ok {
-		t = at
-		if p, ok := prev.since[pool][key]; ok {
-			t = p
-		} else if !strings.Contains(key, " window=") {
-			// A claim that brings no fair-share options (another policy
-			// than fair_share) keeps the time of the same limits brought
-			// with them: its own are unchanged.
-			for k, p := range prev.since[pool] {
-				if strings.HasPrefix(k, key+" window=") && p.Before(t) {
-					t = p
-				}
-			}
-		}
+		t = firstTime(key, pool, prev, at)
 		if c.since == nil {
 			c.since = map[string]map[string]time.Time{}
 		}
@@ -115,15 +107,39 @@ func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Tim
 	return t, laterOf(c.failed[pool], prev.failed[pool])
 }
 
+// firstTime is when the limits key for pool were configured, for a config
+// provisioned at at that has not claimed with them yet: their time in
+// prev, the running config's when this one was provisioned, or at.
+func firstTime(key, pool string, prev limitsTimes, at time.Time) time.Time {
+	if p, ok := prev.since[pool][key]; ok {
+		return p
+	}
+	t := at
+	if !strings.Contains(key, " window=") {
+		// A claim that brings no fair-share options (another policy
+		// than fair_share) keeps the time of the same limits brought
+		// with them: its own are unchanged.
+		for k, p := range prev.since[pool] {
+			if strings.HasPrefix(k, key+" window=") && p.Before(t) {
+				t = p
+			}
+		}
+	}
+	return t
+}
+
 // configures records that a policy of this config claims with the limits
-// key for pools (at provisioning, before the config runs); nil: pools not
-// known, any pool.
-func (c *limitsClock) configures(key string, pools []string) {
+// of req for pools (at provisioning, before the config runs); nil: pools
+// not known, any pool.
+func (c *limitsClock) configures(req registry.ClaimRequest, pools []string) {
+	key := limitsKey(req)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.configured == nil {
 		c.configured = map[string]map[string]bool{}
+		c.requests = map[string]registry.ClaimRequest{}
 	}
+	c.requests[key] = req
 	if pools == nil {
 		pools = []string{""}
 	}
@@ -133,6 +149,42 @@ func (c *limitsClock) configures(key string, pools []string) {
 		}
 		c.configured[p][key] = true
 	}
+}
+
+// newLimits lists, per pool a policy of c names, the claims (req.Pool
+// set) whose limits are new in this config (first configured at its
+// provisioning, at): those the config stores as it starts (App.
+// storeLimits). Every set of limits of a named pool gets its time, as at
+// a claim (configTime); pools not known (placeholders) are left to their
+// claims.
+func (c *limitsClock) newLimits(prev limitsTimes, at time.Time) []registry.ClaimRequest {
+	c.mu.Lock()
+	var pools []string
+	for p := range c.configured {
+		if p != "" {
+			pools = append(pools, p)
+		}
+	}
+	c.mu.Unlock()
+	slices.Sort(pools)
+	var out []registry.ClaimRequest
+	for _, pool := range pools {
+		c.mu.Lock()
+		keys := slices.Sorted(maps.Keys(c.configured[pool]))
+		c.mu.Unlock()
+		for _, key := range keys {
+			t, supersedes := c.configTime(key, pool, prev, at)
+			if !t.Equal(at) {
+				continue
+			}
+			c.mu.Lock()
+			req := c.requests[key]
+			c.mu.Unlock()
+			req.Pool, req.ConfigTime, req.Supersedes = pool, t, supersedes
+			out = append(out, req)
+		}
+	}
+	return out
 }
 
 // servesPool reports whether a policy of this config names pool (a base

@@ -8,6 +8,11 @@ import (
 	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
+// lfRequest is a lifetime_first claim with max_concurrent mc.
+func lfRequest(mc int) registry.ClaimRequest {
+	return registry.ClaimRequest{Policy: registry.LifetimeFirst, Limits: selection.Limits{MaxConcurrent: mc}}
+}
+
 // A config's limits keep the time they were first configured across
 // reloads that keep them; a reload that changes them (or brings back
 // earlier ones) gives them the reload's time, so the newest configuration
@@ -36,8 +41,8 @@ func TestLimitsConfigTime(t *testing.T) {
 	// Two reloads of an idle instance (no claim in between): the limits
 	// keep their first time.
 	var idle, gen5 limitsClock
-	idle.configures(key(2), nil)
-	gen4.configures(key(2), nil)
+	idle.configures(lfRequest(2), nil)
+	gen4.configures(lfRequest(2), nil)
 	prev := idle.snapshot(gen4.snapshot(limitsTimes{}))
 	if got, _ := gen5.configTime(key(2), "p", prev, t0.Add(4*time.Hour)); !got.Equal(t0.Add(3 * time.Hour)) {
 		t.Fatalf("reload after an idle config keeping max_concurrent 2: %s, want gen4's %s", got, t0.Add(3*time.Hour))
@@ -45,7 +50,7 @@ func TestLimitsConfigTime(t *testing.T) {
 	// An idle config that configured other limits (4) in between: the 2
 	// brought back is newest, as when that config had claimed with its 4.
 	var idle4, gen6 limitsClock
-	idle4.configures(key(4), nil)
+	idle4.configures(lfRequest(4), nil)
 	prev = idle4.snapshot(gen4.snapshot(limitsTimes{}))
 	if got, _ := gen6.configTime(key(2), "p", prev, t0.Add(5*time.Hour)); !got.Equal(t0.Add(5 * time.Hour)) {
 		t.Fatalf("reload back to max_concurrent 2 after an idle config of 4: %s, want the reload's time", got)
@@ -53,19 +58,20 @@ func TestLimitsConfigTime(t *testing.T) {
 	// The same, with another pool (q) keeping max_concurrent 2: the 2
 	// brought back to p is newest all the same; q's keeps its time.
 	var idle4q, gen7 limitsClock
-	idle4q.configures(key(4), []string{"p"})
-	idle4q.configures(key(2), []string{"q"})
+	idle4q.configures(lfRequest(4), []string{"p"})
+	idle4q.configures(lfRequest(2), []string{"q"})
 	prev = idle4q.snapshot(gen4.snapshot(limitsTimes{}))
 	if got, _ := gen7.configTime(key(2), "p", prev, t0.Add(5*time.Hour)); !got.Equal(t0.Add(5 * time.Hour)) {
 		t.Fatalf("reload back to max_concurrent 2 after an idle config of 4 beside a pool of 2: %s, want the reload's time", got)
 	}
 	// fair_share → another policy (claims) → fair_share with the same
 	// options and limits: the first time throughout.
-	fs := limitsKey(registry.ClaimRequest{Policy: registry.FairShare, Limits: selection.Limits{MaxConcurrent: 2}, FairShare: selection.FairShare{Window: 5}})
+	fsReq := registry.ClaimRequest{Policy: registry.FairShare, Limits: selection.Limits{MaxConcurrent: 2}, FairShare: selection.FairShare{Window: 5}}
+	fs := limitsKey(fsReq)
 	var f1, f2, f3 limitsClock
-	f1.configures(fs, nil)
+	f1.configures(fsReq, nil)
 	f1.configTime(fs, "p", limitsTimes{}, t0)
-	f2.configures(key(2), nil)
+	f2.configures(lfRequest(2), nil)
 	f2.configTime(key(2), "p", f1.snapshot(limitsTimes{}), t0.Add(time.Hour))
 	if got, _ := f3.configTime(fs, "p", f2.snapshot(f1.snapshot(limitsTimes{})), t0.Add(2*time.Hour)); !got.Equal(t0) {
 		t.Fatalf("back to fair_share with the same options: %s, want the first configuration's %s", got, t0)
@@ -124,6 +130,6 @@ func TestLimitsHandBackFailedConfig(t *testing.T) {
 	check("the next config keeping the running chromium limits", &next, key(1), "chromium", prev, later, t0, failedAt)
 	check("the next config keeping the running firefox limits", &next, key(1), "firefox", prev, later, t0, time.Time{})
 	var idle limitsClock // an idle config in between hands it on
-	idle.configures(key(1), nil)
+	idle.configures(lfRequest(1), nil)
 	check("after an idle config", new(limitsClock), key(1), "chromium", idle.snapshot(prev), failedAt.Add(2*time.Hour), t0, failedAt)
 }

@@ -366,8 +366,8 @@ func (c *policyCore) provision(ctx caddy.Context, name string, opts ClaimOptions
 		return err
 	}
 	c.app = app
-	setLimits(&req, name, opts)
-	app.limits.configures(limitsKey(req), policyPools(ctx))
+	c.fillLimits(&req, opts)
+	app.limits.configures(req, policyPools(ctx))
 	return nil
 }
 
@@ -411,6 +411,18 @@ func setLimits(req *registry.ClaimRequest, name string, opts ClaimOptions) {
 	req.Limits.MaxLifetime = opts.MaxLifetime
 	spec, _ := registry.LookupPolicy(name)
 	req.Limits.StaggerDrains = opts.stagger(spec.StaggerByDefault) && opts.MaxLifetime > 0
+}
+
+// fillLimits sets the limits a claim of the policy brings (its options,
+// and the app's stale_threshold) in req.
+func (c *policyCore) fillLimits(req *registry.ClaimRequest, opts ClaimOptions) {
+	setLimits(req, c.name, opts)
+	req.Limits.StaleAfter = time.Duration(c.app.StaleThreshold)
+	if req.Limits.MaxScan == 0 {
+		req.Limits.MaxScan = opts.MaxScan
+	}
+	req.Vnode.Limits = req.Limits
+	req.FairShare.Limits = req.Limits
 }
 
 // selectWorker is Select for every grid policy: it gives back the claim
@@ -499,13 +511,7 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 		return nil
 	}
 	req.Pool = pool
-	setLimits(&req, c.name, opts)
-	req.Limits.StaleAfter = time.Duration(c.app.StaleThreshold)
-	if req.Limits.MaxScan == 0 {
-		req.Limits.MaxScan = opts.MaxScan
-	}
-	req.Vnode.Limits = req.Limits
-	req.FairShare.Limits = req.Limits
+	c.fillLimits(&req, opts)
 	req.ConfigTime, req.Supersedes = c.app.limits.configTime(limitsKey(req), req.Pool, c.app.prevLimits, c.app.provisioned)
 	if opts.ClientLimit > 0 {
 		req.ClientKey, req.ClientLimit = clientKey(r, opts.ClientKey), opts.ClientLimit

@@ -168,6 +168,25 @@ func (b *backend) readVersions(ctx context.Context, pool string) (registry.PoolV
 	return v.(registry.PoolVersions), nil
 }
 
+// limitGroups names the groups of pool that store limits of their own:
+// the pool itself when it has workers without a version, and the group
+// of each version it serves (registry.PoolVersions.Versions: with
+// workers, or one registered within the last minute).
+func (b *backend) limitGroups(ctx context.Context, pool string) ([]string, error) {
+	v, err := b.reg.Versions(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	if v.Workers[""] > 0 {
+		out = append(out, pool)
+	}
+	for _, ver := range v.Versions {
+		out = append(out, registry.GroupPool(pool, ver))
+	}
+	return out, nil
+}
+
 // acquireRouted is acquire with version routing: a Playwright client's
 // claim goes to its version's group, any other to any group of the pool.
 func (b *backend) acquireRouted(ctx context.Context, req registry.ClaimRequest, route *versionRoute, samples, queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {

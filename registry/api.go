@@ -515,6 +515,18 @@ func (r *Registry) Claim(ctx context.Context, req ClaimRequest) (*Claim, error) 
 	return r.claim(ctx, req)
 }
 
+// StoreLimits stores req's limits for req.Pool as a claim with req would
+// (the newest configuration's win: ClaimRequest.ConfigTime, Supersedes),
+// and claims nothing: the limits then apply to every claim of the pool,
+// whichever configuration it comes from, before req's configuration makes
+// one (Caddy stores a configuration's new limits as it starts). It
+// returns the limits in force and whether they are not req's. Only the
+// fields of req that a claim stores matter (Pool, Policy, Limits,
+// FairShare, ConfigTime, Supersedes, Now).
+func (r *Registry) StoreLimits(ctx context.Context, req ClaimRequest) (PoolLimits, bool, error) {
+	return r.storeLimits(ctx, req)
+}
+
 // Pick returns what Claim would choose now, claiming nothing.
 func (r *Registry) Pick(ctx context.Context, req ClaimRequest) (WorkerInfo, selection.Decision, error) {
 	return r.pick(ctx, req)

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -164,7 +165,7 @@ func (r *Registry) claimCall(ctx context.Context, req ClaimRequest, dry bool, ar
 // request: contract.go's claimArgs by name, then the policy's own.
 func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, leaseID string, sweep int) ([]any, error) {
 	a := newArgv(claimArgsLayout).
-		set("policy", string(req.Policy)).set("dry", bit(dry)).
+		set("policy", string(req.Policy)).set("dry", bit(dry)).set("limits_only", 0).
 		set("max_concurrent", req.Limits.MaxConcurrent).set("max_lifetime", req.Limits.MaxLifetime).
 		set("stale_after_ms", ms(req.Limits.StaleAfter)).set("max_scan", req.Limits.MaxScan).
 		set("stagger", bit(req.Limits.StaggerDrains)).set("fallback_max_scan", req.fallbackScan).
@@ -323,6 +324,30 @@ func (r *Registry) claim(ctx context.Context, req ClaimRequest) (*Claim, error) 
 	return &Claim{LeaseID: lease, Pool: req.Pool, Worker: o.worker, Gen: o.worker.gen, Drain: o.drain, Decision: o.decision,
 		PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch, Client: ClientHash(req.ClientKey),
 		IndexBuilding: o.building}, nil
+}
+
+func (r *Registry) storeLimits(ctx context.Context, req ClaimRequest) (PoolLimits, bool, error) {
+	req.ClientKey, req.ClientLimit, req.Avoid, req.Epoch = "", 0, nil, ""
+	spec, err := r.checkRequest(&req)
+	if err != nil {
+		return PoolLimits{}, false, fmt.Errorf("storing the limits of pool %q: %w", req.Pool, err)
+	}
+	args, err := r.claimArgv(&req, spec, false, "", 0)
+	if err != nil {
+		return PoolLimits{}, false, err
+	}
+	args[claimArgsLayout.index("limits_only")] = 1
+	res, err := r.run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
+	if err == nil {
+		var o outcome
+		if o, err = r.decodeClaim(req, false, "", res); errors.Is(err, ErrNoWorker) {
+			return o.limits, o.overridden, nil
+		}
+	}
+	if err == nil {
+		err = errors.New("claim.lua claimed a worker when asked to store limits only")
+	}
+	return PoolLimits{}, false, fmt.Errorf("storing the limits of pool %q: %w", req.Pool, err)
 }
 
 func (r *Registry) pick(ctx context.Context, req ClaimRequest) (WorkerInfo, selection.Decision, error) {

@@ -24,6 +24,8 @@ var commonArgs = []string{"now_ms", "channel", "pool"}
 // arguments (PolicySpec.args) follow them, read by its walk as PARG(i).
 var claimArgs = []string{
 	"policy", "dry",
+	// 1: store the limits and claim nothing (Registry.StoreLimits).
+	"limits_only",
 	// The limits the claim brings (see ClaimRequest.Limits).
 	"max_concurrent", "max_lifetime", "stale_after_ms", "max_scan", "stagger",
 	// The max_scan a lifetime_first claim with this request would have:

@@ -50,11 +50,16 @@ local stale, maxscan = tonumber(ARGV[REQ.stale_after_ms]), tonumber(ARGV[REQ.max
 local keep = tonumber(ARGV[REQ.durations_kept])
 local stagger = ARGV[REQ.stagger] == '1'
 local lid = ARGV[REQ.lease_id]
+-- Registry.StoreLimits: settle and store the request's limits as a claim
+-- does, then stop: no lease, no sweep, no client, no walk (Caddy, as a
+-- configuration starts, so that its limits are in force before its first
+-- claim). Its caller sends no lease id, epoch seen, sweep or client.
+local limits_only = ARGV[REQ.limits_only] == '1'
 
 -- A claim is keyed by its lease id (chosen by the caller): run again (a
 -- client retry, or a caller repeating a claim whose reply it lost) it
 -- returns the claim it made, and after its caller cancelled it, nothing.
-if not dry then
+if not dry and not limits_only then
   local replay = claim_replay(lid, now)
   if replay then return replay end
 end
@@ -138,6 +143,16 @@ mc, ml, stagger = cfg.mc, cfg.ml, cfg.stagger
 -- Kept for Inspect and for heartbeat's freshness test (no index depends on them).
 if not dry and (cfg.stale ~= stale or cfg.scan ~= maxscan) then
   cfg_set('stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
+end
+if limits_only then
+  return reply {
+    ok = 0, id = '', record = '', active = 0, lifetime = 0, durations = '', hot = '', drain = 0,
+    scanned = 0, stale = {}, bad = {}, wraps = 0, effective = 0, dedupes = 0, tied = 0, now = now,
+    retiring = 0, retired_stale = {},
+    overridden = overridden, max_concurrent = cfg.mc, max_lifetime = cfg.ml, stagger = cfg.stagger and 1 or 0,
+    fs_window = cfg.win, fs_median = cfg.med and 1 or 0, fs_default_ms = cfg.def, epoch = epoch, building = 0,
+    registered = 0,
+  }
 end
 local walk = WALKS[policy]
 if not walk then return redis.error_reply('unknown policy ' .. tostring(policy)) end

@@ -1,0 +1,125 @@
+package caddygrid_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// TestLoweredMaxConcurrentHoldsForQueuedRequests: a reload that lowers
+// max_concurrent applies to the requests already waiting in the queue.
+// They were made under the replaced config, whose claims bring its
+// limits; the new limits used to be stored only at the new config's first
+// claim, so a waiting request woken before then claimed under the old
+// ones. Here one worker (no cap of its own, as with grid-worker's default
+// -max-concurrent 0) holds 3 sessions under max_concurrent 3, 3 more
+// requests wait, the config is reloaded with max_concurrent 1, and the 3
+// sessions close: the worker used to take all 3 waiting requests at once.
+// Now it takes one, and the others follow one at a time. Run for a
+// worker of the pool itself and for one in a Playwright version's group.
+func TestLoweredMaxConcurrentHoldsForQueuedRequests(t *testing.T) {
+	for _, tc := range []struct{ name, pool string }{
+		{"pool", "chromium"},
+		{"version group", registry.GroupPool("chromium", "1.65")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGrid(t)
+			g.worker(tc.pool, "w1", fake.Behavior{})
+			config := func(maxConcurrent int) caddyOpts {
+				return caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
+	route /playwright/* {
+		browser_grid chromium {
+			max_concurrent %d
+			select_timeout 20s
+		}
+	}`, maxConcurrent)}
+			}
+			c := startCaddy(t, config(3))
+			u := c.url("/playwright/chromium")
+			var held []*session
+			for range 3 {
+				held = append(held, mustDial(t, u))
+			}
+
+			// Three requests wait in the queue under max_concurrent 3.
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			var mu sync.Mutex
+			var served []*session
+			var failed []error
+			var wg sync.WaitGroup
+			for range 3 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s, err := dial(ctx, u)
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						failed = append(failed, err)
+						return
+					}
+					served = append(served, s)
+				}()
+			}
+			defer func() {
+				cancel()
+				wg.Wait()
+				for _, s := range served {
+					s.close()
+				}
+			}()
+			testenv.Eventually(t, 10*time.Second, "3 requests queued", func() bool {
+				return c.metric(`caddy_grid_queue_depth{pool="chromium"}`) == 3
+			})
+
+			c.reload(config(1))
+			for _, s := range held {
+				s.close()
+			}
+			// The waiting requests are woken as the sessions end; under
+			// max_concurrent 1 one is served now and the others wait.
+			testenv.Eventually(t, 10*time.Second, "a waiting request served", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(served) > 0 || len(failed) > 0
+			})
+			time.Sleep(time.Second) // the other waiters had their chance to claim
+			mu.Lock()
+			open, errs := len(served), append([]error(nil), failed...)
+			mu.Unlock()
+			active := g.info(tc.pool, "w1").Active
+			t.Logf("after the reload to max_concurrent 1 and 3 closes: %d waiting requests served, %d failed, worker active %d", open, len(errs), active)
+			if len(errs) > 0 {
+				t.Fatalf("waiting requests failed: %v", errs)
+			}
+			if open != 1 || active != 1 {
+				t.Fatalf("%d waiting requests served at once, worker active %d: max_concurrent 1 was not in force for the requests queued before the reload", open, active)
+			}
+			if lim := g.limits(tc.pool); lim.MaxConcurrent != 1 {
+				t.Fatalf("the pool runs under max_concurrent %d, want 1", lim.MaxConcurrent)
+			}
+			// The other two are served one after another as each session
+			// closes.
+			for want := 2; want <= 3; want++ {
+				mu.Lock()
+				served[len(served)-1].close()
+				mu.Unlock()
+				testenv.Eventually(t, 10*time.Second, fmt.Sprintf("waiting request %d served", want), func() bool {
+					mu.Lock()
+					defer mu.Unlock()
+					return len(served) == want
+				})
+				if active := g.info(tc.pool, "w1").Active; active != 1 {
+					t.Fatalf("worker active %d with waiting request %d served, want 1", active, want)
+				}
+			}
+		})
+	}
+}
