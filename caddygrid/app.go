@@ -153,6 +153,9 @@ type App struct {
 	// each set of limits its policies claim with was first configured, and
 	// prevLimits the running config's at provisioning (limits.go).
 	provisioned time.Time
+	// predecessor is the context of the config Caddy ran when this one was
+	// provisioned (nil: none), to tell a failed config (failedAfterStart).
+	predecessor context.Context
 	limits      limitsClock
 	prevLimits  limitsTimes
 	dial        *dialPolicy
@@ -164,6 +167,8 @@ type App struct {
 	mu         sync.Mutex
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}
+	// stopStoring ends storeLimits' work (Stop).
+	stopStoring context.CancelFunc
 }
 
 // CaddyModule returns the Caddy module information.
@@ -190,6 +195,7 @@ func gridApp(ctx caddy.Context) (*App, error) {
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
 	a.provisioned = time.Now()
+	a.predecessor = caddy.ActiveContext().Context
 	if cur := running.current(); cur != nil {
 		a.prevLimits = cur.limits.snapshot(cur.prevLimits)
 	}
@@ -273,7 +279,7 @@ func (a *App) Start() error {
 // be stored before it goes on and lets the storing end in the background:
 // with Redis answering, the reload ends with them in force; with Redis
 // away, it is not held up for long.
-const limitsStoreWait = time.Second
+const limitsStoreWait = 500 * time.Millisecond
 
 // storeLimits stores, in every group of each pool a policy of this config
 // names, the limits the config brings that are new (first configured at
@@ -299,27 +305,34 @@ func (a *App) storeLimits() {
 		close(a.limitsStored)
 		return
 	}
+	// A config replaced (or failed) meanwhile stores no more: its limits
+	// are no longer the newest, or are being dropped.
+	stopped, stop := context.WithCancel(b.ctx)
+	a.mu.Lock()
+	a.stopStoring = stop
+	a.mu.Unlock()
 	go func() {
 		defer close(a.limitsStored)
 		defer b.drop()
+		defer stop()
 		for _, req := range reqs {
-			if a.limits.gone.Load() {
-				return // the config failed: its limits are being dropped
+			if stopped.Err() != nil || a.limits.gone.Load() {
+				return
 			}
-			ctx, cancel := context.WithTimeout(b.ctx, claimCallTimeout)
+			ctx, cancel := context.WithTimeout(stopped, claimCallTimeout)
 			groups, err := b.limitGroups(ctx, req.Pool)
 			cancel()
 			for _, g := range groups {
-				if err != nil || a.limits.gone.Load() {
+				if err != nil || stopped.Err() != nil || a.limits.gone.Load() {
 					break
 				}
 				r := req
 				r.Pool = g
-				ctx, cancel := context.WithTimeout(b.ctx, claimCallTimeout)
+				ctx, cancel := context.WithTimeout(stopped, claimCallTimeout)
 				_, _, err = b.reg.StoreLimits(ctx, r)
 				cancel()
 			}
-			if err != nil {
+			if err != nil && stopped.Err() == nil {
 				metrics.redisErrors.WithLabelValues("store_limits").Inc()
 				a.logger.Warn("could not store this config's new limits as it started; they apply from its first claim in the pool, and until then requests of the config it replaced claim under the old ones",
 					zap.String("pool", req.Pool), zap.Error(err))
@@ -348,6 +361,9 @@ func (a *App) Stop() error {
 	a.mu.Lock()
 	stop, done := a.stopReaper, a.reaperDone
 	a.stopReaper, a.reaperDone = nil, nil
+	if a.stopStoring != nil {
+		a.stopStoring()
+	}
 	a.mu.Unlock()
 	if stop != nil {
 		stop()
@@ -377,28 +393,37 @@ func (a *App) Cleanup() error {
 	b := a.backend
 	a.backend = nil
 	a.mu.Unlock()
+	var own *backend
 	if b != nil {
+		// a reference of handLimitsBack's own: the Redis this config
+		// stored its limits in, whichever the running config names
+		own, _ = b.retain()
 		b.drop()
 	}
-	a.handLimitsBack()
+	a.handLimitsBack(own)
 	return nil
 }
 
-// handLimitsBack: when a is a config that failed after it started (newer
-// than the running one) and claimed for some pools with limits of its own,
-// those were stored with its newer configuration time and would stay in
-// force over the running config's and over any older configuration. The
-// running config's claims for these pools replace what carries a's time
-// (limitsClock.handBack), and the stored limits carrying it are dropped
-// at once (registry.ForgetLimits, in the background), which also frees
-// pools the running config does not serve from them. Called once
-// the backend is gone (Cleanup), so that no claim of a's comes after: a
-// request of a that claims has recorded its limits (configTime) before it
-// took the backend, and once a is cleaned up it gets none (requestBackend),
-// while a retry keeps the pool of its first try.
-func (a *App) handLimitsBack() {
+// handLimitsBack: when a is a config that failed after it started
+// (failedAfterStart) and stored limits of its own for some pools (as it
+// started, or at claims), those carry its newer configuration time and
+// would stay in force over the running config's and over any older
+// configuration, on every instance sharing a's Redis. They are dropped
+// (registry.ForgetLimits, in the background, through own, a's backend,
+// in each version group of the pools), and when the running config claims
+// through the same Redis and prefix its claims for these pools replace
+// what carries a's time too (limitsClock.handBack), should they come
+// first. Called once the backend is gone (Cleanup), so that no claim of
+// a's comes after: a request of a that claims has recorded its limits
+// (configTime) before it took the backend, and once a is cleaned up it
+// gets none (requestBackend), while a retry keeps the pool of its first
+// try. own (nil: none) is dropped once the work is done.
+func (a *App) handLimitsBack(own *backend) {
+	if own != nil {
+		defer own.drop()
+	}
 	cur := running.current()
-	if cur == nil || cur == a || !cur.provisioned.Before(a.provisioned) || cur.key != a.key {
+	if !a.failedAfterStart(cur) {
 		return
 	}
 	// before the pools are read: a claim of a's from here on is not made
@@ -409,16 +434,17 @@ func (a *App) handLimitsBack() {
 	if len(pools) == 0 {
 		return
 	}
-	cur.limits.handBack(pools, a.provisioned)
-	a.logger.Warn("a config that failed after it started served claims with limits of its own; dropping what it stored, so that the limits of the configurations still running take over again from their next claim",
+	if cur != nil && cur.key == a.key {
+		cur.limits.handBack(pools, a.provisioned)
+	}
+	a.logger.Warn("a config that failed after it started stored limits of its own; dropping what it stored, so that the limits of the configurations still running take over again from their next claim",
 		zap.Strings("pools", pools), zap.Time("failed_config_provisioned", a.provisioned))
-	b := cur.liveBackend()
-	if b == nil {
+	if own == nil {
 		return
 	}
 	stored := a.limitsStored
 	for _, pool := range pools {
-		b.retryInBackground("forget_limits", true, func(ctx context.Context) error {
+		own.retryInBackground("forget_limits", true, func(ctx context.Context) error {
 			if stored != nil {
 				// what a stores as it starts is dropped after it is stored
 				select {
@@ -427,7 +453,7 @@ func (a *App) handLimitsBack() {
 					return ctx.Err()
 				}
 			}
-			groups, err := b.limitGroups(ctx, pool)
+			groups, err := own.limitGroups(ctx, pool)
 			if err != nil {
 				return err
 			}
@@ -435,7 +461,7 @@ func (a *App) handLimitsBack() {
 				groups = append(groups, pool)
 			}
 			for _, g := range groups {
-				if _, err := b.reg.ForgetLimits(ctx, g, a.provisioned); err != nil {
+				if _, err := own.reg.ForgetLimits(ctx, g, a.provisioned); err != nil {
 					return err
 				}
 			}
@@ -447,6 +473,22 @@ func (a *App) handLimitsBack() {
 			}
 		})
 	}
+}
+
+// failedAfterStart reports whether a, being cleaned up, is a config that
+// failed after it started, Caddy going back to the one that ran before
+// it, rather than one a newer config replaced or Caddy stopping. With a
+// grid app running (cur), a failed when cur is the older. With none, the
+// config Caddy runs has no grid app: a failed when that is the config
+// that was running when a was provisioned (a reload replacing a by a
+// config without a grid app makes that one the running config instead).
+func (a *App) failedAfterStart(cur *App) bool {
+	if cur != nil {
+		return cur != a && cur.provisioned.Before(a.provisioned)
+	}
+	// Caddy's contexts hold a *cancelCtx (or nothing before the first
+	// config): comparable.
+	return !caddy.Exiting() && caddy.ActiveContext().Context == a.predecessor
 }
 
 // liveBackend is the app's backend, or nil once Cleanup ran.

@@ -242,7 +242,7 @@ func TestFailedConfigDoesNotRaiseOtherPools(t *testing.T) {
 	}
 	// chromium: the fix this guards stays (the running config's 1 again).
 	runningLimitsInForce(t, c)
-	if out := c.proc.Output(); strings.Count(out, "served claims with limits of its own") != 1 || !strings.Contains(out, `"pools":["chromium"]`) {
+	if out := c.proc.Output(); strings.Count(out, "stored limits of its own") != 1 || !strings.Contains(out, `"pools":["chromium"]`) {
 		t.Errorf("want one warning naming the pool chromium only; Caddy's output:\n%s", out)
 	}
 }
