@@ -1,13 +1,9 @@
 package caddygrid_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -126,29 +122,12 @@ func TestFailedFirstGridConfigDropsItsLimits(t *testing.T) {
 // loadWithoutGrid loads o into c with its grid app taken out.
 func loadWithoutGrid(t *testing.T, c *caddy, o caddyOpts) {
 	t.Helper()
-	c.write(o)
-	out, err := exec.Command(caddyBin(t), "adapt", "--config", c.config, "--adapter", "caddyfile").Output()
-	if err != nil {
-		t.Fatalf("caddy adapt: %v", err)
+	code, body := loadEdited(t, c, o, func(cfg map[string]any) {
+		delete(cfg["apps"].(map[string]any), "grid")
+	})
+	if code != http.StatusOK {
+		t.Fatalf("loading the config without a grid app: %d %s", code, body)
 	}
-	var cfg map[string]any
-	if err := json.Unmarshal(out, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	delete(cfg["apps"].(map[string]any), "grid")
-	body, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/load", c.adminPort), "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK {
-		t.Fatalf("loading the config without a grid app: %d %s", resp.StatusCode, b)
-	}
-	c.replacedListenersClosed()
 }
 
 // TestReplacedConfigStopsStoringLimits: a config naming 12 pools on a

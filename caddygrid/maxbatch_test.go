@@ -137,6 +137,23 @@ func TestMaxBatchFailedReload(t *testing.T) {
 // listens: Caddy starts every app of the config, then fails the load.
 func loadWithFailingLoader(t *testing.T, c *caddy, o caddyOpts, addr string) (int, []byte) {
 	t.Helper()
+	return loadEdited(t, c, o, func(cfg map[string]any) {
+		admin, _ := cfg["admin"].(map[string]any)
+		if admin == nil {
+			t.Fatalf("adapted config without admin: %v", cfg)
+		}
+		admin["config"] = map[string]any{
+			"persist": false,
+			"load":    map[string]any{"module": "http", "url": "http://" + addr + "/", "timeout": "5s"},
+		}
+	})
+}
+
+// loadEdited adapts o, lets edit change the JSON config, and POSTs it to
+// the admin API's /load; it returns the answer once the replaced
+// listeners are closed.
+func loadEdited(t *testing.T, c *caddy, o caddyOpts, edit func(cfg map[string]any)) (int, []byte) {
+	t.Helper()
 	c.write(o)
 	out, err := exec.Command(caddyBin(t), "adapt", "--config", c.config, "--adapter", "caddyfile").Output()
 	if err != nil {
@@ -146,14 +163,7 @@ func loadWithFailingLoader(t *testing.T, c *caddy, o caddyOpts, addr string) (in
 	if err := json.Unmarshal(out, &cfg); err != nil {
 		t.Fatalf("decoding the adapted config: %v\n%s", err, out)
 	}
-	admin, _ := cfg["admin"].(map[string]any)
-	if admin == nil {
-		t.Fatalf("adapted config without admin: %s", out)
-	}
-	admin["config"] = map[string]any{
-		"persist": false,
-		"load":    map[string]any{"module": "http", "url": "http://" + addr + "/", "timeout": "5s"},
-	}
+	edit(cfg)
 	body, err := json.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)
