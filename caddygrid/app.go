@@ -305,8 +305,8 @@ func (a *App) storeLimits() {
 		close(a.limitsStored)
 		return
 	}
-	// A config replaced (or failed) meanwhile stores no more: its limits
-	// are no longer the newest, or are being dropped.
+	// Stop ends the storing unless a successor on the same Redis and
+	// prefix takes it over; a failed config's ends at once (gone).
 	stopped, stop := context.WithCancel(b.ctx)
 	a.mu.Lock()
 	a.stopStoring = stop
@@ -353,15 +353,22 @@ func (a *App) Stop() error {
 	// When the app that goes is not the one a reload replaced but the new
 	// one (the reload failed after starting it), the running app's
 	// lease_ttl applies again.
-	if cur := running.current(); cur != nil {
+	cur := running.current()
+	if cur != nil {
 		if b := cur.liveBackend(); b != nil {
 			b.configure(time.Duration(cur.LeaseTTL), cur.MaxBatch)
 		}
 	}
+	// The limits this config is storing (storeLimits) are its successor's
+	// to store when the successor claims through the same Redis and
+	// prefix: it took their times over, so it stores none of the limits it
+	// keeps, and they must still reach Redis. Otherwise (a failed config,
+	// another Redis, Caddy stopping) the storing ends here.
+	handedOn := cur != nil && cur.key == a.key && cur.provisioned.After(a.provisioned)
 	a.mu.Lock()
 	stop, done := a.stopReaper, a.reaperDone
 	a.stopReaper, a.reaperDone = nil, nil
-	if a.stopStoring != nil {
+	if a.stopStoring != nil && !handedOn {
 		a.stopStoring()
 	}
 	a.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 )
 
 // A config stores its new limits as it starts (App.storeLimits), before
@@ -151,5 +152,40 @@ func TestReplacedConfigStopsStoringLimits(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	if n := strings.Count(c.proc.Output(), "could not store this config's new limits"); n != 0 {
 		t.Fatalf("%d warnings of a replaced config's storing within 5 s of its replacement, want 0: it went on calling the stalled Redis", n)
+	}
+}
+
+// TestQuickSecondReloadKeepsStoringTheFirstsLimits: a reload lowering
+// max_concurrent to 1 is followed at once by another that keeps it (and
+// changes something else) while the first is still storing (its Redis
+// slow to answer). The second takes the limits' time over from the first
+// and so has nothing new to store; the first's storing used to end when
+// it was replaced, and the pool stayed at the older instance X's 3 until
+// Y claimed there: 3 of 3 sessions at once on one worker.
+func TestQuickSecondReloadKeepsStoringTheFirstsLimits(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "w1", fake.Behavior{})
+	p := startRedisProxy(t, g.redis.Addr)
+	x := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: mcSite("playwright", "chromium", 3)})
+	mustDial(t, x.url("/playwright/chromium")).close()
+	y := func(mc int, extra string) caddyOpts {
+		return caddyOpts{redisURL: "redis://" + p.addr() + "/0", global: "reaper_interval off",
+			site: mcSite("playwright", "chromium", mc) + extra}
+	}
+	c := startCaddy(t, y(3, ""))
+	held := p.holdReplies(":versions") // the first reload's store reads the pool's versions
+	c.reload(y(1, ""))
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reload's store did not read the pool's versions")
+	}
+	c.reload(y(1, "\n\trespond /other \"other\""))
+	p.release()
+	testenv.Eventually(t, 5*time.Second, "Y's newest max_concurrent 1 stored", func() bool {
+		return g.limits("chromium").MaxConcurrent == 1
+	})
+	if served := servedAtOnce(x.url("/playwright/chromium"), 3); served != 1 {
+		t.Fatalf("%d sessions served at once on one worker under Y's newest max_concurrent 1, want 1", served)
 	}
 }
