@@ -364,7 +364,7 @@ func (a *App) Stop() error {
 	// prefix: it took their times over, so it stores none of the limits it
 	// keeps, and they must still reach Redis. Otherwise (a failed config,
 	// another Redis, Caddy stopping) the storing ends here.
-	handedOn := cur != nil && cur.key == a.key && cur.provisioned.After(a.provisioned)
+	handedOn := a.successor() != nil
 	a.mu.Lock()
 	stop, done := a.stopReaper, a.reaperDone
 	a.stopReaper, a.reaperDone = nil, nil
@@ -496,6 +496,18 @@ func (a *App) failedAfterStart(cur *App) bool {
 	// Caddy's contexts hold a *cancelCtx (or nothing before the first
 	// config): comparable.
 	return !caddy.Exiting() && caddy.ActiveContext().Context == a.predecessor
+}
+
+// successor is the grid app of the running config when it replaced a: it
+// names the same Redis and prefix and was provisioned after a. nil
+// otherwise (a runs, failed, or was replaced by a config on another
+// Redis or without a grid app).
+func (a *App) successor() *App {
+	cur := running.current()
+	if cur == nil || cur == a || cur.key != a.key || !cur.provisioned.After(a.provisioned) {
+		return nil
+	}
+	return cur
 }
 
 // liveBackend is the app's backend, or nil once Cleanup ran.

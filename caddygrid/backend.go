@@ -266,6 +266,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 	if configGone(ctx) {
 		return nil, errConfigGone
 	}
+	setClaimLimits(ctx, &req)
 	policy := string(req.Policy)
 	req.Holder = b.holder
 	req.LeaseTTL = time.Duration(b.leaseTTL.Load())

@@ -57,20 +57,35 @@ type limitsClock struct {
 // back to the running one (limitsClock.gone).
 var errConfigGone = errors.New("the config of this request failed to load; Caddy went back to the running config")
 
-// goneKey carries, in a claim's context, the limitsClock of the config
-// the claim is made for (backend.claim checks it before each call).
-type goneKey struct{}
+// configKey carries, in a claim's context, the config the claim is made
+// for (backend.claim checks and uses it before each call).
+type configKey struct{}
 
-// withConfig marks ctx as a claim of the config whose limits c keeps.
-func withConfig(ctx context.Context, c *limitsClock) context.Context {
-	return context.WithValue(ctx, goneKey{}, c)
+// claimConfig is what configKey carries: the limitsClock of the config,
+// and what sets a claim's limits and their time (policyCore.claimLimits).
+type claimConfig struct {
+	clock  *limitsClock
+	limits func(*registry.ClaimRequest)
+}
+
+// withConfig marks ctx as a claim of the config whose limits c keeps;
+// limits (nil: none) sets the limits of each claim made with ctx.
+func withConfig(ctx context.Context, c *limitsClock, limits func(*registry.ClaimRequest)) context.Context {
+	return context.WithValue(ctx, configKey{}, claimConfig{clock: c, limits: limits})
 }
 
 // configGone reports whether the config ctx's claim is made for has gone
 // (see limitsClock.gone).
 func configGone(ctx context.Context) bool {
-	c, _ := ctx.Value(goneKey{}).(*limitsClock)
-	return c != nil && c.gone.Load()
+	c, _ := ctx.Value(configKey{}).(claimConfig)
+	return c.clock != nil && c.clock.gone.Load()
+}
+
+// setClaimLimits sets req's limits as the config of ctx's claim says now.
+func setClaimLimits(ctx context.Context, req *registry.ClaimRequest) {
+	if c, _ := ctx.Value(configKey{}).(claimConfig); c.limits != nil {
+		c.limits(req)
+	}
 }
 
 // limitsTimes is what a config hands on to the next (snapshot).
@@ -185,6 +200,28 @@ func (c *limitsClock) newLimits(prev limitsTimes, at time.Time) []registry.Claim
 		}
 	}
 	return out
+}
+
+// onlyLimits returns the claim of c's policies for pool (a base pool)
+// when they claim there with one set of limits only (counting those of
+// policies whose pools are not known).
+func (c *limitsClock) onlyLimits(pool string) (registry.ClaimRequest, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var only string
+	n := 0
+	for _, keys := range []map[string]bool{c.configured[pool], c.configured[""]} {
+		for k := range keys {
+			if k != only {
+				only = k
+				n++
+			}
+		}
+	}
+	if n != 1 {
+		return registry.ClaimRequest{}, false
+	}
+	return c.requests[only], true
 }
 
 // servesPool reports whether a policy of this config names pool (a base

@@ -3,6 +3,7 @@ package caddygrid_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -121,5 +122,99 @@ func TestLoweredMaxConcurrentHoldsForQueuedRequests(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestQueuedRequestsOfAReplacedConfigBringTheNewLimits: requests of a
+// config a reload replaced claim with the running config's limits. Here
+// the new config's max_concurrent 1 is stored as it starts, and then
+// Redis loses its data (a restart that comes back empty): the pool has no
+// limits until a claim stores some. The first claims after the loss are
+// those of the requests that waited since before the reload; they used to
+// store the replaced config's max_concurrent 3, and the worker took all 3
+// of them at once.
+func TestQueuedRequestsOfAReplacedConfigBringTheNewLimits(t *testing.T) {
+	g := newGrid(t)
+	srv, ep, err := fake.Start("127.0.0.1:0", fake.Options{Path: "/playwright"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	u0, err := url.Parse(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := registry.Registration{Pool: "chromium", ID: "w1", BrowserType: "chromium", Addr: u0.Host, Path: u0.Path, TTL: workerTTL}
+	if err := g.reg.Register(t.Context(), reg); err != nil {
+		t.Fatal(err)
+	}
+	config := func(maxConcurrent int) caddyOpts {
+		return caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
+	route /playwright/* {
+		browser_grid chromium {
+			max_concurrent %d
+			select_timeout 20s
+		}
+	}`, maxConcurrent)}
+	}
+	c := startCaddy(t, config(3))
+	u := c.url("/playwright/chromium")
+	var held []*session
+	for range 3 {
+		held = append(held, mustDial(t, u))
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var mu sync.Mutex
+	var served []*session
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if s, err := dial(ctx, u); err == nil {
+				mu.Lock()
+				served = append(served, s)
+				mu.Unlock()
+			}
+		}()
+	}
+	defer func() {
+		cancel()
+		wg.Wait()
+		for _, s := range served {
+			s.close()
+		}
+	}()
+	testenv.Eventually(t, 10*time.Second, "3 requests queued", func() bool {
+		return c.metric(`caddy_grid_queue_depth{pool="chromium"}`) == 3
+	})
+	c.reload(config(1))
+	if mc := g.limits("chromium").MaxConcurrent; mc != 1 {
+		t.Fatalf("max_concurrent after the reload: %d, want 1", mc)
+	}
+	// Redis loses everything; the worker's agent registers it again.
+	if err := g.rdb.FlushAll(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.reg.Register(t.Context(), reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range held {
+		s.close()
+	}
+	testenv.Eventually(t, 10*time.Second, "a waiting request served", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(served) > 0
+	})
+	time.Sleep(2 * time.Second) // the other waiters had their chance to claim
+	mu.Lock()
+	open := len(served)
+	mu.Unlock()
+	t.Logf("after the reload to max_concurrent 1, Redis losing its data and 3 closes: %d waiting requests served at once; pool max_concurrent %d",
+		open, g.limits("chromium").MaxConcurrent)
+	if open != 1 {
+		t.Fatalf("%d waiting requests served at once on one worker, want 1 under the running config's max_concurrent 1", open)
 	}
 }

@@ -425,6 +425,34 @@ func (c *policyCore) fillLimits(req *registry.ClaimRequest, opts ClaimOptions) {
 	req.FairShare.Limits = req.Limits
 }
 
+// claimLimits sets the limits req claims with and their configuration
+// time. A request of a config that a reload replaced (still waiting in the
+// queue, or retrying, once the new config started) claims with the
+// running config's limits for its pool, and their time, when that config
+// has one set of them there: they are the operator's limits now. The new
+// config stores them as it starts (App.storeLimits), but a pool may have
+// none stored when such a request claims (Redis lost its data, or the
+// store failed): its claim would then store the replaced limits, and the
+// requests of the replaced config would claim under them until the new
+// config claimed there. With several sets there, the request's own apply.
+func (c *policyCore) claimLimits(req *registry.ClaimRequest) {
+	app := c.app
+	if s := app.successor(); s != nil {
+		if t, ok := s.limits.onlyLimits(req.Pool); ok {
+			req.Limits.MaxConcurrent = t.Limits.MaxConcurrent
+			req.Limits.MaxLifetime = t.Limits.MaxLifetime
+			req.Limits.StaggerDrains = t.Limits.StaggerDrains
+			if req.Policy == registry.FairShare && t.Policy == registry.FairShare {
+				req.FairShare.Window, req.FairShare.Median, req.FairShare.Default = t.FairShare.Window, t.FairShare.Median, t.FairShare.Default
+			}
+			req.Vnode.Limits = req.Limits
+			req.FairShare.Limits = req.Limits
+			app = s
+		}
+	}
+	req.ConfigTime, req.Supersedes = app.limits.configTime(limitsKey(*req), req.Pool, app.prevLimits, app.provisioned)
+}
+
 // selectWorker is Select for every grid policy: it gives back the claim
 // of a failed previous attempt, claims a worker of the request's pool in
 // one atomic Redis call (waiting in the pool's queue when none is free),
@@ -512,7 +540,16 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 	}
 	req.Pool = pool
 	c.fillLimits(&req, opts)
-	req.ConfigTime, req.Supersedes = c.app.limits.configTime(limitsKey(req), req.Pool, c.app.prevLimits, c.app.provisioned)
+	// The limits are set again at each claim the request makes (backend.
+	// claim): a reload may replace this config while it waits.
+	own := req
+	limitsNow := func(r *registry.ClaimRequest) {
+		group := r.Pool
+		r.Pool, r.Limits, r.Vnode, r.FairShare = own.Pool, own.Limits, own.Vnode, own.FairShare
+		c.claimLimits(r)
+		r.Pool = group
+	}
+	limitsNow(&req)
 	if opts.ClientLimit > 0 {
 		req.ClientKey, req.ClientLimit = clientKey(r, opts.ClientKey), opts.ClientLimit
 		if opts.ClientKey == DefaultClientKey && forgeableClientIP(r) {
@@ -576,7 +613,7 @@ func (c *policyCore) selectWorker(upstreams reverseproxy.UpstreamPool, r *http.R
 		req.Avoid, deadline = avoid, time.Now()
 	}
 	route := &versionRoute{on: opts.routing(), client: clientVersion(r)}
-	ctx := withConfig(r.Context(), &c.app.limits)
+	ctx := withConfig(r.Context(), &c.app.limits, limitsNow)
 	claim, o, err := c.claimAllowed(ctx, b, req, route, samples, opts.QueueSize, deadline)
 	if claim == nil && o == outcomeTimeout && refused != 0 {
 		var nw *registry.NoWorkerError
