@@ -218,3 +218,62 @@ func TestQueuedRequestsOfAReplacedConfigBringTheNewLimits(t *testing.T) {
 		t.Fatalf("%d waiting requests served at once on one worker, want 1 under the running config's max_concurrent 1", open)
 	}
 }
+
+// TestReplacedFairShareRequestKeepsItsOwnOptions: a fair_share request of
+// a replaced config, when the running config claims with another policy,
+// keeps its own limits and time (it cannot take the running config's
+// without bringing its own fair-share options). Instance 1 runs
+// fair_share with window 7, instance 2, newer, with window 9; a request
+// waits on instance 1 while it is reloaded to lifetime_first with
+// max_concurrent 2 (newest, so in force). The waiting
+// request used to claim with the new config's time and its own window 7,
+// and so stored window 7, a config nobody runs, over instance 2's 9.
+func TestReplacedFairShareRequestKeepsItsOwnOptions(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "w1", fake.Behavior{})
+	config := func(policy string, maxConcurrent int) caddyOpts {
+		return caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
+	route /playwright/* {
+		browser_grid chromium {
+			%s
+			max_concurrent %d
+			select_timeout 20s
+		}
+	}`, policy, maxConcurrent)}
+	}
+	fairShare := func(window int) string { return fmt.Sprintf("policy fair_share {\n\t\t\t\twindow %d\n\t\t\t}", window) }
+	c1 := startCaddy(t, config(fairShare(7), 1))
+	mustDial(t, c1.url("/playwright/chromium")).close()
+	time.Sleep(20 * time.Millisecond) // instance 2's configuration is newer by more than a millisecond
+	c2 := startCaddy(t, config(fairShare(9), 1))
+	held := mustDial(t, c2.url("/playwright/chromium")) // the worker is full
+	window := func() string {
+		w, _ := g.rdb.HGet(t.Context(), g.reg.Key("chromium", "config"), "fs_window").Result()
+		return w
+	}
+	if w := window(); w != "9" {
+		t.Fatalf("stored fair-share window after instance 2's claim: %q, want 9", w)
+	}
+	waiting := make(chan *session, 1)
+	go func() {
+		s, _ := dial(t.Context(), c1.url("/playwright/chromium"))
+		waiting <- s
+	}()
+	testenv.Eventually(t, 10*time.Second, "a request waiting on instance 1", func() bool {
+		return c1.metric(`caddy_grid_queue_depth{pool="chromium"}`) == 1
+	})
+	c1.reload(config("policy lifetime_first", 2))
+	held.close()
+	select {
+	case s := <-waiting:
+		if s == nil {
+			t.Fatal("the waiting request was not served")
+		}
+		s.close()
+	case <-time.After(25 * time.Second):
+		t.Fatal("the waiting request was not served")
+	}
+	if w := window(); w != "9" {
+		t.Fatalf("stored fair-share window after the waiting request's claim: %q, want instance 2's 9 (the only fair_share config running)", w)
+	}
+}

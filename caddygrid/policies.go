@@ -434,17 +434,22 @@ func (c *policyCore) fillLimits(req *registry.ClaimRequest, opts ClaimOptions) {
 // none stored when such a request claims (Redis lost its data, or the
 // store failed): its claim would then store the replaced limits, and the
 // requests of the replaced config would claim under them until the new
-// config claimed there. With several sets there, the request's own apply.
+// config claimed there. With several sets there, or when one of the two
+// configs claims with fair_share and the other does not, the request's
+// own apply.
 func (c *policyCore) claimLimits(req *registry.ClaimRequest) {
 	app := c.app
 	if s := app.successor(); s != nil {
-		if t, ok := s.limits.onlyLimits(req.Pool); ok {
+		// Only when both claim with fair-share options or neither does:
+		// the claim then brings exactly the running config's limits, and
+		// never this config's fair-share options with the running
+		// config's time, nor a set of limits the running config does not
+		// configure into its clock.
+		if t, ok := s.limits.onlyLimits(req.Pool); ok && (t.Policy == registry.FairShare) == (req.Policy == registry.FairShare) {
 			req.Limits.MaxConcurrent = t.Limits.MaxConcurrent
 			req.Limits.MaxLifetime = t.Limits.MaxLifetime
 			req.Limits.StaggerDrains = t.Limits.StaggerDrains
-			if req.Policy == registry.FairShare && t.Policy == registry.FairShare {
-				req.FairShare.Window, req.FairShare.Median, req.FairShare.Default = t.FairShare.Window, t.FairShare.Median, t.FairShare.Default
-			}
+			req.FairShare.Window, req.FairShare.Median, req.FairShare.Default = t.FairShare.Window, t.FairShare.Median, t.FairShare.Default
 			req.Vnode.Limits = req.Limits
 			req.FairShare.Limits = req.Limits
 			app = s
