@@ -32,69 +32,22 @@ func TestLoweredMaxConcurrentHoldsForQueuedRequests(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			g := newGrid(t)
 			g.worker(tc.pool, "w1", fake.Behavior{})
-			config := func(maxConcurrent int) caddyOpts {
-				return caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
-	route /playwright/* {
-		browser_grid chromium {
-			max_concurrent %d
-			select_timeout 20s
-		}
-	}`, maxConcurrent)}
-			}
-			c := startCaddy(t, config(3))
-			u := c.url("/playwright/chromium")
-			var held []*session
-			for range 3 {
-				held = append(held, mustDial(t, u))
-			}
-
+			c := startCaddy(t, mcConfig(g.redis.URL(), 3))
 			// Three requests wait in the queue under max_concurrent 3.
-			ctx, cancel := context.WithCancel(t.Context())
-			defer cancel()
-			var mu sync.Mutex
-			var served []*session
-			var failed []error
-			var wg sync.WaitGroup
-			for range 3 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					s, err := dial(ctx, u)
-					mu.Lock()
-					defer mu.Unlock()
-					if err != nil {
-						failed = append(failed, err)
-						return
-					}
-					served = append(served, s)
-				}()
-			}
-			defer func() {
-				cancel()
-				wg.Wait()
-				for _, s := range served {
-					s.close()
-				}
-			}()
-			testenv.Eventually(t, 10*time.Second, "3 requests queued", func() bool {
-				return c.metric(`caddy_grid_queue_depth{pool="chromium"}`) == 3
-			})
+			held, w := queueBehind(t, c, 3)
 
-			c.reload(config(1))
+			c.reload(mcConfig(g.redis.URL(), 1))
 			for _, s := range held {
 				s.close()
 			}
 			// The waiting requests are woken as the sessions end; under
 			// max_concurrent 1 one is served now and the others wait.
 			testenv.Eventually(t, 10*time.Second, "a waiting request served", func() bool {
-				mu.Lock()
-				defer mu.Unlock()
-				return len(served) > 0 || len(failed) > 0
+				n, errs := w.counts()
+				return n > 0 || len(errs) > 0
 			})
 			time.Sleep(time.Second) // the other waiters had their chance to claim
-			mu.Lock()
-			open, errs := len(served), append([]error(nil), failed...)
-			mu.Unlock()
+			open, errs := w.counts()
 			active := g.info(tc.pool, "w1").Active
 			t.Logf("after the reload to max_concurrent 1 and 3 closes: %d waiting requests served, %d failed, worker active %d", open, len(errs), active)
 			if len(errs) > 0 {
@@ -109,13 +62,10 @@ func TestLoweredMaxConcurrentHoldsForQueuedRequests(t *testing.T) {
 			// The other two are served one after another as each session
 			// closes.
 			for want := 2; want <= 3; want++ {
-				mu.Lock()
-				served[len(served)-1].close()
-				mu.Unlock()
+				w.closeLast()
 				testenv.Eventually(t, 10*time.Second, fmt.Sprintf("waiting request %d served", want), func() bool {
-					mu.Lock()
-					defer mu.Unlock()
-					return len(served) == want
+					n, _ := w.counts()
+					return n == want
 				})
 				if active := g.info(tc.pool, "w1").Active; active != 1 {
 					t.Fatalf("worker active %d with waiting request %d served, want 1", active, want)
@@ -148,48 +98,9 @@ func TestQueuedRequestsOfAReplacedConfigBringTheNewLimits(t *testing.T) {
 	if err := g.reg.Register(t.Context(), reg); err != nil {
 		t.Fatal(err)
 	}
-	config := func(maxConcurrent int) caddyOpts {
-		return caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
-	route /playwright/* {
-		browser_grid chromium {
-			max_concurrent %d
-			select_timeout 20s
-		}
-	}`, maxConcurrent)}
-	}
-	c := startCaddy(t, config(3))
-	u := c.url("/playwright/chromium")
-	var held []*session
-	for range 3 {
-		held = append(held, mustDial(t, u))
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var mu sync.Mutex
-	var served []*session
-	var wg sync.WaitGroup
-	for range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if s, err := dial(ctx, u); err == nil {
-				mu.Lock()
-				served = append(served, s)
-				mu.Unlock()
-			}
-		}()
-	}
-	defer func() {
-		cancel()
-		wg.Wait()
-		for _, s := range served {
-			s.close()
-		}
-	}()
-	testenv.Eventually(t, 10*time.Second, "3 requests queued", func() bool {
-		return c.metric(`caddy_grid_queue_depth{pool="chromium"}`) == 3
-	})
-	c.reload(config(1))
+	c := startCaddy(t, mcConfig(g.redis.URL(), 3))
+	held, w := queueBehind(t, c, 3)
+	c.reload(mcConfig(g.redis.URL(), 1))
 	if mc := g.limits("chromium").MaxConcurrent; mc != 1 {
 		t.Fatalf("max_concurrent after the reload: %d, want 1", mc)
 	}
@@ -204,14 +115,11 @@ func TestQueuedRequestsOfAReplacedConfigBringTheNewLimits(t *testing.T) {
 		s.close()
 	}
 	testenv.Eventually(t, 10*time.Second, "a waiting request served", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(served) > 0
+		n, _ := w.counts()
+		return n > 0
 	})
 	time.Sleep(2 * time.Second) // the other waiters had their chance to claim
-	mu.Lock()
-	open := len(served)
-	mu.Unlock()
+	open, _ := w.counts()
 	t.Logf("after the reload to max_concurrent 1, Redis losing its data and 3 closes: %d waiting requests served at once; pool max_concurrent %d",
 		open, g.limits("chromium").MaxConcurrent)
 	if open != 1 {
@@ -276,4 +184,78 @@ func TestReplacedFairShareRequestKeepsItsOwnOptions(t *testing.T) {
 	if w := window(); w != "9" {
 		t.Fatalf("stored fair-share window after the waiting request's claim: %q, want instance 2's 9 (the only fair_share config running)", w)
 	}
+}
+
+// mcConfig serves chromium on /playwright/* with max_concurrent mc and a
+// select_timeout long enough for requests to wait through a reload.
+func mcConfig(redisURL string, mc int) caddyOpts {
+	return caddyOpts{redisURL: redisURL, site: fmt.Sprintf(`
+	route /playwright/* {
+		browser_grid chromium {
+			max_concurrent %d
+			select_timeout 20s
+		}
+	}`, mc)}
+}
+
+// waiting is what requests started by queueBehind got so far.
+type waiting struct {
+	mu     sync.Mutex
+	served []*session
+	failed []error
+}
+
+// counts returns how many were served and the errors of those that failed.
+func (w *waiting) counts() (int, []error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.served), append([]error(nil), w.failed...)
+}
+
+// closeLast closes the session served last.
+func (w *waiting) closeLast() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.served[len(w.served)-1].close()
+}
+
+// queueBehind opens n sessions on c's chromium pool, then starts n more
+// requests and returns once they wait in the queue (the worker full). The
+// held sessions are returned; the waiting requests' sessions are closed
+// when the test ends.
+func queueBehind(t *testing.T, c *caddy, n int) ([]*session, *waiting) {
+	t.Helper()
+	u := c.url("/playwright/chromium")
+	var held []*session
+	for range n {
+		held = append(held, mustDial(t, u))
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	w := &waiting{}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := dial(ctx, u)
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if err != nil {
+				w.failed = append(w.failed, err)
+				return
+			}
+			w.served = append(w.served, s)
+		}()
+	}
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		for _, s := range w.served {
+			s.close()
+		}
+	})
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("%d requests queued", n), func() bool {
+		return c.metric(`caddy_grid_queue_depth{pool="chromium"}`) == float64(n)
+	})
+	return held, w
 }
