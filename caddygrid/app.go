@@ -451,15 +451,7 @@ func (a *App) handLimitsBack(own *backend) {
 	}
 	stored := a.limitsStored
 	for _, pool := range pools {
-		own.retryInBackground("forget_limits", true, func(ctx context.Context) error {
-			if stored != nil {
-				// what a stores as it starts is dropped after it is stored
-				select {
-				case <-stored:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
+		forget := func(ctx context.Context) error {
 			groups, err := own.limitGroups(ctx, pool)
 			if err != nil {
 				return err
@@ -473,14 +465,50 @@ func (a *App) handLimitsBack(own *backend) {
 				}
 			}
 			return nil
-		}, func(attempts int, err error) {
+		}
+		failed := func(attempts int, err error) {
 			if err != nil {
 				a.logger.Error("could not drop the limits a failed config stored; the running config's claims still replace them, other instances' older configurations run under them until a newer one claims",
 					zap.String("pool", pool), zap.Int("attempts", attempts), zap.Error(err))
 			}
+		}
+		own.retryInBackground("forget_limits", true, func(ctx context.Context) error {
+			if stored != nil {
+				// what a stores as it starts is dropped after it is stored
+				select {
+				case <-stored:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return forget(ctx)
+		}, func(attempts int, err error) {
+			if err != nil {
+				failed(attempts, err)
+				return
+			}
+			// Once more when every claim call of a's that was on its way
+			// to Redis as Caddy went back has landed or given up (each
+			// gives up after claimCallTimeout): such a call stores a's
+			// limits with a's time again after the first drop.
+			own.retryInBackground("forget_limits", true, func(ctx context.Context) error {
+				t := time.NewTimer(forgetAgainAfter)
+				defer t.Stop()
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				return forget(ctx)
+			}, failed)
 		})
 	}
 }
+
+// forgetAgainAfter is how long after dropping a failed config's limits
+// they are dropped once more (handLimitsBack): past the longest a claim
+// call of that config already under way can take.
+const forgetAgainAfter = claimCallTimeout + 250*time.Millisecond
 
 // failedAfterStart reports whether a, being cleaned up, is a config that
 // failed after it started, Caddy going back to the one that ran before
