@@ -36,7 +36,7 @@ type limitsClock struct {
 	// whose pools are not known (configures).
 	configured map[string]map[string]bool
 	// requests holds, per set of limits (limitsKey), a claim that brings
-	// them, but for its pool (storeNew).
+	// them, but for its pool (newLimits, onlyLimits).
 	requests map[string]registry.ClaimRequest
 	// own holds the pools this config claimed for with limits first
 	// configured at its provisioning (not inherited from an older config).
@@ -104,7 +104,19 @@ func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Tim
 	defer c.mu.Unlock()
 	t, ok := c.since[pool][key]
 	if !ok {
-		t = firstTime(key, pool, prev, at)
+		t = at
+		if p, ok := prev.since[pool][key]; ok {
+			t = p
+		} else if !strings.Contains(key, " window=") {
+			// A claim that brings no fair-share options (another policy
+			// than fair_share) keeps the time of the same limits brought
+			// with them: its own are unchanged.
+			for k, p := range prev.since[pool] {
+				if strings.HasPrefix(k, key+" window=") && p.Before(t) {
+					t = p
+				}
+			}
+		}
 		if c.since == nil {
 			c.since = map[string]map[string]time.Time{}
 		}
@@ -120,27 +132,6 @@ func (c *limitsClock) configTime(key, pool string, prev limitsTimes, at time.Tim
 		c.own[pool] = true
 	}
 	return t, laterOf(c.failed[pool], prev.failed[pool])
-}
-
-// firstTime is when the limits key for pool were configured, for a config
-// provisioned at at that has not claimed with them yet: their time in
-// prev, the running config's when this one was provisioned, or at.
-func firstTime(key, pool string, prev limitsTimes, at time.Time) time.Time {
-	if p, ok := prev.since[pool][key]; ok {
-		return p
-	}
-	t := at
-	if !strings.Contains(key, " window=") {
-		// A claim that brings no fair-share options (another policy
-		// than fair_share) keeps the time of the same limits brought
-		// with them: its own are unchanged.
-		for k, p := range prev.since[pool] {
-			if strings.HasPrefix(k, key+" window=") && p.Before(t) {
-				t = p
-			}
-		}
-	}
-	return t
 }
 
 // configures records that a policy of this config claims with the limits
@@ -173,29 +164,25 @@ func (c *limitsClock) configures(req registry.ClaimRequest, pools []string) {
 // a claim (configTime); pools not known (placeholders) are left to their
 // claims.
 func (c *limitsClock) newLimits(prev limitsTimes, at time.Time) []registry.ClaimRequest {
+	// the pools' claims, in order; timed below, outside the lock
+	var claims []registry.ClaimRequest
 	c.mu.Lock()
-	var pools []string
-	for p := range c.configured {
-		if p != "" {
-			pools = append(pools, p)
+	for _, pool := range slices.Sorted(maps.Keys(c.configured)) {
+		if pool == "" {
+			continue
+		}
+		for _, key := range slices.Sorted(maps.Keys(c.configured[pool])) {
+			req := c.requests[key]
+			req.Pool = pool
+			claims = append(claims, req)
 		}
 	}
 	c.mu.Unlock()
-	slices.Sort(pools)
 	var out []registry.ClaimRequest
-	for _, pool := range pools {
-		c.mu.Lock()
-		keys := slices.Sorted(maps.Keys(c.configured[pool]))
-		c.mu.Unlock()
-		for _, key := range keys {
-			t, supersedes := c.configTime(key, pool, prev, at)
-			if !t.Equal(at) {
-				continue
-			}
-			c.mu.Lock()
-			req := c.requests[key]
-			c.mu.Unlock()
-			req.Pool, req.ConfigTime, req.Supersedes = pool, t, supersedes
+	for _, req := range claims {
+		t, supersedes := c.configTime(limitsKey(req), req.Pool, prev, at)
+		if t.Equal(at) {
+			req.ConfigTime, req.Supersedes = t, supersedes
 			out = append(out, req)
 		}
 	}
