@@ -65,8 +65,12 @@ func TestClusterMasterRestartRejoins(t *testing.T) {
 	c.WaitInSync(30 * time.Second)
 }
 
-// A killed Sentinel master restarted on its port is turned into a replica
-// of the promoted one by the sentinels.
+// A killed Sentinel master restarted on its port rejoins the group: the
+// sentinels turn it into a replica of the master they name and it catches
+// up. On a loaded machine the sentinels may fail over a second time, back
+// to the restarted server (CI saw one 1 s after the first promotion, with
+// down-after-milliseconds 1 s); the group is then whole with it as the
+// master, which is as good for a client as the other way round.
 func TestSentinelMasterRestartRejoins(t *testing.T) {
 	s := StartSentinel(t, 1)
 	m := s.Master()
@@ -78,12 +82,34 @@ func TestSentinelMasterRestartRejoins(t *testing.T) {
 	// a loaded machine (30 s timed out once in a full make test, and 90 s
 	// once beside two other heavy packages): time a sentinel spends in
 	// TILT mode, acting on nothing, does not count.
-	s.Eventually(90*time.Second, "the old master to replicate the new one", func() bool {
-		info := replicationInfo(m)
-		return info["role"] == "slave" && info["master_host"]+":"+info["master_port"] == n.Addr
+	var master *Redis
+	s.Eventually(90*time.Second, "the old master to rejoin the group", func() bool {
+		master = s.Master()
+		return master != nil && groupFollows(s.Servers, master)
 	})
-	s.WaitInSync(60 * time.Second)
-	if s.Master() != n {
-		t.Fatalf("the sentinels name %v as master, want %s", s.Master(), n.Addr)
+	if master != n {
+		t.Logf("the sentinels failed over a second time: %s, then back to %s", n.Addr, master.Addr)
 	}
+	s.WaitInSync(60 * time.Second)
+	if now := s.Master(); now != master || !groupFollows(s.Servers, master) {
+		t.Fatalf("the group did not stay settled: the sentinels name %v, were naming %s", now, master.Addr)
+	}
+}
+
+// groupFollows says whether master says it is a master and every other
+// server says it replicates master.
+func groupFollows(servers []*Redis, master *Redis) bool {
+	if replicationInfo(master)["role"] != "master" {
+		return false
+	}
+	for _, r := range servers {
+		if r == master {
+			continue
+		}
+		info := replicationInfo(r)
+		if info["role"] != "slave" || info["master_host"]+":"+info["master_port"] != master.Addr {
+			return false
+		}
+	}
+	return true
 }
