@@ -423,6 +423,14 @@ func (c *policyCore) fillLimits(req *registry.ClaimRequest, opts ClaimOptions) {
 	}
 	req.Vnode.Limits = req.Limits
 	req.FairShare.Limits = req.Limits
+	// A worker draining its last sessions holds the others' last sessions
+	// back (stagger_drains) for at most half the time a request waits, so
+	// a long session on it does not keep the pool from serving.
+	wait := time.Duration(opts.SelectTimeout)
+	if wait <= 0 {
+		wait = DefaultSelectTimeout
+	}
+	req.DrainHold = wait / 2
 }
 
 // claimLimits sets the limits req claims with and their configuration

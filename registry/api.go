@@ -351,6 +351,17 @@ type ClaimRequest struct {
 	// operator's Drain) counts as retiring: its agent drains at its next
 	// heartbeat.
 	Limits selection.Limits
+	// DrainHold bounds, under StaggerDrains, how long a worker draining
+	// its last sessions holds the other workers' last sessions back: from
+	// when a claim first saw it draining with sessions, for DrainHold,
+	// then no longer (the next worker may take its last session and
+	// retire; its restart still waits its turn, heartbeat.lua). A worker
+	// held back takes no session either way, so a hold as long as a long
+	// session stops the pool once every other worker has reached its
+	// last session. 0 holds them back for as long as it drains, as
+	// selection.Limits.HeldBack says; Caddy passes half its
+	// select_timeout.
+	DrainHold time.Duration
 	// Vnode and FairShare carry the policy's parameters when it is chosen;
 	// zero fields take selection's defaults (SetDefaults). The Limits
 	// embedded in them are ignored, except that a vnode claim whose

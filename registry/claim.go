@@ -84,6 +84,9 @@ func (r *Registry) checkRequest(req *ClaimRequest) (PolicySpec, error) {
 			return spec, fmt.Errorf("worker to avoid: %w", err)
 		}
 	}
+	if req.DrainHold < 0 {
+		return spec, fmt.Errorf("drain hold %s is negative", req.DrainHold)
+	}
 	if req.LeaseTTL < 0 {
 		return spec, fmt.Errorf("lease TTL %s is negative", req.LeaseTTL)
 	}
@@ -168,7 +171,8 @@ func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, lease
 		set("policy", string(req.Policy)).set("dry", bit(dry)).set("limits_only", 0).
 		set("max_concurrent", req.Limits.MaxConcurrent).set("max_lifetime", req.Limits.MaxLifetime).
 		set("stale_after_ms", ms(req.Limits.StaleAfter)).set("max_scan", req.Limits.MaxScan).
-		set("stagger", bit(req.Limits.StaggerDrains)).set("fallback_max_scan", req.fallbackScan).
+		set("stagger", bit(req.Limits.StaggerDrains)).set("drain_hold_ms", ms(req.DrainHold)).
+		set("fallback_max_scan", req.fallbackScan).
 		set("fs_window", req.FairShare.Window).set("fs_median", bit(req.FairShare.Median)).
 		set("fs_default_ms", ms(req.FairShare.Default)).
 		set("lease_id", leaseID).set("lease_ttl_ms", ms(req.LeaseTTL)).set("holder", req.Holder).

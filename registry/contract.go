@@ -28,6 +28,8 @@ var claimArgs = []string{
 	"limits_only",
 	// The limits the claim brings (see ClaimRequest.Limits).
 	"max_concurrent", "max_lifetime", "stale_after_ms", "max_scan", "stagger",
+	// ClaimRequest.DrainHold.
+	"drain_hold_ms",
 	// The max_scan a lifetime_first claim with this request would have:
 	// the budget while the policy's index is being built (the claim then
 	// walks idx:lifetime; lua/common.lua, "Kept indexes").

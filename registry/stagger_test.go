@@ -307,3 +307,78 @@ func TestReconcileRebuildsTheRetiringSet(t *testing.T) {
 		t.Fatalf("Inspect limits %+v, %v: want StaggerDrains stored", info.Limits, err)
 	}
 }
+
+// A worker draining its last sessions holds the others' last sessions
+// back for DrainHold, counted from the first claim that saw it so, and
+// then no longer: the next worker takes its last session and its
+// heartbeat is told to drain, the first one still draining. Without the
+// bound (DrainHold 0), a long session on the draining worker held every
+// last session back until it ended: in steady state, with one long
+// session and max_lifetime 20, the pool went 22 s of 40 without opening a
+// session (an operator red team). A worker with no session left is
+// restarting and holds them back whatever DrainHold.
+func TestStaggerDrainsHoldForALongDrainEnds(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	const hold = 2 * time.Second
+	for _, policy := range []Policy{LifetimeFirst, Vnode, FairShare} {
+		t.Run(string(policy), func(t *testing.T) {
+			pool := "long-drain-" + string(policy)
+			register(t, r, pool, "a", 0)
+			register(t, r, pool, "b", 0)
+			req := ClaimRequest{Pool: pool, Policy: policy, Limits: staggerLimits, DrainHold: hold}
+			a, b, last := driveToLimit(t, r, req) // a's last session stays open
+			if err := r.SetDraining(ctx, pool, a); err != nil {
+				t.Fatal(err)
+			}
+			t0 := time.Now()
+			at := func(d time.Duration) ClaimRequest { q := req; q.Now = t0.Add(d); return q }
+			refused(t, r, at(0), b+"'s last session as "+a+" starts draining its session")
+			refused(t, r, at(hold-time.Millisecond), b+"'s last session just inside the hold")
+			unbound := at(4 * hold)
+			unbound.DrainHold = 0
+			refused(t, r, unbound, b+"'s last session with no hold bound")
+			c := granted(t, r, at(hold), b, a+" still draining its session after the hold")
+			hb, err := r.Heartbeat(ctx, pool, b, time.Minute)
+			if err != nil || hb.Command != CommandShutdown {
+				t.Fatalf("%s's heartbeat at its limit while %s drains a session: %+v, %v; want the shutdown command", b, a, hb, err)
+			}
+			if got := retiringSet(t, r, pool); !slices.Equal(got, []string{"a", "b"}) {
+				t.Fatalf("retiring set %v, want [a b]", got)
+			}
+			// b's session ends: it is restarting now, and a later worker's
+			// last session waits for it whatever the hold.
+			if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.SetDraining(ctx, pool, b); err != nil {
+				t.Fatal(err)
+			}
+			register(t, r, pool, "c", 0)
+			for i := 0; i < staggerLimits.MaxLifetime-1; i++ {
+				c, err := r.Claim(ctx, at(hold))
+				if err != nil || c.Worker.ID != "c" || c.Drain {
+					t.Fatalf("claim %d on c: %+v, %v", i, c, err)
+				}
+			}
+			refused(t, r, at(4*hold), "c's last session while "+b+" restarts")
+			if err := r.Release(ctx, pool, last.LeaseID); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Deregister(ctx, pool, b); err != nil {
+				t.Fatal(err)
+			}
+			// a's session ended too: a restarts, and holds c back again.
+			refused(t, r, at(4*hold), "c's last session while "+a+" restarts")
+			if err := r.Deregister(ctx, pool, a); err != nil {
+				t.Fatal(err)
+			}
+			granted(t, r, at(4*hold), "c", "a and b gone")
+			if n, err := r.rdb.HLen(ctx, r.Key(pool, keyConfig)).Result(); err != nil {
+				t.Fatal(err)
+			} else if fields, _ := r.rdb.HKeys(ctx, r.Key(pool, keyConfig)).Result(); slices.ContainsFunc(fields, func(f string) bool { return len(f) > 11 && f[:11] == "drain_seen:" }) {
+				t.Fatalf("the config hash keeps a gone worker's drain_seen field (%d fields: %v)", n, fields)
+			}
+		})
+	}
+}

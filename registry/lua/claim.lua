@@ -22,7 +22,8 @@
 -- StaggerDrains (selection.Limits.StaggerDrains, with max_lifetime > 0):
 -- before walking, the claim reads the retiring set (usually 0 or 1 members)
 -- and asks whether one member is retiring now: fresh, and draining, at the
--- lifetime limit, or holding a live shutdown command. If so, a worker whose
+-- lifetime limit, or holding a live shutdown command (a member draining
+-- with a session left counts for drain_hold_ms only; see the loop). If so, a worker whose
 -- next session would bring it to the limit (lifetime + 1 >= max_lifetime)
 -- is not usable: walked past at one unit of budget, like a suspect one
 -- (selection's HeldBack). Stale members do not count (they are dead) and
@@ -49,6 +50,8 @@ local mc, ml = tonumber(ARGV[REQ.max_concurrent]), tonumber(ARGV[REQ.max_lifetim
 local stale, maxscan = tonumber(ARGV[REQ.stale_after_ms]), tonumber(ARGV[REQ.max_scan])
 local keep = tonumber(ARGV[REQ.durations_kept])
 local stagger = ARGV[REQ.stagger] == '1'
+-- ClaimRequest.DrainHold (ms; 0: for as long as the worker drains).
+local drain_hold = tonumber(ARGV[REQ.drain_hold_ms]) or 0
 local lid = ARGV[REQ.lease_id]
 -- Registry.StoreLimits: settle and store the request's limits as a claim
 -- does, then stop: no lease, no sweep, no client, no walk (Caddy, as a
@@ -199,6 +202,27 @@ if stagger and ml > 0 then
       if err == 'missing' then prune[#prune + 1] = id end
     elseif not fresh(w, now, stale) then
       retired_stale[#retired_stale + 1] = id
+    elseif drain_hold > 0 and w.status == 'draining' and w.active > 0 then
+      -- Draining its last sessions: it holds the others' last sessions
+      -- back for drain_hold ms from when a claim first saw it so (the
+      -- config hash's drain_seen:<id>), then no longer. A worker held
+      -- back takes no session either way; held for as long as a long
+      -- session lasts, every other worker reached its last session and
+      -- the pool stopped serving until -drain-timeout (22 s of 40 without
+      -- a session with one long session, max_lifetime 20, in steady
+      -- state). Past drain_hold the next worker may take its last session
+      -- and retire; heartbeat.lua's restart turn still lets one restart
+      -- at a time.
+      local key = 'drain_seen:' .. id
+      local seen = tonumber(redis.call('HGET', K_CFG, key))
+      if not seen then
+        seen = now
+        if not dry then cfg_set(key, fmt(now)) end
+      end
+      if now - seen < drain_hold then
+        retiring = true
+        break
+      end
     elseif may_retire(w, cfg) or live_command(id, now) then
       retiring = true
       break

@@ -1189,6 +1189,7 @@ local function remove_worker(id)
   n = n + redis.call('HDEL', K_ACTIVE, id) + redis.call('HDEL', K_LIFETIME, id)
   n = n + redis.call('HDEL', K_DUR, id) + redis.call('HDEL', K_CMD, id) + redis.call('HDEL', K_VPOS, id)
   redis.call('HDEL', K_HOT, id)
+  cfg_del('drain_seen:' .. id)
   return n
 end
 

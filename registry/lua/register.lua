@@ -74,6 +74,7 @@ redis.call('HSET', K_LIFETIME, id, fmt(w.lifetime))
 if not carry then
   redis.call('HDEL', K_DUR, id)
   redis.call('HDEL', K_CMD, id)
+  cfg_del('drain_seen:' .. id)
 elseif not same and w.active == 0 and w.lifetime == 0 then
   -- Nothing shows this is the process whose record was removed (no live
   -- session, no lifetime): a command kept for that one is not for it.
