@@ -333,6 +333,11 @@ func TestStaggerDrainsHoldForALongDrainEnds(t *testing.T) {
 			}
 			t0 := time.Now()
 			at := func(d time.Duration) ClaimRequest { q := req; q.Now = t0.Add(d); return q }
+			// A time the clock has not reached (a failover to a server whose
+			// clock is behind) is not kept: the hold starts now.
+			if err := r.rdb.HSet(ctx, r.Key(pool, keyConfig), "drain_seen:"+a, t0.Add(time.Hour).UnixMilli()).Err(); err != nil {
+				t.Fatal(err)
+			}
 			refused(t, r, at(0), b+"'s last session as "+a+" starts draining its session")
 			refused(t, r, at(hold-time.Millisecond), b+"'s last session just inside the hold")
 			unbound := at(4 * hold)
@@ -346,20 +351,25 @@ func TestStaggerDrainsHoldForALongDrainEnds(t *testing.T) {
 			if got := retiringSet(t, r, pool); !slices.Equal(got, []string{"a", "b"}) {
 				t.Fatalf("retiring set %v, want [a b]", got)
 			}
-			// b's session ends: it is restarting now, and a later worker's
-			// last session waits for it whatever the hold.
-			if err := r.Release(ctx, pool, c.LeaseID); err != nil {
-				t.Fatal(err)
-			}
+			// b drains its last session as well, past the hold too: two
+			// long drains both count, so a third worker's last session
+			// waits (at most two drain at once).
 			if err := r.SetDraining(ctx, pool, b); err != nil {
 				t.Fatal(err)
 			}
 			register(t, r, pool, "c", 0)
 			for i := 0; i < staggerLimits.MaxLifetime-1; i++ {
-				c, err := r.Claim(ctx, at(hold))
-				if err != nil || c.Worker.ID != "c" || c.Drain {
-					t.Fatalf("claim %d on c: %+v, %v", i, c, err)
+				cc, err := r.Claim(ctx, at(hold))
+				if err != nil || cc.Worker.ID != "c" || cc.Drain {
+					t.Fatalf("claim %d on c: %+v, %v", i, cc, err)
 				}
+			}
+			refused(t, r, at(2*hold), "c's last session while "+a+" and "+b+" both drain a session past the hold")
+			refused(t, r, at(4*hold), "c's last session while "+a+" and "+b+" both drain a session past the hold")
+			// b's session ends: it is restarting now, and holds c's last
+			// session back whatever the hold.
+			if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+				t.Fatal(err)
 			}
 			refused(t, r, at(4*hold), "c's last session while "+b+" restarts")
 			if err := r.Release(ctx, pool, last.LeaseID); err != nil {

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
+	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
 // Client traffic shared by the scenarios: churners open sessions of
@@ -202,6 +204,59 @@ var scenarios = []Scenario{
 			}
 			r.tr.down[1].Store(false)
 			r.fault(time.Now())
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "long-drain",
+		Proves: "one session held open on the first worker to reach max_lifetime (20; four workers of capacity 3, stagger_drains " +
+			"on by default) while six clients open short sessions: the pool keeps serving while that worker drains the long " +
+			"session, the other workers retiring in turn; no session refused, no overshoot, no leak.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 3, MaxLifetime: 20, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
+				return err
+			}
+			r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
+			// Opened first, so on the worker lifetime_first fills first.
+			if got := r.tr.hold(1, -1); got != 1 {
+				return fmt.Errorf("opened %d of 1 long session", got)
+			}
+			// The worker holding it: the only one with a session so far.
+			held := ""
+			status := func() (selection.Status, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				info, err := r.reg.Inspect(ctx, Pool)
+				if err != nil {
+					return "", err
+				}
+				for _, w := range info.Workers {
+					if (held == "" && w.Active == 1) || w.ID == held {
+						held = w.ID
+						return w.Status, nil
+					}
+				}
+				return "", errors.New("no worker with the long session")
+			}
+			if _, err := status(); err != nil {
+				return err
+			}
+			r.tr.churn(6, churnHold)
+			err := poll(30*time.Second, 50*time.Millisecond, held+" draining its long session", func() (bool, error) {
+				st, err := status()
+				return st == selection.Draining, err
+			})
+			if err != nil {
+				return err
+			}
+			r.note("%s draining its long session", held)
+			r.fault(time.Now())
+			// Every other worker reaches its last session within a few
+			// seconds at this rate; the long session stays open for the
+			// whole phase, inside the agents' 30 s drain timeout.
+			time.Sleep(r.phase(12*time.Second, 20*time.Second))
 			r.observe()
 			return nil
 		},

@@ -180,6 +180,8 @@ end
 -- retiring set's members can be (common.lua's second invariant), so this
 -- reads R records, not the pool. The first fresh retiring member settles it.
 local retiring = false
+-- StaggerDrains: a member draining a session past drain_hold was seen.
+local long_drain = false
 local retired_stale = {}
 if stagger and ml > 0 then
   -- Workers at or past max_lifetime still in idx:lifetime (the limit was
@@ -205,24 +207,29 @@ if stagger and ml > 0 then
     elseif drain_hold > 0 and w.status == 'draining' and w.active > 0 then
       -- Draining its last sessions: it holds the others' last sessions
       -- back for drain_hold ms from when a claim first saw it so (the
-      -- config hash's drain_seen:<id>), then no longer. A worker held
-      -- back takes no session either way; held for as long as a long
-      -- session lasts, every other worker reached its last session and
-      -- the pool stopped serving until -drain-timeout (22 s of 40 without
-      -- a session with one long session, max_lifetime 20, in steady
-      -- state). Past drain_hold the next worker may take its last session
-      -- and retire; heartbeat.lua's restart turn still lets one restart
-      -- at a time.
+      -- config hash's drain_seen:<id>), then no longer while it is the
+      -- only member retiring. A worker held back takes no session either
+      -- way; held for as long as a long session lasts, every other worker
+      -- reached its last session and the pool stopped serving until
+      -- -drain-timeout (22 s of 40 without a session with one long
+      -- session, max_lifetime 20, in steady state). Past drain_hold the
+      -- next worker may take its last session and retire beside it; that
+      -- one then counts, so at most two drain at once: a red team whose
+      -- long sessions all ended together had every worker draining when
+      -- any long drain stopped counting.
       local key = 'drain_seen:' .. id
-      local seen = tonumber(redis.call('HGET', K_CFG, key))
-      if not seen then
+      local seen = count(redis.call('HGET', K_CFG, key))
+      if not seen or seen > now then
+        -- none yet, or not a time this clock has passed (written by hand,
+        -- or a failover to a server whose clock is behind)
         seen = now
         if not dry then cfg_set(key, fmt(now)) end
       end
-      if now - seen < drain_hold then
+      if now - seen < drain_hold or long_drain then
         retiring = true
         break
       end
+      long_drain = true
     elseif may_retire(w, cfg) or live_command(id, now) then
       retiring = true
       break
