@@ -28,7 +28,7 @@ import (
 const (
 	DefaultInterval   = 300 * time.Second
 	DefaultStaleAfter = 30 * time.Second
-	DefaultLockTTL    = 60 * time.Second
+	DefaultLockTTL    = 10 * time.Second
 	// minKickGapFloor is the least default MinKickGap, whatever Interval.
 	minKickGapFloor = 5 * time.Second
 	// maxKickedPools bounds the pools a Reaper remembers between kicked
@@ -88,7 +88,7 @@ type Reaper struct {
 	// must exceed the agents' heartbeat interval. Default: 30s.
 	StaleAfter time.Duration
 	// LockTTL bounds how long a reaper that died mid-pass keeps a pool
-	// locked. Default: 60s.
+	// locked; a live pass renews the lock every LockTTL/3. Default: 10s.
 	LockTTL time.Duration
 	// MinKickGap is the least time from the end of one pass to the start
 	// of a kicked one (see Kick): however often claims meet stale workers

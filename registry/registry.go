@@ -754,9 +754,11 @@ func replyErr(err error, res []any) error {
 	return fmt.Errorf("unexpected reply of %d items", len(res))
 }
 
-// ReaperLock takes the pool's reaper lock for at most ttl so that of many
-// reapers only one works on a pool at a time. ok is false when another holds
-// it; release gives it back early (only if still held by this caller).
+// ReaperLock takes the pool's reaper lock so that of many reapers only
+// one works on a pool at a time. ok is false when another holds it. The
+// lock lives ttl and is renewed every ttl/3 until release, which gives it
+// back (only if still held by this caller): a reaper that dies mid-pass
+// keeps the pool locked for at most ttl, however long passes may take.
 func (r *Registry) ReaperLock(ctx context.Context, pool string, ttl time.Duration) (release func(context.Context) error, ok bool, err error) {
 	if err := checkPool(pool); err != nil {
 		return nil, false, fmt.Errorf("locking pool for the reaper: %w", err)
@@ -770,7 +772,28 @@ func (r *Registry) ReaperLock(ctx context.Context, pool string, ttl time.Duratio
 	if !ok {
 		return nil, false, nil
 	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(ttl / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				rctx, cancel := context.WithTimeout(context.Background(), ttl/3)
+				n, err := r.fcall(rctx, scriptUnlock, false, []string{key}, token, ms(ttl)).Int()
+				cancel()
+				if err == nil && n == 0 {
+					return // lost (it expired and another took it): nothing to renew
+				}
+			}
+		}
+	}()
 	return func(ctx context.Context) error {
+		close(stop)
+		<-stopped
 		if err := r.fcall(ctx, scriptUnlock, false, []string{key}, token).Err(); err != nil {
 			return fmt.Errorf("unlocking pool %q after the reaper: %w", pool, err)
 		}
