@@ -340,15 +340,21 @@ func TestRespawnRegistersAsANewWorker(t *testing.T) {
 	// Handover: the drained browser's record is removed only after its
 	// replacement registered, so the pool shows its retiring worker through
 	// the whole drain and restart, never a gap (the agent's own log order).
+	// The new record can be read before the agent has logged the old one's
+	// removal (CI read the log 1 ms too early once): wait for both lines.
 	order := map[string]int{}
-	for i, e := range logEntries(p) {
-		switch {
-		case e["msg"] == "worker registered" && e["worker_id"] == second.ID:
-			order["new registered"] = i + 1
-		case e["msg"] == "worker deregistered" && e["worker_id"] == first.ID:
-			order["old deregistered"] = i + 1
+	testenv.Eventually(t, 10*time.Second, "the agent to log the old worker's removal", func() bool {
+		clear(order)
+		for i, e := range logEntries(p) {
+			switch {
+			case e["msg"] == "worker registered" && e["worker_id"] == second.ID:
+				order["new registered"] = i + 1
+			case e["msg"] == "worker deregistered" && e["worker_id"] == first.ID:
+				order["old deregistered"] = i + 1
+			}
 		}
-	}
+		return order["old deregistered"] != 0
+	})
 	if order["new registered"] == 0 || order["old deregistered"] == 0 || order["old deregistered"] < order["new registered"] {
 		t.Fatalf("log order %v: the drained worker must be deregistered after its replacement registered", order)
 	}
