@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -773,9 +774,10 @@ func (r *Registry) ReaperLock(ctx context.Context, pool string, ttl time.Duratio
 		return nil, false, nil
 	}
 	stop, stopped := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	go func() {
 		defer close(stopped)
-		t := time.NewTicker(ttl / 3)
+		t := time.NewTicker(max(ttl/3, time.Millisecond))
 		defer t.Stop()
 		for {
 			select {
@@ -792,7 +794,7 @@ func (r *Registry) ReaperLock(ctx context.Context, pool string, ttl time.Duratio
 		}
 	}()
 	return func(ctx context.Context) error {
-		close(stop)
+		once.Do(func() { close(stop) })
 		<-stopped
 		if err := r.fcall(ctx, scriptUnlock, false, []string{key}, token).Err(); err != nil {
 			return fmt.Errorf("unlocking pool %q after the reaper: %w", pool, err)
