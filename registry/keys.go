@@ -45,6 +45,9 @@ const (
 	// The figures claims and releases change, beside the record (see
 	// lua/common.lua, "Hot figures").
 	keyHot = "hot" // HASH id -> "<predicted end> <suspect until>[ <window> <count> <sum> <durations>]"
+	// The lifetime of a worker whose record lapsed, kept for its comeback
+	// (see lua/common.lua, lapsed_entry).
+	keyLapsed = "lapsed" // HASH id -> "<gen> <lifetime> <forget at ms>"
 )
 
 // tombPrefix starts the value of a lease id in leases once the lease
@@ -73,6 +76,7 @@ var poolKeyNames = []string{
 	keyLeaseClient,
 	keyIdxIWRR, keyIWRR,
 	keyHot,
+	keyLapsed,
 }
 
 // maxNameLen bounds pool names and worker IDs.

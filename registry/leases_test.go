@@ -136,6 +136,77 @@ func TestRegistrationReassertsLifetime(t *testing.T) {
 	}
 }
 
+// An agent frozen past its record's TTL while its browser kept serving:
+// the sessions claimed meanwhile, ended before it came back, are in no
+// heartbeat reply it saw and in no lease. It registers again asserting
+// the lifetime of its last heartbeat (0 here), and the worker must still
+// count what it served: spent, it is told to shut down and not picked.
+func TestFrozenAgentComesBackWithTheLifetimeItServed(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	serve := func(n int) {
+		t.Helper()
+		for range n {
+			c, err := claimP(t, r, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mustRegister(t, r, capReg("w", "gen-1", 2))
+	serve(6)
+	expireStale(t, r, "w")
+	// the reaper's pass meanwhile keeps what the comeback needs
+	if _, err := r.Reconcile(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	mustRegister(t, r, capReg("w", "gen-1", 2))
+	if a, l, cmd := figures(t, r, "w"); a != 0 || l != 6 || cmd != "" {
+		t.Fatalf("back after serving 6 sessions unseen: active %d lifetime %d command %q; want 0, 6, none", a, l, cmd)
+	}
+	serve(4) // max_lifetime 10: the last one sets the shutdown command
+	expireStale(t, r, "w")
+	mustRegister(t, r, capReg("w", "gen-1", 2))
+	if _, l, cmd := figures(t, r, "w"); l != 10 || cmd != CommandShutdown {
+		t.Fatalf("back after serving its max_lifetime unseen: lifetime %d command %q; want 10, shutdown", l, cmd)
+	}
+	if c, err := claimP(t, r, ""); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("claim on a worker back at max_lifetime: %+v %v; want ErrNoWorker", c, err)
+	}
+
+	// What was kept goes with the comeback, and a new browser process
+	// starts from zero.
+	expireStale(t, r, "w")
+	mustRegister(t, r, capReg("w", "gen-2", 2))
+	if _, l, _ := figures(t, r, "w"); l != 0 {
+		t.Fatalf("a new generation after a lapse: lifetime %d, want 0", l)
+	}
+	if n := rdb.HLen(ctx, r.Key("p", keyLapsed)).Val(); n != 0 {
+		t.Fatalf("%d lapsed entries after the comeback, want 0", n)
+	}
+	// A deregistration keeps nothing: the agent said the browser is gone.
+	serve(3)
+	if err := r.Deregister(ctx, "p", "w"); err != nil {
+		t.Fatal(err)
+	}
+	mustRegister(t, r, capReg("w", "gen-2", 2))
+	if _, l, _ := figures(t, r, "w"); l != 0 {
+		t.Fatalf("registered after a deregistration: lifetime %d, want 0", l)
+	}
+	// One that never comes back is forgotten by the reaper once its time
+	// is past (a day; written here as due).
+	rdb.HSet(ctx, r.Key("p", keyLapsed), "gone", "gen-9 4 1", "kept", "gen-9 4 99999999999999")
+	if _, err := r.Reconcile(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	if got := rdb.HKeys(ctx, r.Key("p", keyLapsed)).Val(); !slices.Equal(got, []string{"kept"}) {
+		t.Fatalf("lapsed entries after the reaper's pass: %q, want only the one not yet due", got)
+	}
+}
+
 // An empty Redis restart (FLUSHALL here) with live sessions: the agent
 // registers again and the holders' renewals re-assert the leases, in
 // either order; the counts come back whole.

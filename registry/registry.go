@@ -596,7 +596,7 @@ const (
 )
 
 // reconcileKeys are the keys the scan stage walks, by reconcile.lua's names.
-var reconcileKeys = []string{"lf", "fsi", "fsb", "fsp", "ring", "iwrr", "active", "lifetime", "durations", "commands", "vnodes", "hot", "retiring"}
+var reconcileKeys = []string{"lf", "fsi", "fsb", "fsp", "ring", "iwrr", "active", "lifetime", "durations", "commands", "vnodes", "hot", "lapsed", "retiring"}
 
 // reconcile runs reconcile.lua's stages over the pool, each in bounded
 // calls (cursor passes). The pass is not atomic: what changes meanwhile is

@@ -538,7 +538,10 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 				if err := a.reg.Register(cctx, reg); err != nil {
 					log.Warn("registering again failed; will retry at the next heartbeat", zap.Error(err))
 				} else {
-					log.Info("worker registered again", zap.String("addr", reg.Addr), zap.Int("lifetime", reg.Lifetime))
+					// What it asserted: Redis keeps the higher of that and
+					// what it counted (the lifetime kept when the record
+					// lapsed, its live leases'); the next heartbeat tells.
+					log.Info("worker registered again", zap.String("addr", reg.Addr), zap.Int("lifetime_asserted", reg.Lifetime))
 				}
 				cancel()
 			case err != nil:

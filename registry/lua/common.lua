@@ -41,6 +41,9 @@
 --  21 hot            HASH id -> the figures claims and releases change (see
 --                    "Hot figures"): "<predicted end> <suspect until>", then
 --                    optionally " <window> <count> <window sum> <durations>"
+--  22 lapsed         HASH id -> "<gen> <lifetime> <forget at ms>": the lifetime of
+--                    a worker whose record lapsed (stale expiry), kept for its
+--                    comeback (see lapsed_entry)
 --
 -- ARGV common to every script: 1 now in ms (0: Redis TIME), 2 the pool's
 -- wakeup channel, 3 the pool name. Script-specific arguments follow.
@@ -73,6 +76,7 @@ local K_OWNER, K_TOMB = KEYS[16], KEYS[17]
 local K_CLIENT = KEYS[18]
 local K_IWRR, K_IWRRW = KEYS[19], KEYS[20]
 local K_HOT = KEYS[21]
+local K_LAPSED = KEYS[22]
 
 -- Lifetime-first score: lifetime descending, then active ascending; members
 -- with equal scores sort by id bytes, which gives the ID ASC tiebreak.
@@ -1180,6 +1184,32 @@ local function wake_if(entered)
   if entered then wake() end
 end
 
+-- LAPSED_KEEP_MS is how long a lapsed worker's lifetime waits for its
+-- comeback (a day: an agent cut off from Redis, not from its clients, may
+-- come back after hours).
+local LAPSED_KEEP_MS = 86400000
+
+-- lapsed_entry returns the lapsed value to keep for worker id (record w)
+-- whose record a stale expiry is about to remove, or nil: its generation
+-- and lifetime. The sessions claimed while its agent could not heartbeat
+-- (frozen, cut off from Redis) are in no reply the agent saw, and those
+-- that ended are in no lease either; without this a browser that comes
+-- back registers with the lifetime of its last heartbeat, and serves
+-- max_lifetime again (register.lua takes the kept figure back).
+local function lapsed_entry(id, w, now)
+  local l = count(redis.call('HGET', K_LIFETIME, id))
+  if not (w and type(w.gen) == 'string' and l and l > 0) then return nil end
+  return w.gen .. ' ' .. fmt(l) .. ' ' .. fmt(now + LAPSED_KEEP_MS)
+end
+
+-- lapsed_life returns the lifetime kept for generation gen of worker id
+-- (lapsed_entry) while it is not forgotten, else 0.
+local function lapsed_life(id, gen, now)
+  local g, l, t = string.match(redis.call('HGET', K_LAPSED, id) or '', '^(%S+) (%d+) (%d+)$')
+  if g ~= gen or not count(l) or not count(t) or tonumber(t) < now then return 0 end
+  return tonumber(l)
+end
+
 -- remove_worker deletes everything a registration wrote.
 local function remove_worker(id)
   unindex(id)
@@ -1189,6 +1219,7 @@ local function remove_worker(id)
   n = n + redis.call('HDEL', K_ACTIVE, id) + redis.call('HDEL', K_LIFETIME, id)
   n = n + redis.call('HDEL', K_DUR, id) + redis.call('HDEL', K_CMD, id) + redis.call('HDEL', K_VPOS, id)
   redis.call('HDEL', K_HOT, id)
+  redis.call('HDEL', K_LAPSED, id)
   cfg_del('drain_seen:' .. id)
   return n
 end

@@ -6,7 +6,8 @@
 -- selector's observation and this call wins. Leases of the worker stay:
 -- they belong to live sessions (their holders renew them) and count again
 -- if the same registration comes back (register.lua); abandoned ones lapse
--- by their TTL. A stale worker's live shutdown command stays too. Removing
+-- by their TTL. A stale worker's live shutdown command stays too, and its
+-- lifetime waits for its comeback in lapsed (common.lua). Removing
 -- a retiring worker wakes the pool's waiters: a last session StaggerDrains
 -- held back may now be granted.
 --
@@ -19,8 +20,9 @@
 local now = now_ms(ARGV[1])
 local id = ARGV[4]
 local stale = tonumber(ARGV[5])
+local w = nil
 if ARGV[6] == '1' then
-  local w = decode(redis.call('HGET', K_WORKERS, id))
+  w = decode(redis.call('HGET', K_WORKERS, id))
   -- A record that does not parse cannot prove it is fresh: it goes.
   if w and fresh(w, now, stale) then return 0 end
 end
@@ -29,8 +31,12 @@ local retiring = redis.call('SISMEMBER', K_RET, id) == 1
 -- A stale worker may come back (its agent paused, not dead): its live
 -- shutdown command waits for its next registration (register.lua).
 local cmd = ARGV[6] == '1' and live_command(id, now) and redis.call('HGET', K_CMD, id)
+-- So does the lifetime it served (lapsed_entry); a deregistration keeps
+-- nothing.
+local lapsed = ARGV[6] == '1' and lapsed_entry(id, w, now)
 local n = remove_worker(id)
 if cmd then redis.call('HSET', K_CMD, id, cmd) end
+if lapsed then redis.call('HSET', K_LAPSED, id, lapsed) end
 if retiring then wake() end
 if n > 0 or had then return 1 end
 return 0

@@ -25,8 +25,10 @@ for i = 5, #ARGV do
     -- As in expire.lua: a stale worker may come back (its agent paused,
     -- not dead); its live shutdown command waits for its next registration.
     local cmd = live_command(id, now) and redis.call('HGET', K_CMD, id)
+    local lapsed = lapsed_entry(id, w, now)
     local n = remove_worker(id)
     if cmd then redis.call('HSET', K_CMD, id, cmd) end
+    if lapsed then redis.call('HSET', K_LAPSED, id, lapsed) end
     if retiring then woke = true end
     if n > 0 or had then removed[#removed + 1] = id end
   end

@@ -27,6 +27,7 @@
 --              record or of a worker not indexed under the stored limits
 --              (debris after a change of limits), per-worker fields of no
 --              record (active, lifetime, durations, commands, vnodes, hot),
+--              lapsed lifetimes forgotten or beside a record, and
 --              retiring-set members that no longer qualify.
 -- Bad records are reported, not touched (Expire removes them).
 --
@@ -36,7 +37,7 @@
 --   workers: 5 cursor, 6 count
 --   count:   5.. groups of: id, generation, lifetime, k, k lease ids
 --   scan:    5 key name (leases owner client lf fsi fsb fsp ring active lifetime durations
---            commands vnodes hot retiring), 6 cursor, 7 count
+--            commands vnodes hot lapsed retiring), 6 cursor, 7 count
 -- Returns: leases: {leases freed, 1 when either key may hold more due
 --   entries (Go calls again), else 0}; workers: {cursor, fixed, {bad id, reason, ...},
 --   {id, gen, lifetime, active, ...}}; count: {fixed}; scan: {cursor,
@@ -167,7 +168,7 @@ if stage == 'scan' then
   local which = ARGV[5]
   local zsets = { lf = K_LF, fsi = K_FSI, fsb = K_FSB, fsp = K_FSP, ring = K_RING, iwrr = K_IWRR }
   local hashes = { active = K_ACTIVE, lifetime = K_LIFETIME, durations = K_DUR, commands = K_CMD, vnodes = K_VPOS,
-    hot = K_HOT }
+    hot = K_HOT, lapsed = K_LAPSED }
   local fixed, orphans = 0, 0
   local cursor
   local ws = {}
@@ -214,9 +215,19 @@ if stage == 'scan' then
     cursor = res[1]
     local kv = res[2]
     for i = 1, #kv, 2 do
-      -- (a live command of a stale worker waits for its comeback: expire.lua)
-      if redis.call('HEXISTS', K_WORKERS, kv[i]) == 0
-          and not (which == 'commands' and live_command(kv[i], now)) then
+      local gone
+      if which == 'lapsed' then
+        -- a lapsed lifetime waits for a comeback that has not happened
+        -- (a registration takes it): debris once forgotten, or beside a
+        -- record (a version without it registered)
+        local t = count(string.match(kv[i + 1], ' (%d+)$'))
+        gone = not t or t < now or redis.call('HEXISTS', K_WORKERS, kv[i]) == 1
+      else
+        -- (a live command of a stale worker waits for its comeback: expire.lua)
+        gone = redis.call('HEXISTS', K_WORKERS, kv[i]) == 0
+          and not (which == 'commands' and live_command(kv[i], now))
+      end
+      if gone then
         redis.call('HDEL', key, kv[i])
         orphans = orphans + 1
       end

@@ -11,8 +11,9 @@
 -- record at all (it expired, was reaped, or Redis lost it), continues what
 -- the worker had: its active count is its generation's live leases, and
 -- its lifetime the highest of the stored one (same generation), the one
--- the agent re-asserts, the lifetimes its live leases recorded, and its
--- active count; its durations and a live shutdown command are kept. A
+-- the agent re-asserts, the lifetimes its live leases recorded, the one
+-- kept when its record lapsed (lapsed, common.lua), and its active count;
+-- its durations and a live shutdown command are kept. A
 -- worker so brought to or past the stored lifetime limit gets its shutdown
 -- command.
 --
@@ -52,7 +53,7 @@ if ARGV[15] == '1' then w.status = 'draining' end
 w.active = owner_count(id, gen)
 w.lifetime = w.active
 if carry then
-  w.lifetime = math.max(tonumber(ARGV[13]) or 0, w.active, owned_life(id, gen))
+  w.lifetime = math.max(tonumber(ARGV[13]) or 0, w.active, owned_life(id, gen), lapsed_life(id, gen, now))
   if same then
     w.lifetime = math.max(w.lifetime, prev.lifetime)
     w.durations, w.dur_raw = prev.durations, prev.dur_raw
@@ -71,6 +72,7 @@ if ARGV[16] and ARGV[16] ~= '' then w.sig = ARGV[16] end
 store(id, w)
 redis.call('HSET', K_ACTIVE, id, fmt(w.active))
 redis.call('HSET', K_LIFETIME, id, fmt(w.lifetime))
+redis.call('HDEL', K_LAPSED, id)
 if not carry then
   redis.call('HDEL', K_DUR, id)
   redis.call('HDEL', K_CMD, id)
