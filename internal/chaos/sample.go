@@ -87,7 +87,10 @@ type sampler struct {
 func newSampler(reg *registry.Registry, interval time.Duration, concurrency int, lifetimeAt func(time.Time) int) *sampler {
 	return &sampler{
 		reg: reg, interval: interval, concurrency: concurrency, lifetimeAt: lifetimeAt,
-		http: &http.Client{Timeout: 300 * time.Millisecond},
+		// No kept-alive connection: an agent draining after a lost record
+		// counts the browser's connections (workeragent's
+		// drainedAfterLoss), and the sampler is no client of it.
+		http: &http.Client{Timeout: 300 * time.Millisecond, Transport: &http.Transport{DisableKeepAlives: true}},
 		eps:  map[string]*endpoint{}, stop: make(chan struct{}), done: make(chan struct{}),
 	}
 }

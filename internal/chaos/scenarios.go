@@ -302,6 +302,41 @@ var scenarios = []Scenario{
 		},
 	},
 	{
+		Name: "agent-frozen-spent",
+		Proves: "an agent frozen (SIGSTOP) just after its browser registered, past the stale threshold and key TTL, while clients " +
+			"keep opening short sessions: the browser reaches max_lifetime (10) before its record lapses, and once the agent " +
+			"registers again (asserting the lifetime of its last heartbeat, 0) the worker still counts what it served: " +
+			"it drains instead of serving max_lifetime again (no overshoot).",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 3, MaxLifetime: 10, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
+				return err
+			}
+			r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
+			// Frozen before any session: its last heartbeat saw lifetime
+			// 0. Its record stays fresh for up to the stale threshold, and
+			// lifetime_first fills it first (it leads once it has a
+			// session), so it serves its 10 before the record lapses.
+			agent := r.e.workers[0]
+			if err := agent.p.freeze(); err != nil {
+				return fmt.Errorf("freezing worker-1: %w", err)
+			}
+			r.tr.churn(5, churnHold)
+			freeze := keyTTL + 2*time.Second
+			r.note("agent frozen %s before the first session", freeze)
+			time.Sleep(freeze)
+			if err := agent.p.thaw(); err != nil {
+				return fmt.Errorf("resuming worker-1: %w", err)
+			}
+			r.fault(time.Now())
+			// Long enough for a worker back at lifetime 0 to serve its
+			// max_lifetime again at this rate.
+			time.Sleep(r.phase(4*time.Second, 8*time.Second))
+			r.observe()
+			return nil
+		},
+	},
+	{
 		Name: "redis-restart",
 		Proves: "Redis killed and restarted empty under 50 live sessions: the live sessions keep counting (no over-admission), " +
 			"no slot leaks, and the grid serves again within lease_ttl of the restart.",
