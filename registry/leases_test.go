@@ -169,6 +169,15 @@ func TestFrozenAgentComesBackWithTheLifetimeItServed(t *testing.T) {
 	}
 	serve(4) // max_lifetime 10: the last one sets the shutdown command
 	expireStale(t, r, "w")
+	// Later expiries of the gone record (a claim's background expiry,
+	// another instance, the reaper) keep what the first one kept, and
+	// report nothing removed.
+	if got, err := r.ExpireStale(ctx, "p", []string{"w"}, time.Millisecond); err != nil || len(got) != 0 {
+		t.Fatalf("a second stale expiry: removed %q, %v; want nothing", got, err)
+	}
+	if ok, err := r.Expire(ctx, "p", "w", time.Millisecond); err != nil || ok {
+		t.Fatalf("a third, by Expire: removed %v, %v; want nothing", ok, err)
+	}
 	mustRegister(t, r, capReg("w", "gen-1", 2))
 	if _, l, cmd := figures(t, r, "w"); l != 10 || cmd != CommandShutdown {
 		t.Fatalf("back after serving its max_lifetime unseen: lifetime %d command %q; want 10, shutdown", l, cmd)
@@ -197,13 +206,15 @@ func TestFrozenAgentComesBackWithTheLifetimeItServed(t *testing.T) {
 		t.Fatalf("registered after a deregistration: lifetime %d, want 0", l)
 	}
 	// One that never comes back is forgotten by the reaper once its time
-	// is past (a day; written here as due).
-	rdb.HSet(ctx, r.Key("p", keyLapsed), "gone", "gen-9 4 1", "kept", "gen-9 4 99999999999999")
+	// is past (a day; written here as due), and one that does not parse
+	// at once.
+	rdb.HSet(ctx, r.Key("p", keyLapsed), "gone", "gen-9 4 1", "kept", "gen-9 4 99999999999999",
+		"bad", "gen-9 -4 99999999999999")
 	if _, err := r.Reconcile(ctx, "p"); err != nil {
 		t.Fatal(err)
 	}
 	if got := rdb.HKeys(ctx, r.Key("p", keyLapsed)).Val(); !slices.Equal(got, []string{"kept"}) {
-		t.Fatalf("lapsed entries after the reaper's pass: %q, want only the one not yet due", got)
+		t.Fatalf("lapsed entries after the reaper's pass: %q, want only the good one not yet due", got)
 	}
 }
 

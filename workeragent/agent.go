@@ -541,7 +541,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 					// What it asserted: Redis keeps the higher of that and
 					// what it counted (the lifetime kept when the record
 					// lapsed, its live leases'); the next heartbeat tells.
-					log.Info("worker registered again", zap.String("addr", reg.Addr), zap.Int("lifetime_asserted", reg.Lifetime))
+					log.Info("worker registered again", zap.String("addr", reg.Addr), zap.Int("lifetime", reg.Lifetime))
 				}
 				cancel()
 			case err != nil:

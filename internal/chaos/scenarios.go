@@ -306,7 +306,7 @@ var scenarios = []Scenario{
 		Proves: "an agent frozen (SIGSTOP) just after its browser registered, past the stale threshold and key TTL, while clients " +
 			"keep opening short sessions: the browser reaches max_lifetime (10) before its record lapses, and once the agent " +
 			"registers again (asserting the lifetime of its last heartbeat, 0) the worker still counts what it served: " +
-			"it drains instead of serving max_lifetime again (no overshoot).",
+			"it drains instead of serving max_lifetime again (no overshoot), a later stale expiry of its gone record included.",
 		run: func(r *run) error {
 			lim := limits{MaxConcurrent: 3, MaxLifetime: 10, SelectTimeout: selectTimeout}
 			if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
@@ -318,6 +318,21 @@ var scenarios = []Scenario{
 			// lifetime_first fills it first (it leads once it has a
 			// session), so it serves its 10 before the record lapses.
 			agent := r.e.workers[0]
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			info, err := r.reg.Inspect(ctx, Pool)
+			cancel()
+			if err != nil {
+				return err
+			}
+			frozen := ""
+			for _, w := range info.Workers {
+				if strings.HasPrefix(w.ID, agent.name+"-") {
+					frozen = w.ID
+				}
+			}
+			if frozen == "" {
+				return errors.New("no record of worker-1")
+			}
 			if err := agent.p.freeze(); err != nil {
 				return fmt.Errorf("freezing worker-1: %w", err)
 			}
@@ -325,6 +340,16 @@ var scenarios = []Scenario{
 			freeze := keyTTL + 2*time.Second
 			r.note("agent frozen %s before the first session", freeze)
 			time.Sleep(freeze)
+			// One more stale expiry of its record, gone by now (another
+			// instance's reaper, a claim that saw it stale a moment ago):
+			// what the first one kept must stay.
+			ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+			again, err := r.reg.ExpireStale(ctx, Pool, []string{frozen}, staleThreshold)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("expiring worker-1 again: %w", err)
+			}
+			r.logf("late stale expiry of %s: removed %q", frozen, again)
 			if err := agent.p.thaw(); err != nil {
 				return fmt.Errorf("resuming worker-1: %w", err)
 			}

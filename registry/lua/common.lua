@@ -1191,7 +1191,8 @@ local LAPSED_KEEP_MS = 86400000
 
 -- lapsed_entry returns the lapsed value to keep for worker id (record w)
 -- whose record a stale expiry is about to remove, or nil: its generation
--- and lifetime. The sessions claimed while its agent could not heartbeat
+-- and lifetime. With no record (a later expiry of the same worker: a
+-- claim's, another instance's, the reaper's) the stored value stays. The sessions claimed while its agent could not heartbeat
 -- (frozen, cut off from Redis) are in no reply the agent saw, and those
 -- that ended are in no lease either; without this a browser that comes
 -- back registers with the lifetime of its last heartbeat, and serves
@@ -1202,15 +1203,25 @@ local function lapsed_entry(id, w, now)
   return w.gen .. ' ' .. fmt(l) .. ' ' .. fmt(now + LAPSED_KEEP_MS)
 end
 
+-- lapsed_parse reads a lapsed value: generation, lifetime and forget
+-- time, or nil when it is not one (a hand edit: forgotten by the reaper).
 -- lapsed_life returns the lifetime kept for generation gen of worker id
 -- (lapsed_entry) while it is not forgotten, else 0.
-local function lapsed_life(id, gen, now)
-  local g, l, t = string.match(redis.call('HGET', K_LAPSED, id) or '', '^(%S+) (%d+) (%d+)$')
-  if g ~= gen or not count(l) or not count(t) or tonumber(t) < now then return 0 end
-  return tonumber(l)
+local function lapsed_parse(raw)
+  local g, l, t = string.match(raw or '', '^(%S+) (%d+) (%d+)$')
+  l, t = count(l), count(t)
+  if not (l and t) then return nil end
+  return g, l, t
 end
 
--- remove_worker deletes everything a registration wrote.
+local function lapsed_life(id, gen, now)
+  local g, l, t = lapsed_parse(redis.call('HGET', K_LAPSED, id))
+  if g ~= gen or t < now then return 0 end
+  return l
+end
+
+-- remove_worker deletes everything a registration wrote (a lapsed
+-- lifetime is not the registration's: its callers keep or delete it).
 local function remove_worker(id)
   unindex(id)
   redis.call('HDEL', K_IWRRW, id)
@@ -1219,7 +1230,6 @@ local function remove_worker(id)
   n = n + redis.call('HDEL', K_ACTIVE, id) + redis.call('HDEL', K_LIFETIME, id)
   n = n + redis.call('HDEL', K_DUR, id) + redis.call('HDEL', K_CMD, id) + redis.call('HDEL', K_VPOS, id)
   redis.call('HDEL', K_HOT, id)
-  redis.call('HDEL', K_LAPSED, id)
   cfg_del('drain_seen:' .. id)
   return n
 end

@@ -27,7 +27,11 @@ for i = 5, #ARGV do
     local cmd = live_command(id, now) and redis.call('HGET', K_CMD, id)
     local lapsed = lapsed_entry(id, w, now)
     local n = remove_worker(id)
-    if cmd then redis.call('HSET', K_CMD, id, cmd) end
+    if cmd then
+      redis.call('HSET', K_CMD, id, cmd)
+      n = n - 1 -- kept: a later expiry of a gone record removes nothing
+    end
+    -- (no record, no entry: the one a first expiry stored stays)
     if lapsed then redis.call('HSET', K_LAPSED, id, lapsed) end
     if retiring then woke = true end
     if n > 0 or had then removed[#removed + 1] = id end

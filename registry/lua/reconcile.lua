@@ -220,8 +220,8 @@ if stage == 'scan' then
         -- a lapsed lifetime waits for a comeback that has not happened
         -- (a registration takes it): debris once forgotten, or beside a
         -- record (a version without it registered)
-        local t = count(string.match(kv[i + 1], ' (%d+)$'))
-        gone = not t or t < now or redis.call('HEXISTS', K_WORKERS, kv[i]) == 1
+        local g, _, t = lapsed_parse(kv[i + 1])
+        gone = not g or t < now or redis.call('HEXISTS', K_WORKERS, kv[i]) == 1
       else
         -- (a live command of a stale worker waits for its comeback: expire.lua)
         gone = redis.call('HEXISTS', K_WORKERS, kv[i]) == 0
