@@ -351,9 +351,10 @@ type ClaimRequest struct {
 	// operator's Drain) counts as retiring: its agent drains at its next
 	// heartbeat.
 	Limits selection.Limits
-	// DrainHold bounds, under StaggerDrains, how long a worker draining
-	// its last sessions holds the other workers' last sessions back: from
-	// when a claim first saw it draining with sessions, for DrainHold,
+	// DrainHold bounds, under StaggerDrains, how long a worker retiring
+	// with sessions left (draining them, or at its limit or told to shut
+	// down before its agent heard) holds the other workers' last sessions
+	// back: from when a claim first saw it so, for DrainHold,
 	// then no longer (the next worker may take its last session and
 	// retire; its restart still waits its turn, heartbeat.lua). A worker
 	// held back takes no session either way, so a hold as long as a long

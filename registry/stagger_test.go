@@ -392,3 +392,40 @@ func TestStaggerDrainsHoldForALongDrainEnds(t *testing.T) {
 		})
 	}
 }
+
+// The hold is timed from when a claim first sees the worker retiring with
+// a session left, not from when its agent marks it draining: the agent
+// hears of its limit only at its next heartbeat, 10 s by default, and
+// until then the others' last sessions waited with no bound, past the
+// half of select_timeout the hold promises (an operator red team: no
+// session for 4.1 s, and 503s, after a comeback spent with a long
+// session).
+func TestStaggerDrainsHoldStartsBeforeTheAgentHears(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	const hold = 2 * time.Second
+	for _, policy := range []Policy{LifetimeFirst, Vnode, FairShare} {
+		t.Run(string(policy), func(t *testing.T) {
+			pool := "hears-" + string(policy)
+			register(t, r, pool, "a", 0)
+			register(t, r, pool, "b", 0)
+			req := ClaimRequest{Pool: pool, Policy: policy, Limits: staggerLimits, DrainHold: hold}
+			a, b, _ := driveToLimit(t, r, req) // a's last session stays open
+			if w, err := r.Worker(ctx, pool, a); err != nil || w.Status != selection.Available || w.Active != 1 {
+				t.Fatalf("%s before its agent heard: %+v, %v; want available with its session", a, w, err)
+			}
+			// The first claim to see a so (this one, or one that brought b
+			// to its last session) started the hold.
+			refused(t, r, req, b+"'s last session as "+a+" retires with a session left")
+			seen, err := r.rdb.HGet(ctx, r.Key(pool, keyConfig), "drain_seen:"+a).Int64()
+			if err != nil {
+				t.Fatalf("no hold started for %s retiring with a session left: %v", a, err)
+			}
+			t0 := time.UnixMilli(seen)
+			at := func(d time.Duration) ClaimRequest { q := req; q.Now = t0.Add(d); return q }
+			refused(t, r, at(0), b+"'s last session as "+a+" retires with a session left")
+			refused(t, r, at(hold-time.Millisecond), b+"'s last session just inside the hold")
+			granted(t, r, at(hold), b, a+" still retiring with its session after the hold, its agent not told yet")
+		})
+	}
+}

@@ -22,9 +22,9 @@
 -- StaggerDrains (selection.Limits.StaggerDrains, with max_lifetime > 0):
 -- before walking, the claim reads the retiring set (usually 0 or 1 members)
 -- and asks whether one member is retiring now: fresh, and draining, at the
--- lifetime limit, or holding a live shutdown command (a member draining
--- with a session left counts for drain_hold_ms only; see the loop). If so, a worker whose
--- next session would bring it to the limit (lifetime + 1 >= max_lifetime)
+-- lifetime limit, or holding a live shutdown command (a member retiring
+-- with a session left counts for drain_hold_ms only; see the loop). If
+-- so, a worker whose next session would bring it to the limit (lifetime + 1 >= max_lifetime)
 -- is not usable: walked past at one unit of budget, like a suspect one
 -- (selection's HeldBack). Stale members do not count (they are dead) and
 -- are returned for expiry; members that no longer qualify are dropped.
@@ -204,11 +204,13 @@ if stagger and ml > 0 then
       if err == 'missing' then prune[#prune + 1] = id end
     elseif not fresh(w, now, stale) then
       retired_stale[#retired_stale + 1] = id
-    elseif drain_hold > 0 and w.status == 'draining' and w.active > 0 then
-      -- Draining its last sessions: it holds the others' last sessions
-      -- back for drain_hold ms from when a claim first saw it so (the
-      -- config hash's drain_seen:<id>), then no longer while it is the
-      -- only member retiring. A worker held back takes no session either
+    elseif drain_hold > 0 and w.active > 0 and (may_retire(w, cfg) or live_command(id, now)) then
+      -- Retiring with sessions left (draining them, or at its limit or
+      -- told to shut down before its agent heard, which is up to a
+      -- heartbeat interval, 10 s by default): it holds the others' last
+      -- sessions back for drain_hold ms from when a claim first saw it so
+      -- (the config hash's drain_seen:<id>), then no longer while it is
+      -- the only member retiring. A worker held back takes no session either
       -- way; held for as long as a long session lasts, every other worker
       -- reached its last session and the pool stopped serving until
       -- -drain-timeout (22 s of 40 without a session with one long
@@ -237,7 +239,12 @@ if stagger and ml > 0 then
       prune[#prune + 1] = id
     end
   end
-  if not dry and #prune > 0 then redis.call('SREM', K_RET, unpack(prune)) end
+  if not dry and #prune > 0 then
+    redis.call('SREM', K_RET, unpack(prune))
+    -- retiring no more (a raised limit): a later retirement times its
+    -- hold afresh
+    for _, id in ipairs(prune) do cfg_del('drain_seen:' .. id) end
+  end
 end
 ws.retiring = retiring
 
