@@ -429,3 +429,95 @@ func TestStaggerDrainsHoldStartsBeforeTheAgentHears(t *testing.T) {
 		})
 	}
 }
+
+// A worker that stops retiring (a lowered limit raised again, its
+// heartbeat takes it out of the retiring set) loses its hold's start: when
+// it later reaches the raised limit with a session open, the others' last
+// sessions wait a hold timed afresh, not one spent long ago (a red team:
+// the next worker's last session was granted at once, two draining
+// together).
+func TestStaggerDrainsHoldAfterARaisedLimitStartsAfresh(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	const hold = 2 * time.Second
+	pool := "raised"
+	register(t, r, pool, "a", 0)
+	register(t, r, pool, "b", 0)
+	high := selection.Limits{MaxLifetime: 10, StaleAfter: 10 * time.Second, StaggerDrains: true}
+	reqHigh := ClaimRequest{Pool: pool, Policy: LifetimeFirst, Limits: high, DrainHold: hold}
+	on := func(req ClaimRequest, id, other string) *Claim {
+		t.Helper()
+		req.Avoid = []string{other}
+		c, err := r.Claim(ctx, req)
+		if err != nil || c.Worker.ID != id {
+			t.Fatalf("claim on %s: %+v, %v", id, c, err)
+		}
+		return c
+	}
+	// a: 4 sessions, the last still open.
+	var open *Claim
+	for i := range 4 {
+		c := on(reqHigh, "a", "b")
+		if i < 3 {
+			if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		open = c
+	}
+	// max_lifetime lowered to 3: claims put a in the retiring set and
+	// start its hold.
+	low := reqHigh
+	low.Limits.MaxLifetime = 3
+	low.ConfigTime = time.Now()
+	for range 2 {
+		_, _ = r.Claim(ctx, low)
+	}
+	if _, err := r.rdb.HGet(ctx, r.Key(pool, keyConfig), "drain_seen:a").Result(); err != nil {
+		t.Fatalf("no hold started for a past the lowered limit with a session: %v", err)
+	}
+	// Raised to 10 again by a newer config; a's heartbeat takes it out.
+	raised := reqHigh
+	raised.ConfigTime = time.Now().Add(time.Second)
+	if _, _, err := r.StoreLimits(ctx, raised); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Heartbeat(ctx, pool, "a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := retiringSet(t, r, pool); len(got) != 0 {
+		t.Fatalf("retiring set %v after the raise, want none", got)
+	}
+	if err := r.Release(ctx, pool, open.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	// Past the old hold: b one short of its last session, a takes its
+	// last with it left open.
+	later := raised
+	later.Now = time.Now().Add(hold + 500*time.Millisecond)
+	for {
+		w, err := r.Worker(ctx, pool, "b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.Lifetime == high.MaxLifetime-1 {
+			break
+		}
+		if err := r.Release(ctx, pool, on(later, "b", "a").LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		c := on(later, "a", "b")
+		if c.Drain {
+			break
+		}
+		if err := r.Release(ctx, pool, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused(t, r, later, "b's last session as a retires again with a session left")
+	inside := later
+	inside.Now = later.Now.Add(hold - time.Millisecond)
+	refused(t, r, inside, "b's last session just inside a's new hold")
+}

@@ -477,13 +477,16 @@ end
 
 -- retire_sync keeps the worker's membership of the retiring set true to its
 -- figures. A worker with a shutdown command (an operator's drain) stays a
--- member: its agent drains at its next heartbeat.
+-- member: its agent drains at its next heartbeat. One that leaves the set
+-- loses its drain hold's start (drain_seen, claim.lua): a later
+-- retirement (a limit raised, then reached) times its hold afresh.
 local function retire_sync(id, w, cfg)
   if may_retire(w, cfg) then
     redis.call('SADD', K_RET, id)
   elseif redis.call('SISMEMBER', K_RET, id) == 1 and redis.call('HEXISTS', K_CMD, id) == 0 then
     -- the usual case (not a member) costs one command
     redis.call('SREM', K_RET, id)
+    cfg_del('drain_seen:' .. id)
   end
 end
 

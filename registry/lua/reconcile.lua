@@ -312,6 +312,7 @@ if stage == 'scan' then
         orphans = orphans + 1
       elseif w and not (may_retire(w, cfg) or redis.call('HEXISTS', K_CMD, id) == 1) then
         redis.call('SREM', K_RET, id)
+        cfg_del('drain_seen:' .. id) -- as retire_sync
         fixed = fixed + 1
       end
     end
