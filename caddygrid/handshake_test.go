@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,11 +28,21 @@ func (g *grid) startCDPWorker(pool, id string) (register func()) {
 	if _, err := os.Stat(workeragent.DefaultChromium); err != nil {
 		testenv.Missing(g.t, "%s not installed", workeragent.DefaultChromium)
 	}
+	// The profile is removed by hand once the whole browser is gone: its
+	// helper processes outlive the main one's kill and keep writing there,
+	// which failed t.TempDir's removal (and the test) in CI.
+	profile, err := os.MkdirTemp("", "cdp-worker-")
+	if err != nil {
+		g.t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	args := append(append([]string(nil), workeragent.ChromiumFlags...),
 		"--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
-		"--user-data-dir="+g.t.TempDir(), "about:blank")
+		"--user-data-dir="+profile, "about:blank")
 	cmd := exec.CommandContext(ctx, workeragent.DefaultChromium, args...)
+	// its own process group, killed whole
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		g.t.Fatal(err)
@@ -39,7 +50,14 @@ func (g *grid) startCDPWorker(pool, id string) (register func()) {
 	if err := cmd.Start(); err != nil {
 		g.t.Fatal(err)
 	}
-	g.t.Cleanup(func() { cancel(); _ = cmd.Wait() })
+	g.t.Cleanup(func() {
+		cancel()
+		_ = cmd.Wait()
+		// a helper that left the group may still be closing its files
+		for i := 0; os.RemoveAll(profile) != nil && i < 50; i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
 	found := make(chan string, 1)
 	go func() {
 		re := regexp.MustCompile(`DevTools listening on (ws://\S+)`)
