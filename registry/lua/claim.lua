@@ -24,10 +24,11 @@
 -- and asks whether one member is retiring now: fresh, and draining, at the
 -- lifetime limit, or holding a live shutdown command (a member retiring
 -- with a session left counts for drain_hold_ms only; see the loop). If
--- so, a worker whose next session would bring it to the limit (lifetime + 1 >= max_lifetime)
--- is not usable: walked past at one unit of budget, like a suspect one
--- (selection's HeldBack). Stale members do not count (they are dead) and
--- are returned for expiry; members that no longer qualify are dropped.
+-- so, a worker whose next session would bring it to the limit
+-- (lifetime + 1 >= max_lifetime) is not usable: walked past at one unit
+-- of budget, like a suspect one (selection's HeldBack). Stale members do
+-- not count (they are dead) and are returned for expiry; members that no
+-- longer qualify are dropped.
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: the common three (see common.lua), then the fields registry/contract.go
@@ -210,8 +211,8 @@ if stagger and ml > 0 then
       -- heartbeat interval, 10 s by default): it holds the others' last
       -- sessions back for drain_hold ms from when a claim first saw it so
       -- (the config hash's drain_seen:<id>), then no longer while it is
-      -- the only member retiring. A worker held back takes no session either
-      -- way; held for as long as a long session lasts, every other worker
+      -- the only member retiring. A worker held back takes no session
+      -- either way; held for as long as a long session lasts, every other worker
       -- reached its last session and the pool stopped serving until
       -- -drain-timeout (22 s of 40 without a session with one long
       -- session, max_lifetime 20, in steady state). Past drain_hold the

@@ -1195,11 +1195,12 @@ local LAPSED_KEEP_MS = 86400000
 -- lapsed_entry returns the lapsed value to keep for worker id (record w)
 -- whose record a stale expiry is about to remove, or nil: its generation
 -- and lifetime. With no record (a later expiry of the same worker: a
--- claim's, another instance's, the reaper's) the stored value stays. The sessions claimed while its agent could not heartbeat
--- (frozen, cut off from Redis) are in no reply the agent saw, and those
--- that ended are in no lease either; without this a browser that comes
--- back registers with the lifetime of its last heartbeat, and serves
--- max_lifetime again (register.lua takes the kept figure back).
+-- claim's, another instance's, the reaper's) the stored value stays. The
+-- sessions claimed while its agent could not heartbeat (frozen, cut off
+-- from Redis) are in no reply the agent saw, and those that ended are in
+-- no lease either; without this a browser that comes back registers with
+-- the lifetime of its last heartbeat, and serves max_lifetime again
+-- (register.lua takes the kept figure back).
 local function lapsed_entry(id, w, now)
   local l = count(redis.call('HGET', K_LIFETIME, id))
   if not (w and type(w.gen) == 'string' and l and l > 0) then return nil end
