@@ -205,15 +205,17 @@ if stagger and ml > 0 then
       if err == 'missing' then prune[#prune + 1] = id end
     elseif not fresh(w, now, stale) then
       retired_stale[#retired_stale + 1] = id
-    elseif drain_hold > 0 and w.active > 0 and (may_retire(w, cfg) or live_command(id, now)) then
+    elseif not (may_retire(w, cfg) or live_command(id, now)) then
+      prune[#prune + 1] = id
+    elseif drain_hold > 0 and w.active > 0 then
       -- Retiring with sessions left (draining them, or at its limit or
       -- told to shut down before its agent heard, which is up to a
       -- heartbeat interval, 10 s by default): it holds the others' last
       -- sessions back for drain_hold ms from when a claim first saw it so
       -- (the config hash's drain_seen:<id>), then no longer while it is
       -- the only member retiring. A worker held back takes no session
-      -- either way; held for as long as a long session lasts, every other worker
-      -- reached its last session and the pool stopped serving until
+      -- either way; held for as long as a long session lasts, every other
+      -- worker reached its last session and the pool stopped serving until
       -- -drain-timeout (22 s of 40 without a session with one long
       -- session, max_lifetime 20, in steady state). Past drain_hold the
       -- next worker may take its last session and retire beside it; that
@@ -233,11 +235,9 @@ if stagger and ml > 0 then
         break
       end
       long_drain = true
-    elseif may_retire(w, cfg) or live_command(id, now) then
+    else
       retiring = true
       break
-    else
-      prune[#prune + 1] = id
     end
   end
   if not dry and #prune > 0 then

@@ -1238,6 +1238,29 @@ local function remove_worker(id)
   return n
 end
 
+-- expire_worker removes worker id (record w, nil when missing or bad) and
+-- returns how much of it there was (remove_worker). A stale expiry (stale
+-- true) keeps what the worker's comeback needs, for its agent may be
+-- paused, not dead: its live shutdown command and the lifetime it served
+-- (lapsed_entry; with no record, the one stored stays). A kept command
+-- does not count as removed: a later expiry of a gone record removes
+-- nothing. A deregistration keeps nothing.
+local function expire_worker(id, w, now, stale)
+  local cmd = stale and live_command(id, now) and redis.call('HGET', K_CMD, id)
+  local lapsed = stale and lapsed_entry(id, w, now)
+  local n = remove_worker(id)
+  if cmd then
+    redis.call('HSET', K_CMD, id, cmd)
+    n = n - 1
+  end
+  if lapsed then
+    redis.call('HSET', K_LAPSED, id, lapsed)
+  elseif not stale then
+    redis.call('HDEL', K_LAPSED, id)
+  end
+  return n
+end
+
 -- pending_command returns the worker's live command ('' when none),
 -- deleting an expired one.
 local function pending_command(id, now)

@@ -29,21 +29,9 @@ end
 local had = redis.call('ZSCORE', K_LF, id)
 local retiring = redis.call('SISMEMBER', K_RET, id) == 1
 -- A stale worker may come back (its agent paused, not dead): its live
--- shutdown command waits for its next registration (register.lua).
-local cmd = ARGV[6] == '1' and live_command(id, now) and redis.call('HGET', K_CMD, id)
--- So does the lifetime it served (lapsed_entry; a later stale expiry,
--- with no record, keeps the one stored); a deregistration keeps nothing.
-local lapsed = ARGV[6] == '1' and lapsed_entry(id, w, now)
-local n = remove_worker(id)
-if cmd then
-  redis.call('HSET', K_CMD, id, cmd)
-  n = n - 1 -- kept: a later expiry of a gone record removes nothing
-end
-if lapsed then
-  redis.call('HSET', K_LAPSED, id, lapsed)
-elseif ARGV[6] ~= '1' then
-  redis.call('HDEL', K_LAPSED, id)
-end
+-- shutdown command and the lifetime it served wait for its next
+-- registration (register.lua); a deregistration keeps nothing.
+local n = expire_worker(id, w, now, ARGV[6] == '1')
 if retiring then wake() end
 if n > 0 or had then return 1 end
 return 0

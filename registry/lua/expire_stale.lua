@@ -23,16 +23,8 @@ for i = 5, #ARGV do
     local had = redis.call('ZSCORE', K_LF, id)
     local retiring = redis.call('SISMEMBER', K_RET, id) == 1
     -- As in expire.lua: a stale worker may come back (its agent paused,
-    -- not dead); its live shutdown command waits for its next registration.
-    local cmd = live_command(id, now) and redis.call('HGET', K_CMD, id)
-    local lapsed = lapsed_entry(id, w, now)
-    local n = remove_worker(id)
-    if cmd then
-      redis.call('HSET', K_CMD, id, cmd)
-      n = n - 1 -- kept: a later expiry of a gone record removes nothing
-    end
-    -- (no record, no entry: the one a first expiry stored stays)
-    if lapsed then redis.call('HSET', K_LAPSED, id, lapsed) end
+    -- not dead); what its comeback needs stays (expire_worker).
+    local n = expire_worker(id, w, now, true)
     if retiring then woke = true end
     if n > 0 or had then removed[#removed + 1] = id end
   end
