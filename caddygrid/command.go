@@ -36,8 +36,9 @@ wait) and the sawtooth (that worker restarting and starting again from
 zero) can be watched in a terminal. --watch redraws every --interval until
 Ctrl-C.
 
-'caddy grid drain <pool> <worker>' sets the worker's shutdown command: its
-agent drains it (no new sessions, the live ones finish) and restarts it.
+'caddy grid drain <pool> <worker>' sets the worker's shutdown command: it
+takes no new session from then on, and its agent drains it (the live
+sessions finish) and restarts it.
 
 The admin address comes from --address, else from --config, else Caddy's
 default (localhost:2019).

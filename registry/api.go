@@ -317,7 +317,9 @@ func (r *Registry) Worker(ctx context.Context, pool, id string) (WorkerInfo, err
 	return r.worker(ctx, pool, id)
 }
 
-// Drain sets a worker's shutdown command (as an operator or the admin API).
+// Drain sets a worker's shutdown command (as an operator or the admin API)
+// and takes it out of selection at once: while the command is live it
+// takes no new session, before its agent hears the command too.
 func (r *Registry) Drain(ctx context.Context, pool, id string) error {
 	return r.update(ctx, pool, id, "command", string(CommandShutdown), r.opts.CommandTTL)
 }

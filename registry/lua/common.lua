@@ -52,7 +52,10 @@
 -- kept one of idx:ring (all V positions), idx:fair_idle / idx:fair_busy
 -- (exactly one of the two) and idx:iwrr, exactly when it is "indexed"
 -- (status available, below its cap, below the lifetime limit) under the
--- pool's stored config, as of the last script that touched the worker;
+-- pool's stored config and holds no live shutdown command (an operator's
+-- drain takes no new session: retire_sync), as of the last script that
+-- touched the worker (a command that lapses unheard gives the worker back
+-- at its next heartbeat, release or reconcile);
 -- an index being built holds that for the workers it has met (see "Kept
 -- indexes"). When the stored limits change nothing rebuilds
 -- the indexes (that would be O(N) in one script): they converge worker by
@@ -475,28 +478,41 @@ local function may_retire(w, cfg)
   return w.status == 'draining' or (cfg.ml > 0 and w.lifetime >= cfg.ml)
 end
 
--- retire_sync keeps the worker's membership of the retiring set true to its
--- figures. A worker with a shutdown command (an operator's drain) stays a
--- member: its agent drains at its next heartbeat. One that leaves the set
--- loses its drain hold's start (drain_seen, claim.lua): a later
--- retirement (a limit raised, then reached) times its hold afresh.
-local function retire_sync(id, w, cfg)
-  if may_retire(w, cfg) then
-    redis.call('SADD', K_RET, id)
-  elseif redis.call('SISMEMBER', K_RET, id) == 1 and redis.call('HEXISTS', K_CMD, id) == 0 then
-    -- the usual case (not a member) costs one command
-    redis.call('SREM', K_RET, id)
-    cfg_del('drain_seen:' .. id)
-  end
+-- command_live reports whether a stored command c (nil: none) has not
+-- expired at now.
+local function command_live(c, now)
+  if not c then return false end
+  local exp = string.match(c, '^[^|]*|(%d+)$')
+  return exp ~= nil and tonumber(exp) >= now
 end
 
 -- live_command reports whether the worker has a shutdown command that has
 -- not expired at now (reads only; pending_command also drops expired ones).
 local function live_command(id, now)
-  local c = redis.call('HGET', K_CMD, id)
-  if not c then return false end
-  local exp = string.match(c, '^[^|]*|(%d+)$')
-  return exp ~= nil and tonumber(exp) >= now
+  return command_live(redis.call('HGET', K_CMD, id), now)
+end
+
+-- retire_sync keeps the worker's membership of the retiring set true to its
+-- figures. A worker with a shutdown command (an operator's drain) stays a
+-- member: its agent drains at its next heartbeat. One that leaves the set
+-- loses its drain hold's start (drain_seen, claim.lua): a later
+-- retirement (a limit raised, then reached) times its hold afresh.
+-- Returns true when the worker is held out of the selection indexes by a
+-- live command although its figures would index it (an operator's drain
+-- its agent has not acted on yet: it takes no new session meanwhile).
+-- Every worker with a command is a member (update.lua, heartbeat.lua and
+-- the claims add it; the reaper repairs the set), so the usual case (not
+-- a member) still costs one command.
+local function retire_sync(id, w, cfg, now)
+  if may_retire(w, cfg) then
+    redis.call('SADD', K_RET, id)
+  elseif redis.call('SISMEMBER', K_RET, id) == 1 then
+    local c = redis.call('HGET', K_CMD, id)
+    if c then return command_live(c, now) end
+    redis.call('SREM', K_RET, id)
+    cfg_del('drain_seen:' .. id)
+  end
+  return false
 end
 
 -- restarting reports whether worker o holds the restart turn now: fresh,
@@ -618,18 +634,21 @@ end
 -- (re-)entered the indexes: a waiting claim may take it now.
 -- claimed: the worker was just taken from the indexes by a claim (indexed,
 -- so available and below the lifetime limit, and now lifetime + 1 under
--- the same limits): only its reaching the limit can change what the
--- retiring set must hold, so that is all it checks (an SADD then, no
--- command otherwise). A member that no longer qualifies is left to the
+-- the same limits, and no live command held it out): only its reaching
+-- the limit can change what the retiring set must hold, so that is all it
+-- checks (an SADD then, no command otherwise). Otherwise a live shutdown
+-- command keeps it out of the indexes (retire_sync). A member that no
+-- longer qualifies is left to the
 -- next full retire_sync (heartbeat, release) or a StaggerDrains claim's
 -- prune: the set is a superset (see the second invariant above).
 local function reindex(id, w, cfg, now, claimed)
+  local held = false
   if not claimed then
-    retire_sync(id, w, cfg)
+    held = retire_sync(id, w, cfg, now)
   elseif may_retire(w, cfg) then
     redis.call('SADD', K_RET, id)
   end
-  if not indexed(w, cfg) then
+  if held or not indexed(w, cfg) then
     -- ZREM's count says whether it was indexed (its ring positions go too);
     -- the fair-share entries may linger either way
     if redis.call('ZREM', K_LF, id) == 1 then opt_rem(id, cfg) end

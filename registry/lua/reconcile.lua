@@ -96,8 +96,9 @@ if stage == 'workers' then
       bad[#bad + 1] = id
       bad[#bad + 1] = err
     else
-      pending_command(id, now)
-      local ix = indexed(w, cfg)
+      -- (drops an expired command; a live one holds the worker out of
+      -- the indexes, retire_sync)
+      local ix = pending_command(id, now) == '' and indexed(w, cfg)
       local in_lf = redis.call('ZSCORE', K_LF, id)
       local fix = false
       if ix then
@@ -196,7 +197,7 @@ if stage == 'scan' then
       if which == 'iwrr' then id = string.sub(m, 8) end
       if which == 'lf' then
         local w = worker(id)
-        ok = w and indexed(w, cfg)
+        ok = w and indexed(w, cfg) and not live_command(id, now)
       elseif not redis.call('ZSCORE', K_LF, id) then
         -- the workers stage made idx:lifetime exactly the indexed workers
         -- (what changed since, the scripts that changed it keep right)

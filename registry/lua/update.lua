@@ -1,7 +1,10 @@
 -- update.lua: change one worker: 'draining' sets its status to draining
 -- and takes it out of every selection index; 'command' sets its pending
--- command with an expiry (an operator's drain). Either way the worker
--- joins the pool's retiring set (StaggerDrains). 'suspect' marks the
+-- command with an expiry (an operator's drain) and takes it out of the
+-- indexes too: it takes no new session from now on, not only once its
+-- agent hears the command and marks it draining (while the command is
+-- live, reindex keeps it out: retire_sync). Either way the worker joins
+-- the pool's retiring set (StaggerDrains). 'suspect' marks the
 -- worker suspect (walked past by claims) for a while, when its
 -- registration is still the given generation, without a lease: a worker
 -- whose claim was given back before another worker accepted what it
@@ -36,6 +39,7 @@ if ARGV[5] == 'draining' then
   unindex(id)
 else
   redis.call('HSET', K_CMD, id, ARGV[6] .. '|' .. fmt(now + tonumber(ARGV[7])))
+  unindex(id)
 end
 redis.call('SADD', K_RET, id)
 return 1
