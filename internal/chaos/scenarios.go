@@ -262,6 +262,91 @@ var scenarios = []Scenario{
 		},
 	},
 	{
+		Name: "operator-drain",
+		Proves: "an operator drains the busiest worker through the admin API (four workers of capacity 3, six clients opening " +
+			"short sessions): it takes no new session from that moment, not only once its agent hears the command at its next " +
+			"heartbeat; it drains, restarts, and the pool keeps serving with no session refused.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 3, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
+				return err
+			}
+			r.clients(3, constant(noLifetime), 100*time.Millisecond)
+			r.tr.churn(6, churnHold)
+			r.warm()
+			read := func() (registry.PoolInfo, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				return r.reg.Inspect(ctx, Pool)
+			}
+			info, err := read()
+			if err != nil {
+				return err
+			}
+			// lifetime_first's favourite: the worker most likely to be
+			// given a session next
+			var target registry.WorkerInfo
+			for _, w := range info.Workers {
+				if w.Status == selection.Available && w.Lifetime > target.Lifetime {
+					target = w
+				}
+			}
+			if target.ID == "" {
+				return errors.New("no worker has served a session")
+			}
+			url := fmt.Sprintf("http://127.0.0.1:%d/grid/pools/%s/workers/%s/drain", r.e.caddies[0].adminPort, Pool, target.ID)
+			resp, err := http.Post(url, "application/json", nil)
+			if err != nil {
+				return fmt.Errorf("draining %s through the admin API: %w", target.ID, err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("draining %s through the admin API: %s", target.ID, resp.Status)
+			}
+			r.fault(time.Now())
+			// Its lifetime once the drain is in: every claim after it
+			// would add to it until its record is gone.
+			info, err = read()
+			if err != nil {
+				return err
+			}
+			base, last := -1, -1
+			for _, w := range info.Workers {
+				if w.ID == target.ID {
+					base, last = w.Lifetime, w.Lifetime
+				}
+			}
+			if base < 0 {
+				return fmt.Errorf("%s vanished right after its drain", target.ID)
+			}
+			err = poll(30*time.Second, 10*time.Millisecond, target.ID+" gone", func() (bool, error) {
+				info, err := read()
+				if err != nil {
+					return false, err
+				}
+				for _, w := range info.Workers {
+					if w.ID == target.ID {
+						last = max(last, w.Lifetime)
+						return false, fmt.Errorf("%s %s, lifetime %d", w.ID, w.Status, w.Lifetime)
+					}
+				}
+				return true, nil
+			})
+			if err != nil {
+				return err
+			}
+			r.note("%s took %d sessions after the operator's drain (lifetime %d at the drain)", target.ID, last-base, base)
+			if last > base {
+				r.failures = append(r.failures, fmt.Sprintf("%d sessions admitted by %s after its drain", last-base, target.ID))
+			}
+			if err := r.waitWorkers(4); err != nil {
+				return err
+			}
+			r.observe()
+			return nil
+		},
+	},
+	{
 		Name: "agent-frozen",
 		Proves: "an agent frozen (SIGSTOP) past the stale threshold and its key TTL while its browser holds sessions at capacity, " +
 			"then resumed: its live sessions still count against max_concurrent once it registers again (no over-admission).",
