@@ -49,7 +49,8 @@ func (AdminAPI) Routes() []caddy.AdminRoute {
 // PoolSummary is one pool in GET /grid/pools.
 type PoolSummary struct {
 	Pool string `json:"pool"`
-	// Workers registered, and how many of them are available or draining.
+	// Workers registered, and how many of them are available or draining
+	// (status draining, or told to shut down: either takes no session).
 	Workers   int `json:"workers"`
 	Available int `json:"available"`
 	Draining  int `json:"draining"`
@@ -214,8 +215,12 @@ func (a *App) summarize(b *backend, info registry.PoolInfo, versions, groups []s
 	}
 	for _, w := range info.Workers {
 		s.Active += w.Active
-		switch w.Status {
-		case selection.Available:
+		switch {
+		case w.Status == selection.Draining || w.Command == registry.CommandShutdown:
+			// told to shut down, its agent not draining yet: it takes no
+			// session either
+			s.Draining++
+		case w.Status == selection.Available:
 			s.Available++
 			snap := w.Snapshot()
 			if c := info.Limits.Cap(&snap); c > 0 {
@@ -223,8 +228,6 @@ func (a *App) summarize(b *backend, info registry.PoolInfo, versions, groups []s
 			} else {
 				s.Uncapped++
 			}
-		case selection.Draining:
-			s.Draining++
 		}
 	}
 	return s

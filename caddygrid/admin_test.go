@@ -115,6 +115,17 @@ func TestAdminAndMetrics(t *testing.T) {
 	if cmd := g.info("chromium", "w3").Command; cmd != registry.CommandShutdown {
 		t.Errorf("after POST drain w3's command is %q, want %q", cmd, registry.CommandShutdown)
 	}
+	// it takes no session from now on: the totals count it as draining,
+	// its slots out of the capacity
+	code, body = c.admin(http.MethodGet, "/grid/pools")
+	pools = nil
+	if err := json.Unmarshal(body, &pools); code != http.StatusOK || err != nil {
+		t.Fatalf("GET /grid/pools after the drain: %d %s", code, body)
+	}
+	want = caddygrid.PoolSummary{Pool: "chromium", Workers: 3, Available: 2, Draining: 1, Active: 1, Capacity: 4, Leases: 1, LocalSessions: 1}
+	if len(pools) != 1 || !reflect.DeepEqual(pools[0], want) {
+		t.Errorf("GET /grid/pools after draining w3 = %+v, want [%+v]", pools, want)
+	}
 
 	// Errors are caddy.APIError JSON.
 	for _, tc := range []struct {

@@ -274,13 +274,15 @@ if chosen then
     cw.predicted_end = math.max(now, cw.predicted_end) + est
     store_hot(chosen, cw, cfg.win)
     reindex(chosen, cw, cfg, now, true)
+    local cmd_at
     if cfg.ml > 0 and cw.lifetime >= cfg.ml then
       drain = 1
-      redis.call('HSET', K_CMD, chosen, 'shutdown|' .. fmt(now + tonumber(ARGV[REQ.command_ttl_ms])))
+      cmd_at = now + tonumber(ARGV[REQ.command_ttl_ms])
+      redis.call('HSET', K_CMD, chosen, 'shutdown|' .. fmt(cmd_at))
     end
     local lease = {
       worker = chosen, gen = cw.gen, claimed = now, est = est, drain = drain, holder = ARGV[REQ.holder],
-      life = cw.lifetime,
+      life = cw.lifetime, cmd_at = cmd_at,
     }
     if client ~= '' then lease.client = client end
     redis.call('HSET', K_LEASES, lid, cjson.encode(lease))

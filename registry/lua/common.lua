@@ -478,11 +478,13 @@ local function may_retire(w, cfg)
   return w.status == 'draining' or (cfg.ml > 0 and w.lifetime >= cfg.ml)
 end
 
--- command_live reports whether a stored command c (nil: none) has not
--- expired at now.
+-- command_live reports whether a stored command c (nil: none) is a
+-- shutdown command that has not expired at now. Another name (a hand
+-- edit, a newer version's command) is one the agent ignores: it holds
+-- nothing.
 local function command_live(c, now)
   if not c then return false end
-  local exp = string.match(c, '^[^|]*|(%d+)$')
+  local exp = string.match(c, '^shutdown|(%d+)$')
   return exp ~= nil and tonumber(exp) >= now
 end
 
@@ -500,9 +502,10 @@ end
 -- Returns true when the worker is held out of the selection indexes by a
 -- live command although its figures would index it (an operator's drain
 -- its agent has not acted on yet: it takes no new session meanwhile).
--- Every worker with a command is a member (update.lua, heartbeat.lua and
--- the claims add it; the reaper repairs the set), so the usual case (not
--- a member) still costs one command.
+-- Every worker with a live command is a member (the scripts that set
+-- one add it; heartbeat.lua and register.lua add a worker whose command
+-- outlived its record; the reaper repairs the set before it reindexes),
+-- so the usual case (not a member) still costs one command.
 local function retire_sync(id, w, cfg, now)
   if may_retire(w, cfg) then
     redis.call('SADD', K_RET, id)
@@ -1138,7 +1141,12 @@ local function lease_free(lid, raw, now, mode, suspect_ms, keep)
     dirty = true
     if w.lifetime > 0 then w.lifetime = w.lifetime - 1 end
     redis.call('HSET', K_LIFETIME, id, fmt(w.lifetime))
-    if l.drain == 1 then redis.call('HDEL', K_CMD, id) end
+    -- the shutdown command this claim set, not one set since (an
+    -- operator's drain, a heartbeat's): cmd_at is its expiry (absent from
+    -- an older version's lease: withdrawn as before)
+    if l.drain == 1 and (l.cmd_at == nil or redis.call('HGET', K_CMD, id) == 'shutdown|' .. fmt(l.cmd_at)) then
+      redis.call('HDEL', K_CMD, id)
+    end
     if suspect_ms > 0 then w.suspect_until = now + suspect_ms end
     if type(l.est) == 'number' then
       w.predicted_end = math.max(0, w.predicted_end - l.est)

@@ -46,14 +46,19 @@ w.heartbeat = now
 w.expires = now + tonumber(ARGV[5])
 store(id, w)
 local cfg = load_cfg()
+-- its command (an expired one dropped); a worker with a live one is a
+-- member of the retiring set, so that reindex keeps it out of the indexes
+local cmd = pending_command(id, now)
+if cmd ~= '' and live_command(id, now) then redis.call('SADD', K_RET, id) end
 -- back in the indexes (a raised limit): waiting claims may take it
 wake_if(reindex(id, w, cfg, now))
 -- hot figures missing, or counted again (the list or the window changed):
 -- store them, so the claims that follow need not count
 if w.hot == '' or w.fs_counted then store_hot(id, w, cfg.win) end
-if cfg.ml > 0 and w.lifetime >= cfg.ml and w.status == 'available' and not live_command(id, now)
+if cfg.ml > 0 and w.lifetime >= cfg.ml and w.status == 'available' and cmd ~= 'shutdown'
     and (not cfg.stagger or restart_turn(id, now, cfg.stale)) then
   redis.call('HSET', K_CMD, id, 'shutdown|' .. fmt(now + tonumber(ARGV[8])))
   redis.call('SADD', K_RET, id)
+  cmd = 'shutdown'
 end
-return { 1, pending_command(id, now), w.lifetime, w.active }
+return { 1, cmd, w.lifetime, w.active }

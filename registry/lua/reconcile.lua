@@ -96,9 +96,10 @@ if stage == 'workers' then
       bad[#bad + 1] = id
       bad[#bad + 1] = err
     else
-      -- (drops an expired command; a live one holds the worker out of
-      -- the indexes, retire_sync)
-      local ix = pending_command(id, now) == '' and indexed(w, cfg)
+      -- (drops an expired command; a live shutdown command holds the
+      -- worker out of the indexes, retire_sync)
+      pending_command(id, now)
+      local ix = indexed(w, cfg) and not live_command(id, now)
       local in_lf = redis.call('ZSCORE', K_LF, id)
       local fix = false
       if ix then
@@ -127,8 +128,9 @@ if stage == 'workers' then
       if fix then
         fixed = fixed + 1
         if ix and in_lf then opt_add(id, cfg) end
-        reindex(id, w, cfg, now)
+        -- a member first: reindex keeps a commanded member out
         if want_ret then redis.call('SADD', K_RET, id) end
+        reindex(id, w, cfg, now)
       end
       rows[#rows + 1] = id
       rows[#rows + 1] = w.gen

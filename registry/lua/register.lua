@@ -85,7 +85,13 @@ end
 redis.call('HSET', K_VPOS, id, ARGV[12])
 redis.call('HSET', K_IWRRW, id, ARGV[17])
 local cfg = load_cfg()
-if carry then command_if_spent(id, w, cfg, now, tonumber(ARGV[14]) or 0) end
+if carry then
+  -- a live shutdown command kept (an operator's drain of a worker whose
+  -- record lapsed) makes it a member again, so that reindex keeps it out
+  -- of the indexes until its agent hears (retire_sync)
+  if live_command(id, now) then redis.call('SADD', K_RET, id) end
+  command_if_spent(id, w, cfg, now, tonumber(ARGV[14]) or 0)
+end
 reindex(id, w, cfg, now)
 store_hot(id, w, cfg.win)
 wake()
