@@ -101,6 +101,9 @@ type backend struct {
 	// claim whose epoch Redis no longer has re-asserts this process's
 	// leases before it is granted a slot (registry.EpochError).
 	epochs map[string]string
+	// floors holds, per pool, the highest lifetime this process served a
+	// session of each worker generation at (under mu; floors.go).
+	floors map[string]map[floorKey]*lifeFloor
 
 	mu       sync.Mutex
 	leases   map[string]map[string]*liveLease // pool → lease ID → lease held by this process
@@ -294,6 +297,8 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 			zap.String("pool", req.Pool))
 		b.renewOwed.Store(true)
 		b.renewNow(cctx)
+		// and the sessions that ended, which no lease carries
+		b.assertFloors(cctx, req.Pool)
 		b.setEpoch(req.Pool, ee.Now)
 		req.Epoch = ee.Now
 		c, err = b.reg.Claim(cctx, req)
@@ -457,7 +462,9 @@ func (b *backend) renewNow(ctx context.Context) {
 // this process no longer renews the lease.
 func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 	outcome, op := "released", "release"
-	if !served {
+	if served {
+		b.noteServed(c)
+	} else {
 		outcome, op = "undone", "undo"
 	}
 	end := func(ctx context.Context) error {
@@ -718,6 +725,7 @@ func (b *backend) keepLeases() {
 		b.renewMu.Lock()
 		b.renewAll(b.ctx, ttl)
 		b.renewMu.Unlock()
+		b.pruneFloors(time.Now())
 	}
 }
 
@@ -765,6 +773,8 @@ func (b *backend) renewBatch(ctx context.Context, ttl time.Duration, batch map[s
 			metrics.leasesReasserted.WithLabelValues(pool).Add(float64(len(res.Recreated)))
 			b.logger.Warn("leases of live sessions were missing from Redis; written again and their workers' counts re-asserted",
 				zap.String("pool", pool), zap.Strings("lease_ids", res.Recreated))
+			// Redis lost them: it may have lost the ended sessions too
+			b.assertFloors(ctx, pool)
 		}
 		if len(res.Ended) == 0 {
 			continue

@@ -608,6 +608,38 @@ func (r *Registry) RenewLeases(ctx context.Context, pool string, leases []LeaseR
 	return r.renewLeases(ctx, pool, leases, ttl)
 }
 
+// LifetimeFloor is what a claimer knows of a worker's lifetime: the
+// highest Claim.Worker.Lifetime among the sessions it served on that
+// worker's registration generation.
+type LifetimeFloor struct {
+	Worker, Gen string
+	Lifetime    int
+}
+
+// AssertResult says what AssertLifetimes changed.
+type AssertResult struct {
+	// Raised: workers registered with the floor's generation whose
+	// lifetime was below it.
+	Raised int
+	// Kept: floors of workers with no record, kept for their comeback
+	// (their agent's registration takes the highest of it and its own).
+	Kept int
+}
+
+// AssertLifetimes re-asserts the sessions a claimer saw served once Redis
+// lost the pool's data (an EpochError, or a renewal that re-created
+// leases): the leases of live sessions carry their workers' lifetimes back
+// (RenewLeases), but sessions that ended since a worker's last heartbeat
+// are in no lease, and its agent re-asserts only the lifetime of that
+// heartbeat. Each worker registered with the floor's generation gets its
+// lifetime raised to at least the floor (and its shutdown command when
+// that reaches max_lifetime); one with no record keeps the floor for its
+// registration, as a stale expiry keeps a lapsed worker's. Floors of
+// another generation than the record's change nothing. Safe to repeat.
+func (r *Registry) AssertLifetimes(ctx context.Context, pool string, floors []LifetimeFloor) (AssertResult, error) {
+	return r.assertLifetimes(ctx, pool, floors)
+}
+
 // NewLeaseID returns a fresh lease ID for ClaimRequest.LeaseID.
 func NewLeaseID() string { return newToken(12) }
 

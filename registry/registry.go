@@ -393,6 +393,41 @@ func (r *Registry) renewLeases(ctx context.Context, pool string, leases []LeaseR
 // renewChunk is how many leases one renewal call carries.
 const renewChunk = 200
 
+func (r *Registry) assertLifetimes(ctx context.Context, pool string, floors []LifetimeFloor) (AssertResult, error) {
+	var out AssertResult
+	if err := checkPool(pool); err != nil {
+		return out, fmt.Errorf("asserting lifetimes: %w", err)
+	}
+	valid := make([]LifetimeFloor, 0, len(floors))
+	for _, f := range floors {
+		// worker IDs and generations come from records Redis writers
+		// control: one that could not be sent is skipped, not fatal
+		if f.Lifetime > 0 && checkToken(f.Worker) == nil && checkToken(f.Gen) == nil {
+			valid = append(valid, f)
+		}
+	}
+	for len(valid) > 0 {
+		n := min(len(valid), renewChunk)
+		chunk := valid[:n]
+		valid = valid[n:]
+		args := make([]any, 0, 3+3*len(chunk))
+		args = append(args, "floor", r.opts.DurationWindow, ms(r.opts.CommandTTL))
+		for _, f := range chunk {
+			args = append(args, f.Worker, f.Gen, f.Lifetime)
+		}
+		res, err := r.run(ctx, scriptLease, pool, 0, args...).Int64Slice()
+		if err != nil {
+			return out, fmt.Errorf("asserting %d lifetimes in pool %q: %w", len(chunk), pool, err)
+		}
+		if len(res) != 2 {
+			return out, fmt.Errorf("asserting %d lifetimes in pool %q: unexpected reply %v", len(chunk), pool, res)
+		}
+		out.Raised += int(res[0])
+		out.Kept += int(res[1])
+	}
+	return out, nil
+}
+
 func (r *Registry) expireLeases(ctx context.Context, pool string, max int) (int, error) {
 	if err := checkPool(pool); err != nil {
 		return 0, fmt.Errorf("expiring leases: %w", err)

@@ -476,6 +476,36 @@ var scenarios = []Scenario{
 		},
 	},
 	{
+		Name: "redis-restart-spent",
+		Proves: "Redis killed and restarted empty while five clients open short sessions on four workers of capacity 3 with " +
+			"max_lifetime 10: the sessions that ended since each agent's last heartbeat still count (Caddy re-asserts the " +
+			"lifetimes it served), so no browser serves past max_lifetime after the restart.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 3, MaxLifetime: 10, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
+				return err
+			}
+			r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
+			r.tr.churn(5, churnHold)
+			r.warm()
+			n := r.e.topo.nodes[0]
+			down := time.Now()
+			n.p.kill9()
+			if err := n.start(r.e); err != nil {
+				return fmt.Errorf("restarting Redis: %w", err)
+			}
+			up := time.Now()
+			r.outages = append(r.outages, [2]time.Time{down, up})
+			r.note("Redis down %s", up.Sub(down).Round(time.Millisecond))
+			r.fault(up)
+			// long enough for a worker that came back short of what it
+			// served to reach max_lifetime again at this rate
+			time.Sleep(r.phase(4*time.Second, 8*time.Second))
+			r.observe()
+			return nil
+		},
+	},
+	{
 		Name: "redis-stall",
 		Proves: "Redis stalled (DEBUG SLEEP 7) during claims: a claim is refused within ~2.5 s (not when Redis wakes), a " +
 			"claim that timed out leaves no lease and no count once Redis answers again, and the workers' records, lapsed " +

@@ -1107,6 +1107,55 @@ local function claim_replay(lid, now)
   return { -2, l.worker, w.rec, w.active, w.lifetime, w.dur_raw, drain, now, w.hot }
 end
 
+-- LAPSED_KEEP_MS is how long a lapsed worker's lifetime waits for its
+-- comeback (a day: an agent cut off from Redis, not from its clients, may
+-- come back after hours).
+local LAPSED_KEEP_MS = 86400000
+
+-- lapsed_entry returns the lapsed value to keep for worker id (record w)
+-- whose record a stale expiry is about to remove, or nil: its generation
+-- and lifetime. With no record (a later expiry of the same worker: a
+-- claim's, another instance's, the reaper's) the stored value stays. The
+-- sessions claimed while its agent could not heartbeat (frozen, cut off
+-- from Redis) are in no reply the agent saw, and those that ended are in
+-- no lease either; without this a browser that comes back registers with
+-- the lifetime of its last heartbeat, and serves max_lifetime again
+-- (register.lua takes the kept figure back).
+local function lapsed_entry(id, w, now)
+  local l = count(redis.call('HGET', K_LIFETIME, id))
+  if not (w and type(w.gen) == 'string' and l and l > 0) then return nil end
+  return w.gen .. ' ' .. fmt(l) .. ' ' .. fmt(now + LAPSED_KEEP_MS)
+end
+
+-- lapsed_parse reads a lapsed value: generation, lifetime and forget
+-- time, or nil when it is not one (a hand edit: forgotten by the reaper).
+-- lapsed_life returns the lifetime kept for generation gen of worker id
+-- (lapsed_entry) while it is not forgotten, else 0.
+local function lapsed_parse(raw)
+  local g, l, t = string.match(raw or '', '^(%S+) (%d+) (%d+)$')
+  l, t = count(l), count(t)
+  if not (l and t) then return nil end
+  return g, l, t
+end
+
+local function lapsed_life(id, gen, now)
+  local g, l, t = lapsed_parse(redis.call('HGET', K_LAPSED, id))
+  if g ~= gen or t < now then return 0 end
+  return l
+end
+
+-- lapsed_raise keeps lifetime life for generation gen of worker id, which
+-- has no record: the highest of it and an entry kept for the same
+-- generation. An entry of another generation that is not forgotten stays
+-- (which process is newer is not this caller's to judge). Returns true
+-- when it wrote.
+local function lapsed_raise(id, gen, life, now)
+  local g, l, t = lapsed_parse(redis.call('HGET', K_LAPSED, id))
+  if g and t >= now and (g ~= gen or l >= life) then return false end
+  redis.call('HSET', K_LAPSED, id, gen .. ' ' .. fmt(life) .. ' ' .. fmt(now + LAPSED_KEEP_MS))
+  return true
+end
+
 -- lease_free gives back what lease lid (raw: its value in leases, a lease
 -- and not a tombstone) held: mode 'release' (duration recorded), 'undo'
 -- (lifetime given back, shutdown withdrawn, worker suspect) or 'expire'
@@ -1123,8 +1172,20 @@ local function lease_free(lid, raw, now, mode, suspect_ms, keep)
   local id = l.worker
   local gone = 0
   if type(l.gen) == 'string' then gone = redis.call('ZREM', K_OWNER, owner_member(id, l.gen, lid)) end
-  local w = load_worker(id)
-  if not w or w.gen ~= l.gen then return true, false end
+  local w, why = load_worker(id)
+  if not w then
+    -- Its record is gone (lapsed while its agent could not heartbeat, or
+    -- lost by Redis before its agent registered again): the session
+    -- counted toward its lifetime, and no lease will carry that once this
+    -- one is gone. Keep it for the comeback (register.lua takes it back),
+    -- as a stale expiry keeps the record's count.
+    if why == 'missing' and mode ~= 'undo' and type(l.gen) == 'string' and not bad_name(l.gen)
+        and is_count(l.life) and l.life > 0 then
+      lapsed_raise(id, l.gen, l.life, now)
+    end
+    return true, false
+  end
+  if w.gen ~= l.gen then return true, false end
   local cfg = load_cfg()
   if gone == 1 and w.active > 0 then
     -- the count follows the entry (see owner_add)
@@ -1212,43 +1273,6 @@ end
 -- already take; waiters also poll (caddygrid's safetyPoll).
 local function wake_if(entered)
   if entered then wake() end
-end
-
--- LAPSED_KEEP_MS is how long a lapsed worker's lifetime waits for its
--- comeback (a day: an agent cut off from Redis, not from its clients, may
--- come back after hours).
-local LAPSED_KEEP_MS = 86400000
-
--- lapsed_entry returns the lapsed value to keep for worker id (record w)
--- whose record a stale expiry is about to remove, or nil: its generation
--- and lifetime. With no record (a later expiry of the same worker: a
--- claim's, another instance's, the reaper's) the stored value stays. The
--- sessions claimed while its agent could not heartbeat (frozen, cut off
--- from Redis) are in no reply the agent saw, and those that ended are in
--- no lease either; without this a browser that comes back registers with
--- the lifetime of its last heartbeat, and serves max_lifetime again
--- (register.lua takes the kept figure back).
-local function lapsed_entry(id, w, now)
-  local l = count(redis.call('HGET', K_LIFETIME, id))
-  if not (w and type(w.gen) == 'string' and l and l > 0) then return nil end
-  return w.gen .. ' ' .. fmt(l) .. ' ' .. fmt(now + LAPSED_KEEP_MS)
-end
-
--- lapsed_parse reads a lapsed value: generation, lifetime and forget
--- time, or nil when it is not one (a hand edit: forgotten by the reaper).
--- lapsed_life returns the lifetime kept for generation gen of worker id
--- (lapsed_entry) while it is not forgotten, else 0.
-local function lapsed_parse(raw)
-  local g, l, t = string.match(raw or '', '^(%S+) (%d+) (%d+)$')
-  l, t = count(l), count(t)
-  if not (l and t) then return nil end
-  return g, l, t
-end
-
-local function lapsed_life(id, gen, now)
-  local g, l, t = lapsed_parse(redis.call('HGET', K_LAPSED, id))
-  if g ~= gen or t < now then return 0 end
-  return l
 end
 
 -- remove_worker deletes everything a registration wrote (a lapsed

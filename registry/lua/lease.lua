@@ -6,6 +6,8 @@
 --   'renew'   extends live leases, re-creates those Redis lost (see below)
 --             and reports those that ended.
 --   'expire'  frees up to N leases whose expiry has passed.
+--   'floor'   raises workers' lifetimes to what a claimer saw them serve
+--             (see below).
 -- Counters move only for a lease of the worker's current registration
 -- (generation). Release and undo leave a tombstone whether or not the lease
 -- existed, so both are safe to retry, a claim that runs after its caller
@@ -26,6 +28,17 @@
 -- leases, its lifetime raised to at least the lease's, and it is reindexed
 -- (and told to shut down when that puts it at the lifetime limit).
 --
+-- A floor re-asserts the sessions that ended: after Redis lost the pool's
+-- data, a claimer knows, per worker generation, the highest lifetime it saw
+-- one of its served sessions claimed at (Caddy keeps it for a while). A
+-- worker whose record has that generation gets its lifetime raised to at
+-- least the floor (told to shut down when that puts it at the limit); one
+-- with no record keeps the floor in lapsed, as a stale expiry does, for
+-- its agent's registration to take back (register.lua); an entry of
+-- another generation is left as it is. Without it, a browser came back
+-- from an empty restart counting only its agent's last heartbeat, and
+-- served the sessions since then again.
+--
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 op, 5 durations kept,
 --   release/undo: 6 lease id, 7 suspect ms, 8 tombstone ttl ms
@@ -33,14 +46,17 @@
 --            lease id, worker id, generation, claimed ms, lifetime, client hash
 --            ('' none: a re-created lease counts for its client again)
 --   expire:  6 max leases
+--   floor:   6 command ttl ms, then per worker 3 values: worker id,
+--            generation, lifetime
 -- Returns: release/undo: 1 when the lease existed, else 0 (missing, or
 --   ended already: a retry leaves its tombstone as it is); renew:
 --   {{re-created lease ids}, {ended (tombstoned) lease ids}}; expire: how
---   many leases were freed.
+--   many leases were freed; floor: {records raised, floors kept in lapsed}.
 -- Complexity: release/undo O(log L) for the lease's own entries plus
 --   O(V log N) per lease freed (V only when a worker re-enters the
 --   indexes); renew O(M log L) for M leases, plus O(V log N) per worker
---   whose leases were re-created.
+--   whose leases were re-created; floor O(F) for F floors, plus O(V log N)
+--   per worker raised.
 local now = now_ms(ARGV[1])
 local op = ARGV[4]
 local keep = tonumber(ARGV[5])
@@ -111,6 +127,29 @@ elseif op == 'renew' then
     end
   end
   return { recreated, ended }
+elseif op == 'floor' then
+  local cmd_ttl = tonumber(ARGV[6]) or 0
+  local raised, kept = 0, 0
+  local cfg
+  for i = 7, #ARGV - 2, 3 do
+    local id, gen, life = ARGV[i], ARGV[i + 1], count(ARGV[i + 2])
+    if life and life > 0 then
+      local w, err = load_worker(id)
+      if w then
+        if w.gen == gen and life > w.lifetime then
+          cfg = cfg or load_cfg()
+          w.lifetime = life
+          redis.call('HSET', K_LIFETIME, id, fmt(life))
+          command_if_spent(id, w, cfg, now, cmd_ttl)
+          reindex(id, w, cfg, now)
+          raised = raised + 1
+        end
+      elseif err == 'missing' and lapsed_raise(id, gen, life, now) then
+        kept = kept + 1
+      end
+    end
+  end
+  return { raised, kept }
 elseif op == 'expire' then
   local n, back = expire_leases(now, tonumber(ARGV[6]), keep)
   wake_if(back)

@@ -1,0 +1,187 @@
+package registry
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestAssertLifetimesAfterAnEmptyRestart: sessions that ended between a
+// worker's last heartbeat and an empty Redis restart are in no lease, and
+// its agent re-asserts only the lifetime of that heartbeat. A claimer's
+// floor brings them back, whether it comes before the agent registers
+// again (kept in lapsed) or after (the record raised), and a worker so
+// brought to max_lifetime is told to shut down instead of serving it
+// again.
+func TestAssertLifetimesAfterAnEmptyRestart(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	req := ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: capLimits, LeaseTTL: time.Minute}
+	// serve n sessions on w and return the lifetime of the last claim
+	serve := func(n int) int {
+		t.Helper()
+		life := 0
+		for range n {
+			c, err := r.Claim(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+				t.Fatal(err)
+			}
+			life = c.Worker.Lifetime
+		}
+		return life
+	}
+	lifetime := func() int {
+		t.Helper()
+		_, l, _ := figures(t, r, "w")
+		return l
+	}
+	restart := func() {
+		t.Helper()
+		if err := rdb.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// what the agent heard at its last heartbeat: 6
+	for _, floorFirst := range []bool{true, false} {
+		restart()
+		mustRegister(t, r, capReg("w", "gen-1", 2))
+		serve(6)
+		hb, err := r.Heartbeat(ctx, "p", "w", time.Minute)
+		if err != nil || hb.Lifetime != 6 {
+			t.Fatalf("heartbeat: %+v, %v", hb, err)
+		}
+		floor := serve(3) // ended before the restart: in no lease
+		if floor != 9 {
+			t.Fatalf("claimed at lifetime %d, want 9", floor)
+		}
+		restart()
+		back := capReg("w", "gen-1", 2)
+		back.Lifetime = hb.Lifetime
+		floors := []LifetimeFloor{{Worker: "w", Gen: "gen-1", Lifetime: floor}}
+		var res AssertResult
+		if floorFirst {
+			if res, err = r.AssertLifetimes(ctx, "p", floors); err != nil {
+				t.Fatal(err)
+			}
+			if res != (AssertResult{Kept: 1}) {
+				t.Errorf("floor before the registration: %+v, want it kept", res)
+			}
+			mustRegister(t, r, back)
+		} else {
+			mustRegister(t, r, back)
+			if got := lifetime(); got != 6 {
+				t.Fatalf("registered again at lifetime %d, want the agent's 6", got)
+			}
+			if res, err = r.AssertLifetimes(ctx, "p", floors); err != nil {
+				t.Fatal(err)
+			}
+			if res != (AssertResult{Raised: 1}) {
+				t.Errorf("floor after the registration: %+v, want the record raised", res)
+			}
+		}
+		if got := lifetime(); got != 9 {
+			t.Errorf("floor first %v: lifetime %d after the restart, want 9", floorFirst, got)
+		}
+		// one session left before max_lifetime 10, not four
+		c, err := r.Claim(ctx, req)
+		if err != nil || !c.Drain {
+			t.Fatalf("floor first %v: claim %+v, %v; want the worker's last session", floorFirst, c, err)
+		}
+		if _, _, cmd := figures(t, r, "w"); cmd != CommandShutdown {
+			t.Errorf("floor first %v: command %q after its last session, want shutdown", floorFirst, cmd)
+		}
+		// again: nothing more to raise
+		if res, err = r.AssertLifetimes(ctx, "p", floors); err != nil || res != (AssertResult{}) {
+			t.Errorf("floor first %v: repeated: %+v, %v; want nothing changed", floorFirst, res, err)
+		}
+	}
+
+	// A floor that reaches the limit tells the worker to shut down.
+	restart()
+	if _, _, err := r.StoreLimits(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	mustRegister(t, r, capReg("w", "gen-1", 2))
+	if res, err := r.AssertLifetimes(ctx, "p", []LifetimeFloor{{Worker: "w", Gen: "gen-1", Lifetime: 10}}); err != nil || res.Raised != 1 {
+		t.Fatalf("floor at the limit: %+v, %v", res, err)
+	}
+	if _, l, cmd := figures(t, r, "w"); l != 10 || cmd != CommandShutdown {
+		t.Errorf("floor at the limit: lifetime %d, command %q; want 10 and shutdown", l, cmd)
+	}
+	if c, err := r.Claim(ctx, req); err == nil {
+		t.Errorf("a spent worker was claimed: %+v", c)
+	}
+
+	// Another generation's floor changes nothing: neither the record of a
+	// new browser process nor a lapsed entry kept for another one.
+	restart()
+	mustRegister(t, r, capReg("w", "gen-2", 2))
+	if res, err := r.AssertLifetimes(ctx, "p", []LifetimeFloor{{Worker: "w", Gen: "gen-1", Lifetime: 8}}); err != nil || res != (AssertResult{}) {
+		t.Errorf("an older generation's floor: %+v, %v; want nothing changed", res, err)
+	}
+	if got := lifetime(); got != 0 {
+		t.Errorf("a new browser process's lifetime %d after an older one's floor, want 0", got)
+	}
+	restart()
+	if _, err := r.AssertLifetimes(ctx, "p", []LifetimeFloor{{Worker: "w", Gen: "gen-2", Lifetime: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := r.AssertLifetimes(ctx, "p", []LifetimeFloor{{Worker: "w", Gen: "gen-1", Lifetime: 8}}); err != nil || res != (AssertResult{}) {
+		t.Errorf("a floor beside another generation's kept one: %+v, %v; want nothing changed", res, err)
+	}
+	mustRegister(t, r, capReg("w", "gen-2", 2))
+	if got := lifetime(); got != 3 {
+		t.Errorf("gen-2 came back at lifetime %d, want its floor 3", got)
+	}
+
+	// Floors a Redis writer could have planted in a record (IDs with
+	// spaces, negative counts) are skipped; the good ones still count.
+	restart()
+	res, err := r.AssertLifetimes(ctx, "p", []LifetimeFloor{
+		{Worker: "w x", Gen: "gen-1", Lifetime: 4},
+		{Worker: "w", Gen: "", Lifetime: 4},
+		{Worker: "w", Gen: "gen-1", Lifetime: -1},
+		{Worker: "w", Gen: "gen-1", Lifetime: 4},
+	})
+	if err != nil || res != (AssertResult{Kept: 1}) {
+		t.Errorf("floors with bad fields: %+v, %v; want the good one kept", res, err)
+	}
+}
+
+// A session that ends while its worker has no record (lapsed, or lost by
+// Redis before its agent registered again) leaves its lease's lifetime for
+// the comeback: once the lease is gone nothing else carries it. An undone
+// claim leaves nothing (its lifetime was given back).
+func TestReleaseWithoutARecordKeepsItsLifetime(t *testing.T) {
+	ctx := context.Background()
+	r, _ := startRegistry(t, Options{})
+	mustRegister(t, r, capReg("w", "gen-1", 4))
+	var cs []*Claim
+	for range 3 {
+		c, err := claimP(t, r, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	// the record goes as Redis losing it would (a deregistration keeps
+	// nothing in lapsed)
+	if err := r.Deregister(ctx, "p", "w"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Undo(ctx, "p", cs[2].LeaseID, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs[:2] {
+		if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustRegister(t, r, capReg("w", "gen-1", 4)) // the agent, asserting 0
+	if _, l, _ := figures(t, r, "w"); l != 2 {
+		t.Errorf("lifetime %d after the comeback, want the 2 sessions released while it had no record", l)
+	}
+}
