@@ -68,6 +68,23 @@ func (r *run) workerAddr(name string) (string, error) {
 	return "", fmt.Errorf("no fresh record of %s", name)
 }
 
+// restartRedisEmpty kills the single Redis (kill -9) and starts it again
+// with no data on the same port: the outage excuses what failed meanwhile,
+// and the restart is the fault to heal from.
+func (r *run) restartRedisEmpty() error {
+	n := r.e.topo.nodes[0]
+	down := time.Now()
+	n.p.kill9()
+	if err := n.start(r.e); err != nil {
+		return fmt.Errorf("restarting Redis: %w", err)
+	}
+	up := time.Now()
+	r.outages = append(r.outages, [2]time.Time{down, up})
+	r.note("Redis down %s", up.Sub(down).Round(time.Millisecond))
+	r.fault(up)
+	return nil
+}
+
 // liveAt reads a browser's live sessions right now from its /stats.
 func liveAt(addr string) (int, error) {
 	c := &http.Client{Timeout: time.Second}
@@ -461,16 +478,9 @@ var scenarios = []Scenario{
 			}
 			r.tr.churn(6, churnHold)
 			r.warm()
-			n := r.e.topo.nodes[0]
-			down := time.Now()
-			n.p.kill9()
-			if err := n.start(r.e); err != nil {
-				return fmt.Errorf("restarting Redis: %w", err)
+			if err := r.restartRedisEmpty(); err != nil {
+				return err
 			}
-			up := time.Now()
-			r.outages = append(r.outages, [2]time.Time{down, up})
-			r.note("Redis down %s", up.Sub(down).Round(time.Millisecond))
-			r.fault(up)
 			r.observe()
 			return nil
 		},
@@ -488,16 +498,9 @@ var scenarios = []Scenario{
 			r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
 			r.tr.churn(5, churnHold)
 			r.warm()
-			n := r.e.topo.nodes[0]
-			down := time.Now()
-			n.p.kill9()
-			if err := n.start(r.e); err != nil {
-				return fmt.Errorf("restarting Redis: %w", err)
+			if err := r.restartRedisEmpty(); err != nil {
+				return err
 			}
-			up := time.Now()
-			r.outages = append(r.outages, [2]time.Time{down, up})
-			r.note("Redis down %s", up.Sub(down).Round(time.Millisecond))
-			r.fault(up)
 			// long enough for a worker that came back short of what it
 			// served to reach max_lifetime again at this rate
 			time.Sleep(r.phase(4*time.Second, 8*time.Second))
