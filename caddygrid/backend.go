@@ -71,6 +71,8 @@ type liveLease struct {
 	// else): it is no longer renewed, though its session still counts here
 	// until it finishes.
 	ended bool
+	// done is when the claim call returned (floors.go).
+	done time.Time
 }
 
 // backend is everything one Redis gives the grid inside this process: the
@@ -104,6 +106,11 @@ type backend struct {
 	// floors holds, per pool, the highest lifetime this process served a
 	// session of each worker generation at (under mu; floors.go).
 	floors map[string]map[floorKey]*lifeFloor
+	// floorsOwed: pools whose floors a failed call could not re-assert
+	// (under mu); floorAsserts makes one call of the claims that learn of
+	// one loss at once.
+	floorsOwed   map[string]bool
+	floorAsserts singleflight.Group
 
 	mu       sync.Mutex
 	leases   map[string]map[string]*liveLease // pool → lease ID → lease held by this process
@@ -286,7 +293,11 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 	}
 	b.mu.Lock()
 	req.Epoch = b.epochs[req.Pool]
+	owed := b.floorsOwed[req.Pool]
 	b.mu.Unlock()
+	if owed {
+		b.sendFloors(cctx, req.Pool)
+	}
 	c, err := b.reg.Claim(cctx, req)
 	var ee *registry.EpochError
 	if errors.As(err, &ee) {
@@ -298,7 +309,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		b.renewOwed.Store(true)
 		b.renewNow(cctx)
 		// and the sessions that ended, which no lease carries
-		b.assertFloors(cctx, req.Pool)
+		b.assertFloors(cctx, req.Pool, ee.Now)
 		b.setEpoch(req.Pool, ee.Now)
 		req.Epoch = ee.Now
 		c, err = b.reg.Claim(cctx, req)
@@ -335,7 +346,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		ls[c.LeaseID] = &liveLease{renewal: registry.LeaseRenewal{
 			ID: c.LeaseID, Worker: c.Worker.ID, Gen: c.Gen, Claimed: start, Lifetime: c.Worker.Lifetime,
 			Client: c.Client,
-		}}
+		}, done: time.Now()}
 		if c.Client != "" {
 			b.clientEntry(clientSlot(c.Pool, c.Client)).live++
 		}
@@ -462,11 +473,10 @@ func (b *backend) renewNow(ctx context.Context) {
 // this process no longer renews the lease.
 func (b *backend) finish(c *registry.Claim, served, suspect bool) {
 	outcome, op := "released", "release"
-	if served {
-		b.noteServed(c)
-	} else {
+	if !served {
 		outcome, op = "undone", "undo"
 	}
+	b.noteEnded(c, served)
 	end := func(ctx context.Context) error {
 		if served {
 			return b.reg.Release(ctx, c.Pool, c.LeaseID)
@@ -726,6 +736,9 @@ func (b *backend) keepLeases() {
 		b.renewAll(b.ctx, ttl)
 		b.renewMu.Unlock()
 		b.pruneFloors(time.Now())
+		for _, pool := range b.owedFloors() {
+			b.sendFloors(b.ctx, pool)
+		}
 	}
 }
 
@@ -773,8 +786,6 @@ func (b *backend) renewBatch(ctx context.Context, ttl time.Duration, batch map[s
 			metrics.leasesReasserted.WithLabelValues(pool).Add(float64(len(res.Recreated)))
 			b.logger.Warn("leases of live sessions were missing from Redis; written again and their workers' counts re-asserted",
 				zap.String("pool", pool), zap.Strings("lease_ids", res.Recreated))
-			// Redis lost them: it may have lost the ended sessions too
-			b.assertFloors(ctx, pool)
 		}
 		if len(res.Ended) == 0 {
 			continue

@@ -30,7 +30,8 @@ local had = redis.call('ZSCORE', K_LF, id)
 local retiring = redis.call('SISMEMBER', K_RET, id) == 1
 -- A stale worker may come back (its agent paused, not dead): its live
 -- shutdown command and the lifetime it served wait for its next
--- registration (register.lua); a deregistration keeps nothing.
+-- registration (register.lua); a deregistration keeps nothing (but a
+-- session released after it keeps its lifetime a while: lease_free).
 local n = expire_worker(id, w, now, ARGV[6] == '1')
 if retiring then wake() end
 if n > 0 or had then return 1 end
