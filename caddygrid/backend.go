@@ -295,10 +295,14 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 	req.Epoch = b.epochs[req.Pool]
 	owed := b.floorsOwed[req.Pool]
 	b.mu.Unlock()
+	var err error
 	if owed {
-		b.sendFloors(cctx, req.Pool)
+		err = b.sendFloors(cctx, req.Pool)
 	}
-	c, err := b.reg.Claim(cctx, req)
+	var c *registry.Claim
+	if err == nil {
+		c, err = b.reg.Claim(cctx, req)
+	}
 	var ee *registry.EpochError
 	if errors.As(err, &ee) {
 		// Redis lost the pool's data since this process last claimed (a
@@ -309,10 +313,11 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		b.renewOwed.Store(true)
 		b.renewNow(cctx)
 		// and the sessions that ended, which no lease carries
-		b.assertFloors(cctx, req.Pool, ee.Now)
-		b.setEpoch(req.Pool, ee.Now)
-		req.Epoch = ee.Now
-		c, err = b.reg.Claim(cctx, req)
+		if err = b.assertFloors(cctx, req.Pool, ee.Now); err == nil {
+			b.setEpoch(req.Pool, ee.Now)
+			req.Epoch = ee.Now
+			c, err = b.reg.Claim(cctx, req)
+		}
 	}
 	cancel()
 	metrics.selectDuration.WithLabelValues(req.Pool, policy).Observe(time.Since(start).Seconds())

@@ -2,6 +2,7 @@ package caddygrid
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
@@ -17,56 +18,88 @@ import (
 // ended since that heartbeat (up to a heartbeat interval of them, or more
 // when the agent was cut off) are in neither, and the browser would serve
 // them again past max_lifetime. So this process remembers, per worker
-// generation, the lifetime of the last session it served there, for
-// floorKeep, and re-asserts those floors (registry.AssertLifetimes) when a
-// claim learns of the loss (registry.EpochError), once per loss and before
-// it claims again. The floor is taken at release, and the claims undone
-// here are taken off it: a claim's lifetime counts the claims made before
-// it, and an undo made after it gives one of those back (a client that
-// left before its upgrade took no session). Another instance's undos are
-// not known here, so a floor may still be above the truth by those, which
-// retires the worker early rather than late.
+// generation, what the lifetimes of the sessions it served there say Redis
+// held, for floorKeep, and re-asserts those floors
+// (registry.AssertLifetimes) when a claim learns of the loss
+// (registry.EpochError), once per loss and before it claims again.
+//
+// A served claim's lifetime counts every claim made before it, and an
+// undo made after it gave one of those back (a client that left before
+// its upgrade took no session). So a served claim's floor is its lifetime
+// less the claims undone here that surely came before it in Redis (their
+// call had returned before its call began) and whose undo surely came
+// after it (noted after its call returned); the pool's floor is the
+// highest of them. Where the order is not sure the undo is not taken off,
+// and another instance's undos are not known here: a floor may so exceed
+// the truth, which retires the worker early, never late.
 
 // floorKeep is how long a floor is kept after its worker's last session
 // here: far longer than an agent's heartbeat interval, whose reply already
 // re-asserts everything older.
 const floorKeep = 10 * time.Minute
 
-// maxUndos bounds the undone claims a floor remembers.
-const maxUndos = 64
+// maxFloorClaims bounds the served and the undone claims a floor keeps.
+// The oldest served one is then folded into the floor as it stands; an
+// undo dropped is no longer taken off (both err high).
+const maxFloorClaims = 64
 
 type floorKey struct{ worker, gen string }
 
-type undone struct {
-	life int
-	at   time.Time
+// floorClaim is a claim of this process: its lifetime (served ones), when
+// its call began and when it returned; for an undo, when it was noted.
+type floorClaim struct {
+	life        int
+	began, done time.Time
+	undoneAt    time.Time
 }
 
 // lifeFloor is what this process knows of one worker generation's
-// lifetime: the served session claimed with the highest lifetime (top,
-// whose claim completed here at topAt) and the claims undone here since.
+// lifetime: the served claims that may still change the floor, the floor
+// of those folded away (base), and the claims undone here.
 type lifeFloor struct {
-	top   int
-	topAt time.Time
-	undos []undone
-	at    time.Time
+	base   int
+	served []floorClaim
+	undos  []floorClaim
+	at     time.Time
 }
 
-// value is the floor: top, less the claims counted in it that were undone
-// after it was claimed.
-func (f *lifeFloor) value() int {
-	n := f.top
+// of is served claim s's floor: its lifetime less the undos counted in it.
+func (f *lifeFloor) of(s floorClaim) int {
+	n := s.life
 	for _, u := range f.undos {
-		if u.life < f.top && u.at.After(f.topAt) {
+		if u.done.Before(s.began) && u.undoneAt.After(s.done) {
 			n--
 		}
 	}
 	return n
 }
 
-// floor returns the floor of c's worker generation, made when missing.
-// Under b.mu.
-func (b *backend) floor(c *registry.Claim, now time.Time) *lifeFloor {
+// value is the floor: the highest of the served claims'.
+func (f *lifeFloor) value() int {
+	v := f.base
+	for _, s := range f.served {
+		v = max(v, f.of(s))
+	}
+	return v
+}
+
+// noteEnded remembers how claim c ended (served or undone), for its
+// worker generation's floor. A claim whose lease this process no longer
+// knows (its times unknown) is taken as served with nothing undone
+// before it, or, undone, not taken off.
+func (b *backend) noteEnded(c *registry.Claim, served bool) {
+	if c.Worker.Lifetime <= 0 {
+		return
+	}
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	fc := floorClaim{life: c.Worker.Lifetime}
+	if l := b.leases[c.Pool][c.LeaseID]; l != nil {
+		fc.began, fc.done = l.renewal.Claimed, l.done
+	} else if !served {
+		return
+	}
 	if b.floors == nil {
 		b.floors = map[string]map[floorKey]*lifeFloor{}
 	}
@@ -82,40 +115,24 @@ func (b *backend) floor(c *registry.Claim, now time.Time) *lifeFloor {
 		fs[k] = f
 	}
 	f.at = now
-	return f
-}
-
-// noteEnded remembers how claim c ended: served, its lifetime is the new
-// top when it is the highest (or, being equal, claimed later: the number
-// came again after undos); undone, it is taken off the floor.
-func (b *backend) noteEnded(c *registry.Claim, served bool) {
-	if c.Worker.Lifetime <= 0 {
-		return
-	}
-	now := time.Now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	// when the claim completed here (a lease of this process: its claim
-	// time is taken as the claim call returned)
-	var claimed time.Time
-	if l := b.leases[c.Pool][c.LeaseID]; l != nil {
-		claimed = l.done
-	}
-	f := b.floor(c, now)
 	if !served {
-		f.undos = append(f.undos, undone{life: c.Worker.Lifetime, at: now})
-		if len(f.undos) > maxUndos {
-			f.undos = f.undos[len(f.undos)-maxUndos:]
+		fc.undoneAt = now
+		f.undos = append(f.undos, fc)
+		if len(f.undos) > maxFloorClaims {
+			f.undos = f.undos[len(f.undos)-maxFloorClaims:]
 		}
 		return
 	}
-	if c.Worker.Lifetime > f.top || (c.Worker.Lifetime == f.top && claimed.After(f.topAt)) {
-		f.top, f.topAt = c.Worker.Lifetime, claimed
+	f.served = append(f.served, fc)
+	if len(f.served) > maxFloorClaims {
+		f.base = max(f.base, f.of(f.served[0]))
+		f.served = f.served[1:]
 	}
 }
 
-// pruneFloors drops the floors older than floorKeep, and the undos no
-// floor can count any more.
+// pruneFloors drops the floors older than floorKeep, and the undos that
+// count against none of a floor's served claims (a later served claim was
+// claimed after the undo: its lifetime never counted it).
 func (b *backend) pruneFloors(now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -127,8 +144,11 @@ func (b *backend) pruneFloors(now time.Time) {
 			}
 			kept := f.undos[:0]
 			for _, u := range f.undos {
-				if u.at.After(f.topAt) {
-					kept = append(kept, u)
+				for _, s := range f.served {
+					if u.done.Before(s.began) && u.undoneAt.After(s.done) {
+						kept = append(kept, u)
+						break
+					}
 				}
 			}
 			f.undos = kept
@@ -141,17 +161,19 @@ func (b *backend) pruneFloors(now time.Time) {
 
 // assertFloors re-asserts the pool's floors after Redis lost its data
 // (epoch: the dataset epoch a claim found): once per loss, concurrent
-// claims waiting for the call in flight. A failure is logged and left
-// owed: the next claim of the pool (and the renewal loop) tries again.
-func (b *backend) assertFloors(ctx context.Context, pool, epoch string) {
-	_, _, _ = b.floorAsserts.Do(pool+"\x00"+epoch, func() (any, error) {
-		b.sendFloors(ctx, pool)
-		return nil, nil
+// claims waiting for the call in flight, which has its own deadline (not
+// the first claim's). It returns an error while the floors are owed: the
+// claim must not go on, for it could land on a spent worker.
+func (b *backend) assertFloors(ctx context.Context, pool, epoch string) error {
+	_, err, _ := b.floorAsserts.Do(pool+"\x00"+epoch, func() (any, error) {
+		return nil, b.sendFloors(context.WithoutCancel(ctx), pool)
 	})
+	return err
 }
 
-// sendFloors sends the pool's floors, and notes them owed when that fails.
-func (b *backend) sendFloors(ctx context.Context, pool string) {
+// sendFloors sends the pool's floors, and notes them owed when that fails
+// (the next claim of the pool and the renewal loop try again).
+func (b *backend) sendFloors(ctx context.Context, pool string) error {
 	b.mu.Lock()
 	var floors []registry.LifetimeFloor
 	for k, f := range b.floors[pool] {
@@ -162,7 +184,7 @@ func (b *backend) sendFloors(ctx context.Context, pool string) {
 	b.mu.Unlock()
 	if len(floors) == 0 {
 		b.floorsDone(pool)
-		return
+		return nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
 	res, err := b.reg.AssertLifetimes(cctx, pool, floors)
@@ -175,15 +197,16 @@ func (b *backend) sendFloors(ctx context.Context, pool string) {
 		}
 		b.floorsOwed[pool] = true
 		b.mu.Unlock()
-		b.logger.Error("re-asserting the lifetimes of workers whose sessions this instance served, after Redis lost the pool's data; trying again before the next claim",
+		b.logger.Error("re-asserting the lifetimes of workers whose sessions this instance served, after Redis lost the pool's data; claims wait until it succeeds",
 			zap.String("pool", pool), zap.Int("workers", len(floors)), zap.Error(err))
-		return
+		return fmt.Errorf("re-asserting the lifetimes this instance served in pool %q after Redis lost its data: %w", pool, err)
 	}
 	b.floorsDone(pool)
 	if res.Raised > 0 || res.Kept > 0 {
 		b.logger.Warn("Redis lost sessions this instance served; their workers' lifetimes re-asserted",
 			zap.String("pool", pool), zap.Int("raised", res.Raised), zap.Int("kept_for_registration", res.Kept))
 	}
+	return nil
 }
 
 func (b *backend) floorsDone(pool string) {

@@ -8,10 +8,12 @@ import (
 )
 
 // A floor is the lifetime Redis held for the worker generation after this
-// process's sessions: claims undone after a served one was claimed are
-// taken off it (each gave one back in Redis), undone before it are not
-// (its lifetime never counted them). A client that leaves before its
-// upgrade must not make a worker retire early after a loss.
+// process's sessions: a claim made before a served one and undone after it
+// is taken off that one's lifetime (it counted the claim, and the undo gave
+// it back in Redis); other undos are not (its lifetime never counted them).
+// A client that leaves before its upgrade must not make a worker retire
+// early after a loss, nor later claims' undos make it serve past its limit
+// (the last two cases: a floor below what Redis held).
 func TestFloorTakesOffWhatWasUndone(t *testing.T) {
 	type step struct {
 		op   string // "claim", "serve", "undo"
@@ -39,6 +41,14 @@ func TestFloorTakesOffWhatWasUndone(t *testing.T) {
 		{"served ones only", []step{
 			{"claim", "x", 1}, {"claim", "y", 2}, {"serve", "y", 0}, {"serve", "x", 0},
 		}, 2},
+		{"a claim after the served one, with a lower lifetime, undone", []step{
+			{"claim", "a", 3}, {"claim", "b", 4}, {"claim", "y", 5}, {"undo", "a", 0}, {"undo", "b", 0},
+			{"claim", "z", 4}, {"undo", "z", 0}, {"serve", "y", 0},
+		}, 3},
+		{"a later served claim holds more than the highest one", []step{
+			{"claim", "x", 4}, {"claim", "w", 5}, {"claim", "y", 6}, {"undo", "x", 0}, {"undo", "w", 0},
+			{"claim", "z", 5}, {"serve", "z", 0}, {"serve", "y", 0},
+		}, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := &backend{leases: map[string]map[string]*liveLease{"p": {}}}
@@ -50,7 +60,9 @@ func TestFloorTakesOffWhatWasUndone(t *testing.T) {
 					c := &registry.Claim{LeaseID: s.name, Pool: "p", Gen: "g1",
 						Worker: registry.WorkerInfo{ID: "w", Lifetime: s.life}}
 					claims[s.name] = c
-					b.leases["p"][s.name] = &liveLease{done: time.Now()}
+					began := time.Now()
+					time.Sleep(time.Millisecond) // the claim call
+					b.leases["p"][s.name] = &liveLease{renewal: registry.LeaseRenewal{Claimed: began}, done: time.Now()}
 				case "serve", "undo":
 					b.noteEnded(claims[s.name], s.op == "serve")
 					delete(b.leases["p"], s.name)

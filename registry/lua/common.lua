@@ -1144,24 +1144,18 @@ local function lapsed_life(id, gen, now)
   return l
 end
 
--- LAPSED_SHORT_MS is how long a lifetime kept without a stale expiry
--- waits (lapsed_raise: a release, a claimer's floor): those come after
--- Redis lost the record, and its agent registers again within a heartbeat
--- interval; or after a deregistration, when nobody comes back.
-local LAPSED_SHORT_MS = 600000
-
 -- lapsed_raise keeps lifetime life for generation gen of worker id, which
--- has no record, for LAPSED_SHORT_MS (or as long as a kept entry of the
--- same generation already waits): the highest of it and that entry's. An
--- entry of another generation that is not forgotten stays (which process
--- is newer is not this caller's to judge). Returns true when it wrote.
+-- has no record, for LAPSED_KEEP_MS (its agent may be cut off for hours,
+-- after Redis lost its data as after a freeze; after a deregistration
+-- nobody comes back, and the reaper forgets the entry when due): the
+-- highest of it and a kept entry's of the same generation. An entry of
+-- another generation that is not forgotten stays (which process is newer
+-- is not this caller's to judge). Returns true when it wrote.
 local function lapsed_raise(id, gen, life, now)
   local g, l, t = lapsed_parse(redis.call('HGET', K_LAPSED, id))
   local live = g and t >= now
   if live and (g ~= gen or l >= life) then return false end
-  local till = now + LAPSED_SHORT_MS
-  if live and t > till then till = t end
-  redis.call('HSET', K_LAPSED, id, gen .. ' ' .. fmt(life) .. ' ' .. fmt(till))
+  redis.call('HSET', K_LAPSED, id, gen .. ' ' .. fmt(life) .. ' ' .. fmt(now + LAPSED_KEEP_MS))
   return true
 end
 
@@ -1305,7 +1299,7 @@ end
 -- (lapsed_entry; with no record, the one stored stays). A kept command
 -- does not count as removed: a later expiry of a gone record removes
 -- nothing. A deregistration keeps nothing (a session released after it
--- leaves its lease's lifetime for LAPSED_SHORT_MS: lease_free).
+-- leaves its lease's lifetime: lease_free).
 local function expire_worker(id, w, now, stale)
   local cmd = stale and live_command(id, now) and redis.call('HGET', K_CMD, id)
   local lapsed = stale and lapsed_entry(id, w, now)
