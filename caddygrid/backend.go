@@ -312,8 +312,14 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 			zap.String("pool", req.Pool))
 		b.renewOwed.Store(true)
 		b.renewNow(cctx)
-		// and the sessions that ended, which no lease carries
-		if err = b.assertFloors(cctx, req.Pool, ee.Now); err == nil {
+		if b.renewOwed.Load() {
+			// not re-asserted: a claim now would count without them
+			err = fmt.Errorf("%w: the live sessions' leases could not be written again", errReassert)
+		} else {
+			// and the sessions that ended, which no lease carries
+			err = b.assertFloors(cctx, req.Pool, ee.Now)
+		}
+		if err == nil {
 			b.setEpoch(req.Pool, ee.Now)
 			req.Epoch = ee.Now
 			c, err = b.reg.Claim(cctx, req)
@@ -377,6 +383,10 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 	case errors.Is(err, registry.ErrClientLimit):
 		// counted where the request's answer is decided (acquireWith):
 		// a refusal it waits out is not one
+		return nil, err
+	case errors.Is(err, errReassert):
+		// the claim was not sent again: nothing to cancel
+		metrics.redisErrors.WithLabelValues("claim").Inc()
 		return nil, err
 	default:
 		metrics.redisErrors.WithLabelValues("claim").Inc()

@@ -2,6 +2,7 @@ package caddygrid
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -32,6 +33,11 @@ import (
 // highest of them. Where the order is not sure the undo is not taken off,
 // and another instance's undos are not known here: a floor may so exceed
 // the truth, which retires the worker early, never late.
+
+// errReassert fails a claim that must not go on because what Redis lost of
+// this instance's sessions could not be written again (a 503: Redis is
+// failing).
+var errReassert = errors.New("Redis lost the pool's data and this instance could not re-assert its sessions")
 
 // floorKeep is how long a floor is kept after its worker's last session
 // here: far longer than an agent's heartbeat interval, whose reply already
@@ -199,7 +205,7 @@ func (b *backend) sendFloors(ctx context.Context, pool string) error {
 		b.mu.Unlock()
 		b.logger.Error("re-asserting the lifetimes of workers whose sessions this instance served, after Redis lost the pool's data; claims wait until it succeeds",
 			zap.String("pool", pool), zap.Int("workers", len(floors)), zap.Error(err))
-		return fmt.Errorf("re-asserting the lifetimes this instance served in pool %q after Redis lost its data: %w", pool, err)
+		return fmt.Errorf("%w: the lifetimes it served in pool %q: %v", errReassert, pool, err)
 	}
 	b.floorsDone(pool)
 	if res.Raised > 0 || res.Kept > 0 {

@@ -2,11 +2,9 @@ package caddygrid_test
 
 import (
 	"context"
-	"net/url"
 	"testing"
 	"time"
 
-	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
@@ -18,21 +16,8 @@ import (
 // sessions left of max_lifetime 5, not 5 more.
 func TestLifetimeFloorsSurviveAnEmptyRestart(t *testing.T) {
 	g := newGrid(t)
-	srv, ep, err := fake.Start("127.0.0.1:0", fake.Options{Path: "/playwright"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	u, err := url.Parse(ep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := registry.Registration{Pool: "chromium", ID: "w1", BrowserType: "chromium", Addr: u.Host, Path: u.Path,
-		Capacity: 2, TTL: workerTTL, Generation: "gen-1"}
+	reg := oneProcessWorker(t, g, "gen-1")
 	ctx := context.Background()
-	if err := g.reg.Register(ctx, reg); err != nil {
-		t.Fatal(err)
-	}
 	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
 	route /playwright/* {
 		browser_grid chromium {

@@ -186,7 +186,8 @@ func startCaddy(t *testing.T, o caddyOpts) *caddy {
 func tryStartCaddy(t *testing.T, o caddyOpts) (*caddy, error) {
 	t.Helper()
 	bin := caddyBin(t)
-	c := &caddy{t: t, dir: t.TempDir(), adminPort: testenv.PickPort(t), httpPort: testenv.PickPort(t), plainPort: testenv.PickPort(t), tls: o.tls}
+	ports := testenv.PickPorts(t, 3)
+	c := &caddy{t: t, dir: t.TempDir(), adminPort: ports[0], httpPort: ports[1], plainPort: ports[2], tls: o.tls}
 	c.config = filepath.Join(c.dir, "Caddyfile")
 	c.write(o)
 	c.env = []string{

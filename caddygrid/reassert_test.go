@@ -15,14 +15,11 @@ import (
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
-// TestSessionsSurviveAnEmptyRedis: Redis loses everything (FLUSHALL, as an
-// empty restart would) under two live sessions on a worker of capacity 2.
-// The worker's agent registers again with the same generation; the Caddy
-// holding the sessions re-asserts their leases at its next renewal, so
-// within one renewal period the worker counts its two sessions and its
-// lifetime again, and a third session is refused (no over-admission).
-func TestSessionsSurviveAnEmptyRedis(t *testing.T) {
-	g := newGrid(t)
+// oneProcessWorker starts a fake browser and registers it as worker w1 of
+// pool chromium (capacity 2) with generation gen, as its agent would, and
+// returns the registration, which the agent repeats after a loss.
+func oneProcessWorker(t *testing.T, g *grid, gen string) registry.Registration {
+	t.Helper()
 	srv, ep, err := fake.Start("127.0.0.1:0", fake.Options{Path: "/playwright"})
 	if err != nil {
 		t.Fatal(err)
@@ -32,13 +29,24 @@ func TestSessionsSurviveAnEmptyRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// What the worker's agent registers, every time, with one generation.
 	reg := registry.Registration{Pool: "chromium", ID: "w1", BrowserType: "chromium", Addr: u.Host, Path: u.Path,
-		Capacity: 2, TTL: workerTTL, Generation: "browser-process-1"}
-	ctx := context.Background()
-	if err := g.reg.Register(ctx, reg); err != nil {
+		Capacity: 2, TTL: workerTTL, Generation: gen}
+	if err := g.reg.Register(context.Background(), reg); err != nil {
 		t.Fatal(err)
 	}
+	return reg
+}
+
+// TestSessionsSurviveAnEmptyRedis: Redis loses everything (FLUSHALL, as an
+// empty restart would) under two live sessions on a worker of capacity 2.
+// The worker's agent registers again with the same generation; the Caddy
+// holding the sessions re-asserts their leases at its next renewal, so
+// within one renewal period the worker counts its two sessions and its
+// lifetime again, and a third session is refused (no over-admission).
+func TestSessionsSurviveAnEmptyRedis(t *testing.T) {
+	g := newGrid(t)
+	reg := oneProcessWorker(t, g, "browser-process-1")
+	ctx := context.Background()
 	const leaseTTL = 3 * time.Second
 	renewalPeriod := leaseTTL / 3
 	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), global: "lease_ttl 3s", site: `

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -98,6 +99,20 @@ var pickPort = pickFreePort
 func PickPort(t testing.TB) int {
 	t.Helper()
 	return pickPort(t, false)
+}
+
+// PickPorts returns n distinct ports as PickPort does: picks made one by
+// one may repeat (a process given the same port twice for two listeners
+// binds both, and one of them answers for the other).
+func PickPorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, 0, n)
+	for len(ports) < n {
+		if p := pickPort(t, false); !slices.Contains(ports, p) {
+			ports = append(ports, p)
+		}
+	}
+	return ports
 }
 
 func pickFreePort(t testing.TB, bus bool) int {
