@@ -44,10 +44,16 @@ var errReassert = errors.New("Redis lost the pool's data and this instance could
 // re-asserts everything older.
 const floorKeep = 10 * time.Minute
 
-// maxFloorClaims bounds the served and the undone claims a floor keeps.
-// The oldest served one is then folded into the floor as it stands; an
-// undo dropped is no longer taken off (both err high).
-const maxFloorClaims = 64
+// maxServed and maxUndos bound the served and the undone claims a floor
+// keeps (a floor is kept for every worker generation served here in the
+// last floorKeep). The oldest served one is then folded into the floor as
+// it stands; an undo dropped is no longer taken off (both err high). An
+// undo counts only against claims served while it was live, a few at a
+// worker's capacity, so a handful of served claims is enough.
+const (
+	maxServed = 8
+	maxUndos  = 64
+)
 
 type floorKey struct{ worker, gen string }
 
@@ -69,11 +75,18 @@ type lifeFloor struct {
 	at     time.Time
 }
 
+// countedIn reports whether undo u surely gave back one of the claims
+// served claim s's lifetime counted: u's claim returned before s's began,
+// and u was undone after s's returned.
+func countedIn(u, s floorClaim) bool {
+	return u.done.Before(s.began) && u.undoneAt.After(s.done)
+}
+
 // of is served claim s's floor: its lifetime less the undos counted in it.
 func (f *lifeFloor) of(s floorClaim) int {
 	n := s.life
 	for _, u := range f.undos {
-		if u.done.Before(s.began) && u.undoneAt.After(s.done) {
+		if countedIn(u, s) {
 			n--
 		}
 	}
@@ -124,13 +137,13 @@ func (b *backend) noteEnded(c *registry.Claim, served bool) {
 	if !served {
 		fc.undoneAt = now
 		f.undos = append(f.undos, fc)
-		if len(f.undos) > maxFloorClaims {
-			f.undos = f.undos[len(f.undos)-maxFloorClaims:]
+		if len(f.undos) > maxUndos {
+			f.undos = f.undos[len(f.undos)-maxUndos:]
 		}
 		return
 	}
 	f.served = append(f.served, fc)
-	if len(f.served) > maxFloorClaims {
+	if len(f.served) > maxServed {
 		f.base = max(f.base, f.of(f.served[0]))
 		f.served = f.served[1:]
 	}
@@ -151,7 +164,7 @@ func (b *backend) pruneFloors(now time.Time) {
 			kept := f.undos[:0]
 			for _, u := range f.undos {
 				for _, s := range f.served {
-					if u.done.Before(s.began) && u.undoneAt.After(s.done) {
+					if countedIn(u, s) {
 						kept = append(kept, u)
 						break
 					}

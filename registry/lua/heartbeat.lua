@@ -46,10 +46,11 @@ w.heartbeat = now
 w.expires = now + tonumber(ARGV[5])
 store(id, w)
 local cfg = load_cfg()
--- its command (an expired one dropped); a worker with a live one is a
--- member of the retiring set, so that reindex keeps it out of the indexes
+-- its live command (an expired or malformed one dropped); a worker told to
+-- shut down is a member of the retiring set, so that reindex keeps it out
+-- of the indexes
 local cmd = pending_command(id, now)
-if cmd ~= '' and live_command(id, now) then redis.call('SADD', K_RET, id) end
+if cmd == 'shutdown' then redis.call('SADD', K_RET, id) end
 -- back in the indexes (a raised limit): waiting claims may take it
 wake_if(reindex(id, w, cfg, now))
 -- hot figures missing, or counted again (the list or the window changed):

@@ -96,10 +96,10 @@ if stage == 'workers' then
       bad[#bad + 1] = id
       bad[#bad + 1] = err
     else
-      -- (drops an expired command; a live shutdown command holds the
-      -- worker out of the indexes, retire_sync)
-      pending_command(id, now)
-      local ix = indexed(w, cfg) and not live_command(id, now)
+      -- (drops an expired or malformed command: what is left is live; a
+      -- shutdown command holds the worker out of the indexes, retire_sync)
+      local cmd = pending_command(id, now)
+      local ix = indexed(w, cfg) and cmd ~= 'shutdown'
       local in_lf = redis.call('ZSCORE', K_LF, id)
       local fix = false
       if ix then
@@ -123,7 +123,7 @@ if stage == 'workers' then
       elseif in_lf then
         fix = true
       end
-      local want_ret = may_retire(w, cfg) or redis.call('HEXISTS', K_CMD, id) == 1
+      local want_ret = may_retire(w, cfg) or cmd ~= ''
       if want_ret and redis.call('SISMEMBER', K_RET, id) == 0 then fix = true end
       if fix then
         fixed = fixed + 1
