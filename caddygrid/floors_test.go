@@ -2,6 +2,7 @@ package caddygrid_test
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -52,4 +53,71 @@ func TestLifetimeFloorsSurviveAnEmptyRestart(t *testing.T) {
 	if served != 2 || w.Lifetime != 5 || w.Command != registry.CommandShutdown {
 		t.Errorf("after the loss: %d sessions served, lifetime %d, command %q; want 2, 5 and shutdown", served, w.Lifetime, w.Command)
 	}
+}
+
+// While the floors cannot be written again, the pool's claims on that
+// Caddy fail (503) rather than land on a worker whose served sessions
+// Redis lost, and once Redis takes them the worker serves only what is
+// left of its lifetime. The floor calls are cut on their way to Redis (a
+// proxy drops the connection of any request naming the floor op); every
+// other call goes through.
+func TestClaimsWaitWhileFloorsAreOwed(t *testing.T) {
+	g := newGrid(t)
+	reg := oneProcessWorker(t, g, "gen-1")
+	ctx := context.Background()
+	px := startReplyDropper(t, g.redis.Addr)
+	c := startCaddy(t, caddyOpts{redisURL: "redis://" + px.addr + "/0", site: `
+	route /playwright/* {
+		browser_grid chromium {
+			select_timeout 300ms
+			max_lifetime 5
+		}
+	}`})
+	for range 3 {
+		mustDial(t, c.url("/playwright/chromium")).close()
+	}
+	testenv.Eventually(t, 5*time.Second, "3 sessions released", func() bool {
+		w := g.info("chromium", "w1")
+		return w.Active == 0 && w.Lifetime == 3
+	})
+	if err := g.rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.reg.Register(ctx, reg); err != nil { // asserting lifetime 0
+		t.Fatal(err)
+	}
+	floorOp := []byte("$5\r\nfloor\r\n") // the op's argument, as RESP sends it
+	px.cutOn.Store(&floorOp)
+	for i := range 4 {
+		s, err := dial(ctx, c.url("/playwright/chromium"))
+		if err == nil {
+			s.close()
+			t.Fatalf("attempt %d: a session was served while the floors were owed", i+1)
+		}
+		if he := refusal(err); he == nil || he.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("attempt %d while the floors are owed: %v, want 503", i+1, err)
+		}
+	}
+	if px.cut.Load() == 0 {
+		t.Fatal("no floor call was cut: the test proves nothing")
+	}
+	if w := g.info("chromium", "w1"); w.Lifetime != 0 {
+		t.Fatalf("lifetime %d while the floors were owed: a claim counted", w.Lifetime)
+	}
+	px.cutOn.Store(nil)
+	served := 0
+	for range 5 {
+		s, err := dial(ctx, c.url("/playwright/chromium"))
+		if err != nil {
+			break
+		}
+		served++
+		s.close()
+		testenv.Eventually(t, 5*time.Second, "the session released", func() bool { return g.info("chromium", "w1").Active == 0 })
+	}
+	w := g.info("chromium", "w1")
+	if served != 2 || w.Lifetime != 5 || w.Command != registry.CommandShutdown {
+		t.Errorf("once Redis took the floors: %d sessions served, lifetime %d, command %q; want 2, 5 and shutdown", served, w.Lifetime, w.Command)
+	}
+	t.Logf("%d floor calls cut; then %d sessions served", px.cut.Load(), served)
 }

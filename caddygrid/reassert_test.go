@@ -1,8 +1,8 @@
 package caddygrid_test
 
 import (
+	"bytes"
 	"context"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -168,12 +168,18 @@ func TestLostClaimRepliesLeaveNothing(t *testing.T) {
 
 // replyDropper is a TCP proxy in front of Redis that, while drop is set,
 // forwards requests but drops the connection instead of forwarding a reply
-// (a reply lost on the way back).
+// (a reply lost on the way back), and while cutOn is set drops it instead
+// of forwarding a request that holds those bytes.
 type replyDropper struct {
 	addr string
 	drop atomic.Bool
 	// dropped counts the replies dropped.
 	dropped atomic.Int64
+	// cutOn, while set, drops the connection instead of forwarding a
+	// request that holds it (a call that never reaches Redis).
+	cutOn atomic.Pointer[[]byte]
+	// cut counts the requests cut so.
+	cut atomic.Int64
 }
 
 func startReplyDropper(t *testing.T, target string) *replyDropper {
@@ -196,8 +202,26 @@ func startReplyDropper(t *testing.T, target string) *replyDropper {
 				continue
 			}
 			go func() {
-				_, _ = io.Copy(server, client)
-				server.Close()
+				defer client.Close()
+				defer server.Close()
+				buf := make([]byte, 32<<10)
+				var tail []byte // a pattern may straddle two reads
+				for {
+					n, err := client.Read(buf)
+					if n > 0 {
+						if pat := p.cutOn.Load(); pat != nil && bytes.Contains(append(tail, buf[:n]...), *pat) {
+							p.cut.Add(1)
+							return
+						}
+						if _, werr := server.Write(buf[:n]); werr != nil {
+							return
+						}
+						tail = append(tail[:0], buf[max(0, n-64):n]...)
+					}
+					if err != nil {
+						return
+					}
+				}
 			}()
 			go func() {
 				defer client.Close()
