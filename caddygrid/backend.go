@@ -108,7 +108,7 @@ type backend struct {
 	floors map[string]map[floorKey]*lifeFloor
 	// floorsOwed: pools whose floors a failed call could not re-assert
 	// (under mu); floorAsserts makes one call of the claims that learn of
-	// one loss at once.
+	// one loss at once, and one of those that find the floors owed.
 	floorsOwed   map[string]bool
 	floorAsserts singleflight.Group
 
@@ -297,7 +297,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 	b.mu.Unlock()
 	var err error
 	if owed {
-		err = b.sendFloors(cctx, req.Pool)
+		err = b.retryFloors(cctx, req.Pool)
 	}
 	var c *registry.Claim
 	if err == nil {
@@ -752,7 +752,7 @@ func (b *backend) keepLeases() {
 		b.renewMu.Unlock()
 		b.pruneFloors(time.Now())
 		for _, pool := range b.owedFloors() {
-			b.sendFloors(b.ctx, pool)
+			b.retryFloors(b.ctx, pool)
 		}
 	}
 }

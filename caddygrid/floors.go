@@ -190,6 +190,17 @@ func (b *backend) assertFloors(ctx context.Context, pool, epoch string) error {
 	return err
 }
 
+// retryFloors sends the pool's owed floors again, for the claims and the
+// renewal loop that find them owed: one call at a time, the others waiting
+// for it, so a recovering Redis gets one copy of the floors, not one per
+// claim in flight.
+func (b *backend) retryFloors(ctx context.Context, pool string) error {
+	_, err, _ := b.floorAsserts.Do(pool+"\x00owed", func() (any, error) {
+		return nil, b.sendFloors(context.WithoutCancel(ctx), pool)
+	})
+	return err
+}
+
 // sendFloors sends the pool's floors, and notes them owed when that fails
 // (the next claim of the pool and the renewal loop try again).
 func (b *backend) sendFloors(ctx context.Context, pool string) error {

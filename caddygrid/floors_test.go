@@ -3,6 +3,8 @@ package caddygrid_test
 import (
 	"context"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,6 +102,31 @@ func TestClaimsWaitWhileFloorsAreOwed(t *testing.T) {
 	}
 	if px.cut.Load() == 0 {
 		t.Fatal("no floor call was cut: the test proves nothing")
+	}
+	// Claims that meet owed floors at once share one call: each floor
+	// call now hangs a second before it fails, and eight claims arrive
+	// meanwhile.
+	px.cutAfter.Store(int64(time.Second))
+	before := px.cut.Load()
+	var wg sync.WaitGroup
+	var servedOwed atomic.Int64
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if s, err := dial(ctx, c.url("/playwright/chromium")); err == nil {
+				servedOwed.Add(1)
+				s.close()
+			}
+		}()
+	}
+	wg.Wait()
+	px.cutAfter.Store(0)
+	if n := servedOwed.Load(); n != 0 {
+		t.Fatalf("%d of 8 concurrent sessions served while the floors were owed", n)
+	}
+	if calls := px.cut.Load() - before; calls > 2 {
+		t.Errorf("8 concurrent claims sent the owed floors %d times, want them to share a call", calls)
 	}
 	if w := g.info("chromium", "w1"); w.Lifetime != 0 {
 		t.Fatalf("lifetime %d while the floors were owed: a claim counted", w.Lifetime)

@@ -180,6 +180,9 @@ type replyDropper struct {
 	cutOn atomic.Pointer[[]byte]
 	// cut counts the requests cut so.
 	cut atomic.Int64
+	// cutAfter holds a request that cutOn matches this long before
+	// dropping its connection (a call that hangs, then fails).
+	cutAfter atomic.Int64
 }
 
 func startReplyDropper(t *testing.T, target string) *replyDropper {
@@ -211,6 +214,7 @@ func startReplyDropper(t *testing.T, target string) *replyDropper {
 					if n > 0 {
 						if pat := p.cutOn.Load(); pat != nil && bytes.Contains(append(tail, buf[:n]...), *pat) {
 							p.cut.Add(1)
+							time.Sleep(time.Duration(p.cutAfter.Load()))
 							return
 						}
 						if _, werr := server.Write(buf[:n]); werr != nil {
