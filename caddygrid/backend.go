@@ -111,6 +111,10 @@ type backend struct {
 	// one loss at once, and one of those that find the floors owed.
 	floorsOwed   map[string]bool
 	floorAsserts singleflight.Group
+	// lossAsserted: pools whose data the epoch watch found lost while no
+	// claim had made a new epoch yet, with the epoch lost (under mu), so
+	// that it re-asserts once per loss.
+	lossAsserted map[string]string
 
 	mu       sync.Mutex
 	leases   map[string]map[string]*liveLease // pool → lease ID → lease held by this process
@@ -236,13 +240,14 @@ func (b *backend) configure(leaseTTL time.Duration, maxBatch int) {
 	}
 }
 
-// start launches the lease keeper once per backend (from an app's Start,
+// start launches the lease keeper and the epoch watch once per backend (from an app's Start,
 // never from Provision); it stops when the backend is destroyed. Stale
 // workers a claim walks past are expired by the registry itself.
 func (b *backend) start() {
 	b.startMu.Do(func() {
-		b.wg.Add(1)
+		b.wg.Add(2)
 		go b.keepLeases()
+		go b.watchEpochs()
 	})
 }
 

@@ -22,7 +22,8 @@ import (
 // generation, what the lifetimes of the sessions it served there say Redis
 // held, for floorKeep, and re-asserts those floors
 // (registry.AssertLifetimes) when a claim learns of the loss
-// (registry.EpochError), once per loss and before it claims again.
+// (registry.EpochError), once per loss and before it claims again, or
+// when its epoch watch does (watchEpochs), whichever comes first.
 //
 // A served claim's lifetime counts every claim made before it, and an
 // undo made after it gave one of those back (a client that left before
@@ -254,4 +255,96 @@ func (b *backend) owedFloors() []string {
 		ps = append(ps, p)
 	}
 	return ps
+}
+
+// epochWatch is how often an instance holding floors or live leases reads
+// their pools' dataset epochs (watchEpochs).
+const epochWatch = time.Second
+
+// watchEpochs learns of a loss of a pool's data without a claim. With
+// several instances sharing Redis, another one may claim first after the
+// loss, or this one not at all (its clients gone elsewhere): that claim
+// would grant sessions on workers whose served sessions only this
+// instance's floors and leases carry. So every epochWatch it reads the
+// epochs of the pools it holds floors or live leases in (one pipelined
+// read), and re-asserts both, as a claim meeting the change does, when
+// an epoch is gone or another.
+func (b *backend) watchEpochs() {
+	defer b.wg.Done()
+	t := time.NewTicker(epochWatch)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-t.C:
+		}
+		b.checkEpochs(b.ctx)
+	}
+}
+
+// checkEpochs is one round of watchEpochs.
+func (b *backend) checkEpochs(ctx context.Context) {
+	b.mu.Lock()
+	known := map[string]string{}
+	for pool, e := range b.epochs {
+		if e != "" && (len(b.floors[pool]) > 0 || len(b.leases[pool]) > 0) {
+			known[pool] = e
+		}
+	}
+	b.mu.Unlock()
+	if len(known) == 0 {
+		return
+	}
+	pools := make([]string, 0, len(known))
+	for pool := range known {
+		pools = append(pools, pool)
+	}
+	cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
+	now, err := b.reg.Epochs(cctx, pools)
+	cancel()
+	if err != nil {
+		// claims and renewals meet the failure and answer for it
+		return
+	}
+	for _, pool := range pools {
+		e := now[pool]
+		if e == known[pool] {
+			continue
+		}
+		b.mu.Lock()
+		done := e == "" && b.lossAsserted[pool] == known[pool]
+		owed := b.floorsOwed[pool]
+		b.mu.Unlock()
+		if done {
+			// re-asserted already; the pool's next claim makes the
+			// new epoch, and this instance's next claim learns it
+			continue
+		}
+		b.logger.Warn("Redis lost the pool's data; re-asserting this instance's sessions before another instance claims",
+			zap.String("pool", pool))
+		b.renewOwed.Store(true)
+		b.renewNow(ctx)
+		if b.renewOwed.Load() {
+			return // Redis is failing: the next round tries again
+		}
+		send := b.assertFloors
+		if owed {
+			// a failed call left them owed: join the claims' retry
+			send = func(ctx context.Context, pool, _ string) error { return b.retryFloors(ctx, pool) }
+		}
+		if err := send(ctx, pool, e); err != nil {
+			continue // owed: claims wait, and the next round retries
+		}
+		if e != "" {
+			b.setEpoch(pool, e)
+			continue
+		}
+		b.mu.Lock()
+		if b.lossAsserted == nil {
+			b.lossAsserted = map[string]string{}
+		}
+		b.lossAsserted[pool] = known[pool]
+		b.mu.Unlock()
+	}
 }

@@ -122,6 +122,8 @@ func TestClaimsWaitWhileFloorsAreOwed(t *testing.T) {
 	}
 	wg.Wait()
 	px.cutAfter.Store(0)
+	// the epoch watch's own call may still hang: let it fail first
+	testenv.Eventually(t, 5*time.Second, "no floor call held", func() bool { return px.holding.Load() == 0 })
 	if n := servedOwed.Load(); n != 0 {
 		t.Fatalf("%d of 8 concurrent sessions served while the floors were owed", n)
 	}
@@ -147,4 +149,54 @@ func TestClaimsWaitWhileFloorsAreOwed(t *testing.T) {
 		t.Errorf("once Redis took the floors: %d sessions served, lifetime %d, command %q; want 2, 5 and shutdown", served, w.Lifetime, w.Command)
 	}
 	t.Logf("%d floor calls cut; then %d sessions served", px.cut.Load(), served)
+}
+
+// Two instances share Redis. A serves three sessions, then its clients go
+// to B. Redis loses everything and the worker registers again at lifetime
+// 0; A makes no claim after the loss, but its epoch watch learns of it and
+// re-asserts what A served, so B serves the 2 sessions left of
+// max_lifetime 5, not 5.
+func TestAnInstanceThatStopsClaimingStillAssertsItsFloors(t *testing.T) {
+	g := newGrid(t)
+	reg := oneProcessWorker(t, g, "gen-1")
+	ctx := context.Background()
+	site := `
+	route /playwright/* {
+		browser_grid chromium {
+			select_timeout 300ms
+			max_lifetime 5
+		}
+	}`
+	a := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: site})
+	b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: site})
+	for range 3 {
+		mustDial(t, a.url("/playwright/chromium")).close()
+	}
+	testenv.Eventually(t, 5*time.Second, "3 sessions released", func() bool {
+		w := g.info("chromium", "w1")
+		return w.Active == 0 && w.Lifetime == 3
+	})
+	if err := g.rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.reg.Register(ctx, reg); err != nil { // asserting lifetime 0
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "A re-asserts the lifetime it served without claiming", func() bool {
+		return g.info("chromium", "w1").Lifetime == 3
+	})
+	served := 0
+	for range 5 {
+		s, err := dial(ctx, b.url("/playwright/chromium"))
+		if err != nil {
+			break
+		}
+		served++
+		s.close()
+		testenv.Eventually(t, 5*time.Second, "the session released", func() bool { return g.info("chromium", "w1").Active == 0 })
+	}
+	w := g.info("chromium", "w1")
+	if served != 2 || w.Lifetime != 5 || w.Command != registry.CommandShutdown {
+		t.Errorf("B after the loss: %d sessions served, lifetime %d, command %q; want 2, 5 and shutdown", served, w.Lifetime, w.Command)
+	}
 }

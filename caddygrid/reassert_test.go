@@ -181,8 +181,9 @@ type replyDropper struct {
 	// cut counts the requests cut so.
 	cut atomic.Int64
 	// cutAfter holds a request that cutOn matches this long before
-	// dropping its connection (a call that hangs, then fails).
-	cutAfter atomic.Int64
+	// dropping its connection (a call that hangs, then fails); holding
+	// counts the requests held so now.
+	cutAfter, holding atomic.Int64
 }
 
 func startReplyDropper(t *testing.T, target string) *replyDropper {
@@ -214,7 +215,9 @@ func startReplyDropper(t *testing.T, target string) *replyDropper {
 					if n > 0 {
 						if pat := p.cutOn.Load(); pat != nil && bytes.Contains(append(tail, buf[:n]...), *pat) {
 							p.cut.Add(1)
+							p.holding.Add(1)
 							time.Sleep(time.Duration(p.cutAfter.Load()))
+							p.holding.Add(-1)
 							return
 						}
 						if _, werr := server.Write(buf[:n]); werr != nil {

@@ -185,6 +185,16 @@ type Registration struct {
 	// Draining registers the worker as draining (never selected), for an
 	// agent whose record was lost while it drains. Default: false.
 	Draining bool
+	// Hold, for an agent registering again because its record was lost,
+	// keeps the worker out of selection (suspect) for this long when the
+	// pool's data was lost too: no dataset epoch, or one made less than
+	// Hold ago by the first claim after the loss. The claimers that served
+	// it re-assert the sessions Redis lost meanwhile (AssertLifetimes,
+	// RenewLeases), and a lifetime they raise is the whole count only
+	// while no new session was counted on it (the raise takes the higher
+	// of the two, it does not add). A record that merely lapsed kept its
+	// count, and is not held. ReassertHold is the agent's. Default: none.
+	Hold time.Duration
 }
 
 // weight is the registered weight with its default.
@@ -639,6 +649,22 @@ type AssertResult struct {
 func (r *Registry) AssertLifetimes(ctx context.Context, pool string, floors []LifetimeFloor) (AssertResult, error) {
 	return r.assertLifetimes(ctx, pool, floors)
 }
+
+// Epochs reads the dataset epoch of each pool (a version group reads its
+// pool's), "" for a pool that has none (no claim since its data was made,
+// or lost), in one round trip per Redis node. It changes nothing: a
+// claimer that holds floors or leases polls it to learn of a loss without
+// claiming (see AssertLifetimes).
+func (r *Registry) Epochs(ctx context.Context, pools []string) (map[string]string, error) {
+	return r.epochs(ctx, pools)
+}
+
+// ReassertHold is the Hold of an agent that registers again after its
+// record was lost. Caddy reads its pools' epochs every second while it
+// holds what it served there (its epoch watch), so each instance
+// re-asserts a loss within about a second of Redis coming back, whichever
+// instance claims first; the hold gives it twice that.
+const ReassertHold = 2 * time.Second
 
 // NewLeaseID returns a fresh lease ID for ClaimRequest.LeaseID.
 func NewLeaseID() string { return newToken(12) }

@@ -2,6 +2,8 @@ package registry
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -183,5 +185,71 @@ func TestReleaseWithoutARecordKeepsItsLifetime(t *testing.T) {
 	mustRegister(t, r, capReg("w", "gen-1", 4)) // the agent, asserting 0
 	if _, l, _ := figures(t, r, "w"); l != 2 {
 		t.Errorf("lifetime %d after the comeback, want the 2 sessions released while it had no record", l)
+	}
+}
+
+// An agent registering again after its record was lost is held (Hold):
+// a claimer's floor that arrives meanwhile raises a lifetime no new
+// session has counted on yet, so it is the whole count. Without the hold a
+// claim landed first and the raise, taking the higher of the two, swallowed
+// it: the browser served that session again past max_lifetime.
+func TestARegistrationAfterALossIsHeld(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	req := ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: capLimits, LeaseTTL: time.Minute}
+	mustRegister(t, r, capReg("w", "gen-1", 2))
+	if _, err := r.Claim(ctx, req); err != nil {
+		t.Fatalf("a first registration is not held: %v", err)
+	}
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const hold = 2 * time.Second
+	back := capReg("w", "gen-1", 2)
+	back.Hold = hold
+	held := time.Now()
+	mustRegister(t, r, back)
+	if c, err := r.Claim(ctx, req); err == nil {
+		t.Fatalf("claimed %s while held", c.Worker.ID)
+	} else if !errors.Is(err, ErrNoWorker) {
+		t.Fatal(err)
+	}
+	if _, err := r.AssertLifetimes(ctx, "p", []LifetimeFloor{{Worker: "w", Gen: "gen-1", Lifetime: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(held.Add(hold + 50*time.Millisecond)))
+	c, err := r.Claim(ctx, req)
+	if err != nil {
+		t.Fatalf("after the hold: %v", err)
+	}
+	if c.Worker.Lifetime != 5 {
+		t.Errorf("first session after the hold counted at lifetime %d, want 5 (the floor's 4, then it)", c.Worker.Lifetime)
+	}
+	// A record that merely lapsed (the pool's data kept, its epoch older
+	// than the hold, or made by a version that kept no time) kept its
+	// count in lapsed: it comes back at once.
+	for _, at := range []string{"1", ""} {
+		if at == "" {
+			err = rdb.HDel(ctx, r.Key("p", "config"), "epoch_at").Err()
+		} else {
+			err = rdb.HSet(ctx, r.Key("p", "config"), "epoch_at", at).Err()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Expire(ctx, "p", "w", 0); err != nil {
+			t.Fatal(err)
+		}
+		mustRegister(t, r, back)
+		if c, err = r.Claim(ctx, req); err != nil {
+			t.Fatalf("epoch_at %q: a lapsed record held: %v", at, err)
+		}
+	}
+	back.Hold = -time.Second
+	if err := r.Register(ctx, back); err == nil || !strings.Contains(err.Error(), "Hold -1s is negative") {
+		t.Errorf("a negative hold: %v", err)
 	}
 }

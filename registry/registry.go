@@ -119,6 +119,8 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 		return fmt.Errorf("registering worker %q in pool %q: VirtualNodes %d out of range 1-%d", reg.ID, reg.Pool, reg.VirtualNodes, MaxVirtualNodes)
 	case reg.Lifetime < 0:
 		return fmt.Errorf("registering worker %q in pool %q: Lifetime %d is negative", reg.ID, reg.Pool, reg.Lifetime)
+	case reg.Hold < 0:
+		return fmt.Errorf("registering worker %q in pool %q: Hold %s is negative", reg.ID, reg.Pool, reg.Hold)
 	}
 	if err := selection.ValidWeight(reg.Weight); err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
@@ -162,7 +164,7 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 	}
 	err := r.run(ctx, scriptRegister, reg.Pool, 0,
 		reg.ID, reg.BrowserType, reg.Addr, reg.Path, reg.Capacity, v, ms(ttl), gen, strings.Join(pos, " "),
-		reg.Lifetime, ms(r.opts.CommandTTL), draining, sig, reg.weight()).Err()
+		reg.Lifetime, ms(r.opts.CommandTTL), draining, sig, reg.weight(), ms(reg.Hold)).Err()
 	if err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
 	}
@@ -392,6 +394,30 @@ func (r *Registry) renewLeases(ctx context.Context, pool string, leases []LeaseR
 
 // renewChunk is how many leases one renewal call carries.
 const renewChunk = 200
+
+func (r *Registry) epochs(ctx context.Context, pools []string) (map[string]string, error) {
+	cmds := make([]*redis.StringCmd, len(pools))
+	pipe := r.rdb.Pipeline()
+	for i, pool := range pools {
+		if err := checkPool(pool); err != nil {
+			return nil, fmt.Errorf("reading epochs: %w", err)
+		}
+		cmds[i] = pipe.HGet(ctx, r.Key(pool, keyConfig), "epoch")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("reading the epochs of %d pools: %w", len(pools), err)
+	}
+	out := make(map[string]string, len(pools))
+	for i, pool := range pools {
+		// Exec names the first failed command only, and a missing
+		// field fails as redis.Nil: each answer is checked on its own
+		if err := cmds[i].Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("reading the epoch of pool %q: %w", pool, err)
+		}
+		out[pool] = cmds[i].Val()
+	}
+	return out, nil
+}
 
 func (r *Registry) assertLifetimes(ctx context.Context, pool string, floors []LifetimeFloor) (AssertResult, error) {
 	var out AssertResult

@@ -535,7 +535,12 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 					zap.Int("lifetime", reg.Lifetime))
 				a.recordLost = time.Now()
 				cctx, cancel := rctx()
-				if err := a.reg.Register(cctx, reg); err != nil {
+				// held a moment, so that the Caddy instances that served
+				// it re-assert the sessions Redis lost before it takes new
+				// ones (registry.ReassertHold)
+				again := reg
+				again.Hold = registry.ReassertHold
+				if err := a.reg.Register(cctx, again); err != nil {
 					log.Warn("registering again failed; will retry at the next heartbeat", zap.Error(err))
 				} else {
 					// What it asserted: Redis keeps the higher of that and

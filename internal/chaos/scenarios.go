@@ -509,6 +509,30 @@ var scenarios = []Scenario{
 		},
 	},
 	{
+		Name: "redis-restart-moved",
+		Proves: "Redis killed and restarted empty as five clients move from one Caddy to another (a load balancer's " +
+			"choice): the instance that served the workers' sessions re-asserts their lifetimes without a claim of its own, " +
+			"so no browser serves past max_lifetime through the other.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 3, MaxLifetime: 10, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim, lim}, 4, 3); err != nil {
+				return err
+			}
+			r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
+			r.tr.down[1].Store(true)
+			r.tr.churn(5, churnHold)
+			r.warm()
+			r.tr.down[1].Store(false)
+			r.tr.down[0].Store(true)
+			if err := r.restartRedisEmpty(); err != nil {
+				return err
+			}
+			time.Sleep(r.phase(4*time.Second, 8*time.Second))
+			r.observe()
+			return nil
+		},
+	},
+	{
 		Name: "redis-stall",
 		Proves: "Redis stalled (DEBUG SLEEP 7) during claims: a claim is refused within ~2.5 s (not when Redis wakes), a " +
 			"claim that timed out leaves no lease and no count once Redis answers again, and the workers' records, lapsed " +

@@ -80,7 +80,9 @@ local cfg = load_cfg()
 local epoch = cfg.epoch
 if not epoch then
   epoch = ARGV[REQ.epoch_new]
-  if not dry then cfg_set('epoch', epoch) end
+  -- and when: a worker registering again soon after is held
+  -- (register.lua), for the claimers of the data lost to re-assert it
+  if not dry then cfg_set('epoch', epoch, 'epoch_at', fmt(now)) end
 end
 if not dry and ARGV[REQ.epoch_seen] ~= '' and ARGV[REQ.epoch_seen] ~= epoch then
   return { -3, epoch }

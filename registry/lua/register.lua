@@ -24,7 +24,15 @@
 --       13 lifetime the agent re-asserts, 14 command ttl ms,
 --       15 '1' to register as draining (an agent draining when its record was lost),
 --       16 signature (hex HMAC made by the agent; '' for none: the record has no sig),
---       17 weight (interleaved weighted round robin, 1-10000).
+--       17 weight (interleaved weighted round robin, 1-10000),
+--       18 hold ms, for an agent registering again after its record was
+--          lost: when the pool's data was lost too (no dataset epoch, or
+--          one made less than that long ago by the first claim after the
+--          loss), the worker is suspect that long from now, so that the
+--          claimers that served it re-assert what Redis lost before a new
+--          session counts on it (a raise takes the higher count, it does
+--          not add). A record that merely lapsed kept its count (lapsed):
+--          no hold. 0: none.
 -- Writes the record, its counters and its hot figures (common.lua, "Hot
 -- figures": a new registration starts with no predicted end or suspicion;
 -- the same generation keeps its predicted end).
@@ -69,6 +77,13 @@ if carry then
   end
 end
 if ARGV[16] and ARGV[16] ~= '' then w.sig = ARGV[16] end
+local hold = tonumber(ARGV[18]) or 0
+if hold > 0 then
+  local e = redis.call('HMGET', K_CFG, 'epoch', 'epoch_at')
+  local at = count(e[2])
+  -- an epoch without its time was made by an older version: not new
+  if not e[1] or (at and now - at < hold) then w.suspect_until = now + hold end
+end
 store(id, w)
 redis.call('HSET', K_ACTIVE, id, fmt(w.active))
 redis.call('HSET', K_LIFETIME, id, fmt(w.lifetime))
