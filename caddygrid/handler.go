@@ -264,6 +264,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		return h.reject(w, r, http.StatusBadRequest, "", err.Error())
 	}
+	// The check changes the headers as reverse_proxy would (so that what
+	// is checked is what is sent), on a copy: the request Caddy's
+	// placeholders read (client_key, the access log) keeps what the client
+	// sent, a header it named in Connection included. Else a client naming
+	// the header client_key is built from (one forward_auth set) was
+	// counted by its address instead: a budget per address.
+	r = r.Clone(r.Context())
 	if code, msg := checkHandshake(r); code != 0 {
 		if code == http.StatusUpgradeRequired {
 			w.Header().Set("Sec-WebSocket-Version", "13")
