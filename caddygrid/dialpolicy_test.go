@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -259,5 +261,38 @@ func TestSignedRegistrations(t *testing.T) {
 	}
 	if strings.Contains(c.proc.Output(), secret) {
 		t.Error("Caddy's output holds the worker secret")
+	}
+}
+
+// A record whose address serves plain HTTP (a 200 page, not a browser)
+// is blamed and skipped; when the tries run out on such records, the
+// client gets a 502 that says so, not the page's 200 with its body dropped (a success
+// a client cannot tell from one), and nothing of the page.
+func TestAWorkerAnsweringWithAPageGets502(t *testing.T) {
+	g := newGrid(t)
+	page := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Internal", "page")
+		_, _ = io.WriteString(w, "an internal page")
+	}))
+	t.Cleanup(page.Close)
+	for _, retries := range []int{0, 2} {
+		// one record per try, each tried once (a blamed record is
+		// suspect a while): the tries run out on pages
+		for i := range retries + 1 {
+			g.registerAt(fmt.Sprintf("page-%d-%d", retries, i), strings.TrimPrefix(page.URL, "http://"), "/internal", nil)
+		}
+		c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
+	route /playwright/* {
+		browser_grid chromium {
+			select_timeout 300ms
+			dial_retries %d
+		}
+	}`, retries)})
+		_, err := dial(context.Background(), c.url("/playwright/chromium"))
+		he := refusal(err)
+		if he == nil || he.StatusCode != http.StatusBadGateway || he.Header.Get("X-Internal") != "" ||
+			strings.Contains(string(he.Body), "internal page") {
+			t.Errorf("dial_retries %d: %v, want a 502 of Caddy's own", retries, err)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -278,7 +279,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, r, code, "", msg)
 	}
 	s := newSession(r, pool)
-	proxyErr := h.proxy.ServeHTTP(&upgradeWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, s: s}, r, next)
+	uw := &upgradeWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, s: s}
+	proxyErr := h.proxy.ServeHTTP(uw, r, next)
 	// The socket is closed (or the session never started): end the claim
 	// now. A cancelled request context means the client went away.
 	s.finish(r.Context().Err() != nil)
@@ -320,6 +322,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// reverse_proxy records a client that went away.
 		w.WriteHeader(499)
 		return nil
+	}
+	var he caddyhttp.HandlerError
+	if !uw.once && errors.As(proxyErr, &he) && he.StatusCode < 400 {
+		// Every worker tried answered with another status than 101
+		// below 400 (something else than a browser serves that address,
+		// each blamed): no handshake, and not the client's doing. Caddy
+		// would answer that status with an empty body (a 200 the client
+		// cannot tell from success).
+		return h.reject(w, r, http.StatusBadGateway, pool,
+			fmt.Sprintf("the %s browsers tried did not answer the WebSocket upgrade; retry later", pool))
 	}
 	return proxyErr
 }
