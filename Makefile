@@ -91,7 +91,7 @@ chaos-short: build
 	$(BIN)/gridchaos -short $(CHAOSFLAGS)
 
 ## bench: Go benchmarks and cmd/gridbench, printed as ratio tables. One section, smaller:
-## make bench BENCHFLAGS='-only redis -redis-n 2000' (gridbench -h lists the sections and knobs).
+## make bench BENCHFLAGS='-only redis-targets -redis-n 2000' (gridbench -h lists the sections and knobs).
 BENCHFLAGS ?=
 bench: deps build
 	$(GO) test -run "^$$" -bench . -benchmem ./selection/... ./registry/...

@@ -13,7 +13,7 @@ import (
 // reaperEvents counts what the reapers of this process did.
 var reaperEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Namespace: "caddy", Subsystem: "grid", Name: "reaper_events_total",
-	Help: "What this instance's reaper did, by kind: worker_expired, bad_record, leases_freed, counters_fixed, orphans_removed (these three add their counts), pool_busy, kicked (a pool reaped early because a claim met stale workers in it), error.",
+	Help: "What this instance's reaper did, by kind: worker_expired, bad_record, leases_freed, counters_fixed, orphans_removed (these three add their counts), pool_busy, kicked (a pool reaped early because a claim met stale workers in it), shared_address (available workers of a pool registered at one address, once per pass), error.",
 }, []string{"kind"})
 
 // startReaper runs this app's reaper (the worker lifecycle's, over the app's Redis)

@@ -37,7 +37,7 @@ func main() {
 func run() int {
 	fs := flag.NewFlagSet("gridchaos", flag.ContinueOnError)
 	short := fs.Bool("short", false, "the short form: same scenarios and expectations, shorter phases")
-	only := fs.String("only", "", "run only scenarios whose name contains one of these comma-separated words")
+	only := fs.String("only", "", "run only these comma-separated scenarios: a word that names one runs it alone, another runs every scenario whose name contains it")
 	bins := fs.String("bin", "bin", "directory holding caddy, grid-worker and fakebrowser")
 	dir := fs.String("dir", "", "keep every scenario's logs and files here (default: a temp dir, kept only when a scenario fails)")
 	list := fs.Bool("list", false, "list the scenarios and what each proves, then exit")

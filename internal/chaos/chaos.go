@@ -113,14 +113,7 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 			return nil, fmt.Errorf("%s not found on PATH: run 'make deps' first", b)
 		}
 	}
-	var selected []Scenario
-	for _, s := range scenarios {
-		if opts.Only == "" || slices.ContainsFunc(strings.Split(opts.Only, ","), func(w string) bool {
-			return w != "" && strings.Contains(s.Name, strings.TrimSpace(w))
-		}) {
-			selected = append(selected, s)
-		}
-	}
+	selected := selectScenarios(scenarios, opts.Only)
 	if len(selected) == 0 {
 		return nil, fmt.Errorf("no scenario matches %q (gridchaos -list shows them)", opts.Only)
 	}
@@ -635,3 +628,33 @@ func healTime(outs []*outcome, samples []sample, fault time.Time) (time.Duration
 }
 
 var execLookPath = exec.LookPath
+
+// selectScenarios is what -only runs: every scenario for "", else for each
+// comma-separated word the scenario of that name when there is one (so
+// that redis-restart does not also run redis-restart-spent), else those
+// whose name contains it; in the table's order.
+func selectScenarios(all []Scenario, only string) []Scenario {
+	if only == "" {
+		return all
+	}
+	words := strings.Split(only, ",")
+	exact := func(w string) bool {
+		return slices.ContainsFunc(all, func(s Scenario) bool { return s.Name == w })
+	}
+	var out []Scenario
+	for _, s := range all {
+		if slices.ContainsFunc(words, func(w string) bool {
+			w = strings.TrimSpace(w)
+			if w == "" {
+				return false
+			}
+			if exact(w) {
+				return s.Name == w
+			}
+			return strings.Contains(s.Name, w)
+		}) {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -201,3 +201,29 @@ func TestPickSkipsDownFrontendUnderConcurrency(t *testing.T) {
 		t.Fatalf("the down frontend was picked %d times in 160,000 picks", n)
 	}
 }
+
+// -only names a scenario exactly when one has that name: redis-restart
+// ran redis-restart-spent and redis-restart-moved too, which the docs'
+// example for running one scenario did not say.
+func TestOnlyPrefersAnExactName(t *testing.T) {
+	all := []Scenario{{Name: "redis-restart"}, {Name: "redis-restart-spent"}, {Name: "redis-stall"}, {Name: "caddy-kill"}}
+	names := func(ss []Scenario) string {
+		var n []string
+		for _, s := range ss {
+			n = append(n, s.Name)
+		}
+		return strings.Join(n, ",")
+	}
+	for only, want := range map[string]string{
+		"":                   "redis-restart,redis-restart-spent,redis-stall,caddy-kill",
+		"redis-restart":      "redis-restart",
+		"redis":              "redis-restart,redis-restart-spent,redis-stall",
+		"spent, caddy-kill":  "redis-restart-spent,caddy-kill",
+		"redis-restart,kill": "redis-restart,caddy-kill",
+		"no-such":            "",
+	} {
+		if got := names(selectScenarios(all, only)); got != want {
+			t.Errorf("-only %q: %q, want %q", only, got, want)
+		}
+	}
+}
