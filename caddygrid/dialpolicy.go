@@ -43,8 +43,15 @@ var DefaultWorkerNetworks = []string{
 const (
 	// refusedSuspectFor is how long a worker whose record the policy
 	// refused is skipped by every Caddy instance (a rewritten record
-	// clears it, and is checked again at its next claim).
-	refusedSuspectFor = time.Minute
+	// clears it, and is checked again at its next claim): as long as a
+	// failed dial. The refusal follows this instance's config, which
+	// another instance, or this one after a reload, may not share: a
+	// minute, as it was, kept a rotated worker_secret's workers from
+	// every instance for 55 s after the rotation, and a pool served
+	// nothing for 58 s after a worker_networks narrowed by mistake for
+	// 2 s was rolled back (an operator red team). A rogue record costs
+	// the grid one claim per this period.
+	refusedSuspectFor = suspectFor
 	// maxRefusals bounds how many refused records one request walks past
 	// before it gives up (503, as when no worker is free in time).
 	maxRefusals = 16

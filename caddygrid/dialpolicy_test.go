@@ -296,3 +296,36 @@ func TestAWorkerAnsweringWithAPageGets502(t *testing.T) {
 		}
 	}
 }
+
+// An instance whose worker_networks leave a worker out (a config another
+// instance, or this one after a reload, does not share: a rollout, a
+// mistake rolled back) refuses its record; the mark that keeps every
+// instance off it lasts as long as a failed dial's, not a minute, so an
+// instance that allows the worker serves it again within seconds.
+func TestAnotherInstancesRefusalPassesSoon(t *testing.T) {
+	g := newGrid(t)
+	g.worker("chromium", "w1", fake.Behavior{})
+	site := `
+	route /playwright/* {
+		browser_grid chromium {
+			select_timeout 300ms
+		}
+	}`
+	narrow := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), global: "worker_networks 10.20.0.0/16", site: site})
+	wide := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: site})
+	if _, err := dial(context.Background(), narrow.url("/playwright/chromium")); refusal(err) == nil {
+		t.Fatalf("through the narrow instance: %v, want a refusal (its only worker is outside worker_networks)", err)
+	}
+	refused := time.Now()
+	testenv.Eventually(t, 20*time.Second, "the other instance serves the worker again", func() bool {
+		s, err := dial(context.Background(), wide.url("/playwright/chromium"))
+		if err != nil {
+			return false
+		}
+		s.close()
+		return true
+	})
+	if d := time.Since(refused); d > 10*time.Second {
+		t.Errorf("the other instance served the worker %s after the refusal, want within a failed dial's mark (5s)", d.Round(100*time.Millisecond))
+	}
+}
