@@ -195,6 +195,17 @@ type Registration struct {
 	// of the two, it does not add). A record that merely lapsed kept its
 	// count, and is not held. ReassertHold is the agent's. Default: none.
 	Hold time.Duration
+	// Exclusive says this browser is the only one at its address and path
+	// (grid-worker's registrations are): an available record of another
+	// ID registered as exclusive at the same address and path before is
+	// removed, as a deregistration would (its leases stay). That one is a
+	// browser that crashed with its agent, never deregistered, whose port
+	// a restarted worker now listens on: claims through it reached the new
+	// browser beside its own record's, past its cap and max_lifetime,
+	// until it went stale. A draining record stays (it takes no session).
+	// Records of several workers at one address (tests, benchmarks, one
+	// server counted as many) register without it. Default: false.
+	Exclusive bool
 }
 
 // weight is the registered weight with its default.

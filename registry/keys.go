@@ -48,6 +48,10 @@ const (
 	// The lifetime of a worker whose record lapsed, kept for its comeback
 	// (see lua/common.lua, lapsed_entry).
 	keyLapsed = "lapsed" // HASH id -> "<gen> <lifetime> <forget at ms>"
+	// The worker registered last at each address and path (see
+	// lua/register.lua): a browser restarted at a fixed port replaces the
+	// record of the one that crashed there. Per version group.
+	keyAddrs = "addrs" // HASH "<addr> <path>" -> id
 )
 
 // tombPrefix starts the value of a lease id in leases once the lease
@@ -77,6 +81,7 @@ var poolKeyNames = []string{
 	keyIdxIWRR, keyIWRR,
 	keyHot,
 	keyLapsed,
+	keyAddrs,
 }
 
 // maxNameLen bounds pool names and worker IDs.

@@ -125,9 +125,12 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 	if err := selection.ValidWeight(reg.Weight); err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
 	}
-	draining := 0
+	draining, exclusive := 0, 0
 	if reg.Draining {
 		draining = 1
+	}
+	if reg.Exclusive {
+		exclusive = 1
 	}
 	gen := reg.Generation
 	if gen == "" {
@@ -164,7 +167,7 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 	}
 	err := r.run(ctx, scriptRegister, reg.Pool, 0,
 		reg.ID, reg.BrowserType, reg.Addr, reg.Path, reg.Capacity, v, ms(ttl), gen, strings.Join(pos, " "),
-		reg.Lifetime, ms(r.opts.CommandTTL), draining, sig, reg.weight(), ms(reg.Hold)).Err()
+		reg.Lifetime, ms(r.opts.CommandTTL), draining, sig, reg.weight(), ms(reg.Hold), exclusive).Err()
 	if err != nil {
 		return fmt.Errorf("registering worker %q in pool %q: %w", reg.ID, reg.Pool, err)
 	}

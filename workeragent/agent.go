@@ -433,6 +433,9 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 		// One generation for this browser process: registering again after
 		// the record was lost carries on with its live sessions' leases.
 		Generation: registry.NewGeneration(),
+		// Its browser is the only one at its address: the record of one
+		// that crashed there before (a fixed port) goes.
+		Exclusive: true,
 	}
 	if reg.Path == "" {
 		reg.Path = "/"
@@ -531,7 +534,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 			}
 			switch {
 			case errors.Is(err, registry.ErrNotRegistered):
-				log.Warn("worker record gone (expired, reaped or redis restarted); registering again",
+				log.Warn("worker record gone (expired, reaped, redis restarted, or replaced by another worker registering at this address); registering again",
 					zap.Int("lifetime", reg.Lifetime))
 				a.recordLost = time.Now()
 				cctx, cancel := rctx()

@@ -357,7 +357,7 @@ func TestSIGTERMDuringARegistrationAfterARecordLossStopsWithinTheBound(t *testin
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "the record loss seen", func() bool {
-		return countLogs(p, "worker record gone (expired, reaped or redis restarted); registering again") >= 1
+		return countLogs(p, "worker record gone (expired, reaped, redis restarted, or replaced by another worker registering at this address); registering again") >= 1
 	})
 	stopWithin(t, p, drain, pid, groups)
 }
@@ -516,7 +516,7 @@ func TestSlowRegistrationDuringASIGTERMDoesNotReviveTheDrainingWorker(t *testing
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "the record loss seen", func() bool {
-		return countLogs(p, "worker record gone (expired, reaped or redis restarted); registering again") >= 1
+		return countLogs(p, "worker record gone (expired, reaped, redis restarted, or replaced by another worker registering at this address); registering again") >= 1
 	})
 	sig := time.Now()
 	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {

@@ -80,6 +80,7 @@ local K_CLIENT = KEYS[18]
 local K_IWRR, K_IWRRW = KEYS[19], KEYS[20]
 local K_HOT = KEYS[21]
 local K_LAPSED = KEYS[22]
+local K_ADDRS = KEYS[23]
 
 -- Lifetime-first score: lifetime descending, then active ascending; members
 -- with equal scores sort by id bytes, which gives the ID ASC tiebreak.
@@ -228,6 +229,20 @@ local function decode(raw)
     end
   end
   return w
+end
+
+-- Addresses (addrs): the worker registered last at each address and path,
+-- so that a browser restarted at a fixed port replaces the record of the
+-- one that crashed there (register.lua).
+local function addr_key(addr, path) return addr .. ' ' .. path end
+
+-- addr_forget drops worker id's entry (w: its record; nil, a missing or bad
+-- one, leaves the entry to the next registration at that address, which
+-- checks the record it names).
+local function addr_forget(id, w)
+  if not w then return end
+  local k = addr_key(w.addr, w.path)
+  if redis.call('HGET', K_ADDRS, k) == id then redis.call('HDEL', K_ADDRS, k) end
 end
 
 -- count reads a stored counter: decimal digits only (tonumber would also
@@ -1281,6 +1296,7 @@ end
 -- remove_worker deletes everything a registration wrote (a lapsed
 -- lifetime is not the registration's: its callers keep or delete it).
 local function remove_worker(id)
+  addr_forget(id, decode(redis.call('HGET', K_WORKERS, id)))
   unindex(id)
   redis.call('HDEL', K_IWRRW, id)
   redis.call('SREM', K_RET, id)

@@ -33,6 +33,10 @@
 --          session counts on it (a raise takes the higher count, it does
 --          not add). A record that merely lapsed kept its count (lapsed):
 --          no hold. 0: none.
+--       19 '1': exclusive (see above).
+-- With ARGV 19 '1' (the browser is the only one at its address and path),
+-- an available record of another id registered so at the same address and
+-- path is removed (addrs, below).
 -- Writes the record, its counters and its hot figures (common.lua, "Hot
 -- figures": a new registration starts with no predicted end or suspicion;
 -- the same generation keeps its predicted end).
@@ -42,6 +46,25 @@ local now = now_ms(ARGV[1])
 local id, gen = ARGV[4], ARGV[11]
 local prev, why = load_worker(id)
 local same = prev ~= nil and prev.gen == gen
+-- Another record at this address and path (a browser restarted at a fixed
+-- port under a new id, the crashed one before it never deregistered):
+-- claims through it would reach this browser beside this record's, past
+-- its cap and its lifetime, until it went stale. It goes, as a
+-- deregistration would (its leases stay, as a stale expiry's). A draining
+-- one stays: it takes no session, and an agent's hand-over to the browser
+-- it respawned at the same port removes it itself.
+if prev and (prev.addr ~= ARGV[6] or prev.path ~= ARGV[7]) then addr_forget(id, prev) end
+if ARGV[19] == '1' then
+  local here = addr_key(ARGV[6], ARGV[7])
+  local other = redis.call('HGET', K_ADDRS, here)
+  if other and other ~= id then
+    local o = decode(redis.call('HGET', K_WORKERS, other))
+    if o and o.addr == ARGV[6] and o.path == ARGV[7] and o.status == 'available' then
+      expire_worker(other, o, now, false)
+    end
+  end
+  redis.call('HSET', K_ADDRS, here, id)
+end
 -- Carry on: the same generation, or nothing stored (a bad record is
 -- replaced as a new registration).
 local carry = same or why == 'missing'
