@@ -316,8 +316,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		b.logger.Warn("Redis lost the pool's data; re-asserting this instance's live sessions before claiming",
 			zap.String("pool", req.Pool))
 		b.renewOwed.Store(true)
-		b.renewNow(cctx)
-		if b.renewOwed.Load() {
+		if !b.renewNow(cctx) {
 			// not re-asserted: a claim now would count without them
 			err = fmt.Errorf("%w: the live sessions' leases could not be written again", errReassert)
 		} else {
@@ -475,14 +474,22 @@ func (b *backend) setEpoch(pool, epoch string) {
 }
 
 // renewNow renews every live lease at once if a renewal is owed (another
-// caller may have done it while this one waited for renewMu).
-func (b *backend) renewNow(ctx context.Context) {
+// caller may have done it while this one waited for renewMu), and reports
+// whether the leases are renewed: by this call, or by one that began after
+// the caller noted a renewal owed. Not the owed flag after it: another
+// caller may have set that again meanwhile, for its own reason (a
+// concurrent claim that met the same loss answered 503 so, though every
+// lease had just been written).
+func (b *backend) renewNow(ctx context.Context) bool {
 	b.renewMu.Lock()
 	defer b.renewMu.Unlock()
-	if !b.renewOwed.Load() || ctx.Err() != nil {
-		return
+	if !b.renewOwed.Load() {
+		return true
 	}
-	b.renewAll(ctx, time.Duration(b.leaseTTL.Load()))
+	if ctx.Err() != nil {
+		return false
+	}
+	return b.renewAll(ctx, time.Duration(b.leaseTTL.Load()))
 }
 
 // finish ends a claim: Release when the session was served (the lifetime
@@ -762,9 +769,10 @@ func (b *backend) keepLeases() {
 	}
 }
 
-// renewAll renews every live lease of this process to ttl from now.
-func (b *backend) renewAll(ctx context.Context, ttl time.Duration) {
-	b.renewBatch(ctx, ttl, b.renewals())
+// renewAll renews every live lease of this process to ttl from now, and
+// reports whether every pool's call succeeded.
+func (b *backend) renewAll(ctx context.Context, ttl time.Duration) bool {
+	return b.renewBatch(ctx, ttl, b.renewals())
 }
 
 // renewals takes the snapshot of the leases to renew, by pool: those of
@@ -783,11 +791,13 @@ func (b *backend) renewals() map[string][]registry.LeaseRenewal {
 	return batch
 }
 
-// renewBatch renews a snapshot taken by renewals, one call per pool.
-func (b *backend) renewBatch(ctx context.Context, ttl time.Duration, batch map[string][]registry.LeaseRenewal) {
+// renewBatch renews a snapshot taken by renewals, one call per pool, and
+// reports whether every call succeeded.
+func (b *backend) renewBatch(ctx context.Context, ttl time.Duration, batch map[string][]registry.LeaseRenewal) bool {
 	// Owed stays set if any pool's renewal fails; cleared first so that a
 	// failure meanwhile (another caller's) is not lost.
 	b.renewOwed.Store(false)
+	ok := true
 	for pool, leases := range batch {
 		if len(leases) == 0 {
 			continue
@@ -797,6 +807,7 @@ func (b *backend) renewBatch(ctx context.Context, ttl time.Duration, batch map[s
 		cancel()
 		if err != nil {
 			b.renewOwed.Store(true)
+			ok = false
 			metrics.redisErrors.WithLabelValues("renew").Inc()
 			b.logger.Error("renewing leases of live sessions", zap.String("pool", pool),
 				zap.Int("leases", len(leases)), zap.Error(err))
@@ -829,6 +840,7 @@ func (b *backend) renewBatch(ctx context.Context, ttl time.Duration, batch map[s
 		b.logger.Warn("leases of live sessions were ended elsewhere (released or cancelled); no longer renewed",
 			zap.String("pool", pool), zap.Strings("lease_ids", lost))
 	}
+	return ok
 }
 
 // queue returns the pool's wait queue.

@@ -324,8 +324,7 @@ func (b *backend) checkEpochs(ctx context.Context) {
 		b.logger.Warn("Redis lost the pool's data; re-asserting this instance's sessions before another instance claims",
 			zap.String("pool", pool))
 		b.renewOwed.Store(true)
-		b.renewNow(ctx)
-		if b.renewOwed.Load() {
+		if !b.renewNow(ctx) {
 			return // Redis is failing: the next round tries again
 		}
 		send := b.assertFloors
