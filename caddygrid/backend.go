@@ -111,10 +111,6 @@ type backend struct {
 	// one loss at once, and one of those that find the floors owed.
 	floorsOwed   map[string]bool
 	floorAsserts singleflight.Group
-	// lossAsserted: pools whose data the epoch watch found lost while no
-	// claim had made a new epoch yet, with the epoch lost (under mu), so
-	// that it re-asserts once per loss.
-	lossAsserted map[string]string
 
 	mu       sync.Mutex
 	leases   map[string]map[string]*liveLease // pool → lease ID → lease held by this process

@@ -185,10 +185,7 @@ func (b *backend) pruneFloors(now time.Time) {
 // the first claim's). It returns an error while the floors are owed: the
 // claim must not go on, for it could land on a spent worker.
 func (b *backend) assertFloors(ctx context.Context, pool, epoch string) error {
-	_, err, _ := b.floorAsserts.Do(pool+"\x00"+epoch, func() (any, error) {
-		return nil, b.sendFloors(context.WithoutCancel(ctx), pool)
-	})
-	return err
+	return b.sharedFloors(ctx, pool, pool+"\x00"+epoch)
 }
 
 // retryFloors sends the pool's owed floors again, for the claims and the
@@ -196,10 +193,23 @@ func (b *backend) assertFloors(ctx context.Context, pool, epoch string) error {
 // for it, so a recovering Redis gets one copy of the floors, not one per
 // claim in flight.
 func (b *backend) retryFloors(ctx context.Context, pool string) error {
-	_, err, _ := b.floorAsserts.Do(pool+"\x00owed", func() (any, error) {
+	return b.sharedFloors(ctx, pool, pool+"\x00owed")
+}
+
+// sharedFloors sends the pool's floors in the call of key in flight, or
+// in a new one, with a deadline of its own; a caller whose ctx ends first
+// stops waiting (a claim answers within its own time, as before the
+// calls were shared), the call goes on for the others.
+func (b *backend) sharedFloors(ctx context.Context, pool, key string) error {
+	ch := b.floorAsserts.DoChan(key, func() (any, error) {
 		return nil, b.sendFloors(context.WithoutCancel(ctx), pool)
 	})
-	return err
+	select {
+	case r := <-ch:
+		return r.Err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: the lifetimes it served in pool %q: %v", errReassert, pool, ctx.Err())
+	}
 }
 
 // sendFloors sends the pool's floors, and notes them owed when that fails
@@ -307,43 +317,51 @@ func (b *backend) checkEpochs(ctx context.Context) {
 		// claims and renewals meet the failure and answer for it
 		return
 	}
+	var lost []string
 	for _, pool := range pools {
-		e := now[pool]
-		if e == known[pool] {
+		if now[pool] != known[pool] {
+			lost = append(lost, pool)
+		}
+	}
+	if len(lost) == 0 {
+		return
+	}
+	b.logger.Warn("Redis lost the pool's data; re-asserting this instance's sessions before another instance claims",
+		zap.Strings("pools", lost))
+	// The pool gets its new epoch first, as its next claim would make it
+	// (a worker registering again is held from then on): a second loss,
+	// even one before any claim, then shows as another change, and one
+	// that comes while the sessions below are written shows at the next
+	// round.
+	marked := make(map[string]string, len(lost))
+	for _, pool := range lost {
+		cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
+		e, err := b.reg.MarkEpoch(cctx, pool)
+		cancel()
+		if err != nil {
+			b.logger.Error("marking the pool's data as lost", zap.String("pool", pool), zap.Error(err))
 			continue
 		}
+		marked[pool] = e
+	}
+	// one renewal for every pool at once: a restart changes them all
+	b.renewOwed.Store(true)
+	if !b.renewNow(ctx) {
+		return // Redis is failing: the next round tries again
+	}
+	for pool, e := range marked {
 		b.mu.Lock()
-		done := e == "" && b.lossAsserted[pool] == known[pool]
 		owed := b.floorsOwed[pool]
 		b.mu.Unlock()
-		if done {
-			// re-asserted already; the pool's next claim makes the
-			// new epoch, and this instance's next claim learns it
-			continue
-		}
-		b.logger.Warn("Redis lost the pool's data; re-asserting this instance's sessions before another instance claims",
-			zap.String("pool", pool))
-		b.renewOwed.Store(true)
-		if !b.renewNow(ctx) {
-			return // Redis is failing: the next round tries again
-		}
-		send := b.assertFloors
+		var err error
 		if owed {
 			// a failed call left them owed: join the claims' retry
-			send = func(ctx context.Context, pool, _ string) error { return b.retryFloors(ctx, pool) }
+			err = b.retryFloors(ctx, pool)
+		} else {
+			err = b.assertFloors(ctx, pool, e)
 		}
-		if err := send(ctx, pool, e); err != nil {
-			continue // owed: claims wait, and the next round retries
-		}
-		if e != "" {
+		if err == nil {
 			b.setEpoch(pool, e)
-			continue
 		}
-		b.mu.Lock()
-		if b.lossAsserted == nil {
-			b.lossAsserted = map[string]string{}
-		}
-		b.lossAsserted[pool] = known[pool]
-		b.mu.Unlock()
 	}
 }

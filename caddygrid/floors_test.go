@@ -2,6 +2,7 @@ package caddygrid_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -198,5 +199,60 @@ func TestAnInstanceThatStopsClaimingStillAssertsItsFloors(t *testing.T) {
 	w := g.info("chromium", "w1")
 	if served != 2 || w.Lifetime != 5 || w.Command != registry.CommandShutdown {
 		t.Errorf("B after the loss: %d sessions served, lifetime %d, command %q; want 2, 5 and shutdown", served, w.Lifetime, w.Command)
+	}
+}
+
+// Redis loses everything twice with no claim in the pool between the
+// losses (a crash-looping Redis): the epoch watch re-asserts both. It
+// used to note the first loss as "no epoch, re-asserted" and took the
+// second, which looks the same, for it: B then served 5 sessions on a
+// worker A had served 3 of (max_lifetime 5). The watch now gives the pool
+// a new epoch once it re-asserted, so the second loss is another change.
+func TestASecondLossBeforeAnyClaimIsReassertedToo(t *testing.T) {
+	g := newGrid(t)
+	reg := oneProcessWorker(t, g, "gen-1")
+	ctx := context.Background()
+	site := `
+	route /playwright/* {
+		browser_grid chromium {
+			select_timeout 300ms
+			max_lifetime 5
+		}
+	}`
+	a := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: site})
+	b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: site})
+	for range 3 {
+		mustDial(t, a.url("/playwright/chromium")).close()
+	}
+	testenv.Eventually(t, 5*time.Second, "3 sessions released", func() bool {
+		w := g.info("chromium", "w1")
+		return w.Active == 0 && w.Lifetime == 3
+	})
+	again := reg
+	again.Hold = registry.ReassertHold // as the agent registers after a loss
+	for loss := 1; loss <= 2; loss++ {
+		if err := g.rdb.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.reg.Register(ctx, again); err != nil { // the agent's last heartbeat: lifetime 0
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 2*registry.ReassertHold, fmt.Sprintf("A re-asserts what it served after loss %d", loss), func() bool {
+			return g.info("chromium", "w1").Lifetime == 3
+		})
+	}
+	time.Sleep(registry.ReassertHold) // the last registration's hold over
+	served := 0
+	for range 5 {
+		s, err := dial(ctx, b.url("/playwright/chromium"))
+		if err != nil {
+			break
+		}
+		served++
+		s.close()
+		testenv.Eventually(t, 5*time.Second, "the session released", func() bool { return g.info("chromium", "w1").Active == 0 })
+	}
+	if w := g.info("chromium", "w1"); served != 2 || w.Lifetime != 5 {
+		t.Errorf("B after the second loss: %d sessions served, lifetime %d; want 2 and 5", served, w.Lifetime)
 	}
 }

@@ -188,12 +188,15 @@ type Registration struct {
 	// Hold, for an agent registering again because its record was lost,
 	// keeps the worker out of selection (suspect) for this long when the
 	// pool's data was lost too: no dataset epoch, or one made less than
-	// Hold ago by the first claim after the loss. The claimers that served
+	// Hold ago by the first claim after the loss (or MarkEpoch). The
+	// claimers that served
 	// it re-assert the sessions Redis lost meanwhile (AssertLifetimes,
 	// RenewLeases), and a lifetime they raise is the whole count only
 	// while no new session was counted on it (the raise takes the higher
 	// of the two, it does not add). A record that merely lapsed kept its
-	// count, and is not held. ReassertHold is the agent's. Default: none.
+	// count, and is not held, but in a pool with no epoch at all, where a
+	// lapse cannot be told from a loss. ReassertHold is the agent's.
+	// Default: none.
 	Hold time.Duration
 	// Exclusive says this browser is the only one at its address and path
 	// (grid-worker's registrations are): an available record of another
@@ -668,6 +671,15 @@ func (r *Registry) AssertLifetimes(ctx context.Context, pool string, floors []Li
 // claiming (see AssertLifetimes).
 func (r *Registry) Epochs(ctx context.Context, pools []string) (map[string]string, error) {
 	return r.epochs(ctx, pools)
+}
+
+// MarkEpoch gives the pool a dataset epoch when it has none (its data was
+// lost and no claim has made one since), as its first claim would, and
+// returns the pool's epoch. A claimer that re-asserts a loss it learned of
+// without claiming (Epochs) marks it so: a second loss, before any claim,
+// then shows as another change instead of as the same missing epoch.
+func (r *Registry) MarkEpoch(ctx context.Context, pool string) (string, error) {
+	return r.markEpoch(ctx, pool)
 }
 
 // ReassertHold is the Hold of an agent that registers again after its

@@ -253,3 +253,49 @@ func TestARegistrationAfterALossIsHeld(t *testing.T) {
 		t.Errorf("a negative hold: %v", err)
 	}
 }
+
+// An epoch ahead of Redis' clock (written before a failover to a replica
+// whose clock is behind) does not make every registration of the skew
+// look just after a loss: it is not held.
+func TestAnEpochAheadOfTheClockHoldsNothing(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	req := ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: capLimits, LeaseTTL: time.Minute}
+	mustRegister(t, r, capReg("w", "gen-1", 2))
+	if _, err := r.Claim(ctx, req); err != nil { // makes the epoch
+		t.Fatal(err)
+	}
+	ahead := time.Now().Add(time.Hour).UnixMilli()
+	if err := rdb.HSet(ctx, r.Key("p", "config"), "epoch_at", ahead).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Expire(ctx, "p", "w", 0); err != nil {
+		t.Fatal(err)
+	}
+	back := capReg("w", "gen-1", 2)
+	back.Hold = ReassertHold
+	mustRegister(t, r, back)
+	if _, err := r.Claim(ctx, req); err != nil {
+		t.Errorf("a registration with the epoch an hour ahead was held: %v", err)
+	}
+}
+
+// MarkEpoch gives a pool with no epoch one, with its time (a registration
+// just after is held), and leaves an existing one as it is.
+func TestMarkEpoch(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	e1, err := r.MarkEpoch(ctx, "p")
+	if err != nil || e1 == "" {
+		t.Fatalf("MarkEpoch on a pool with none: %q, %v", e1, err)
+	}
+	if at, _ := rdb.HGet(ctx, r.Key("p", "config"), "epoch_at").Result(); at == "" {
+		t.Errorf("no epoch_at beside the marked epoch")
+	}
+	if e2, err := r.MarkEpoch(ctx, "p"); err != nil || e2 != e1 {
+		t.Errorf("MarkEpoch again: %q, %v; want the same %q", e2, err, e1)
+	}
+	if got, err := r.Epochs(ctx, []string{"p", "p@1.65", "q"}); err != nil || got["p"] != e1 || got["p@1.65"] != e1 || got["q"] != "" {
+		t.Errorf("Epochs: %v, %v; want %q for p and its group, none for q", got, err, e1)
+	}
+}

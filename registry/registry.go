@@ -422,6 +422,17 @@ func (r *Registry) epochs(ctx context.Context, pools []string) (map[string]strin
 	return out, nil
 }
 
+func (r *Registry) markEpoch(ctx context.Context, pool string) (string, error) {
+	if err := checkPool(pool); err != nil {
+		return "", fmt.Errorf("marking the epoch: %w", err)
+	}
+	e, err := r.run(ctx, scriptLease, pool, 0, "epoch", r.opts.DurationWindow, newToken(8)).Text()
+	if err != nil {
+		return "", fmt.Errorf("marking the epoch of pool %q: %w", pool, err)
+	}
+	return e, nil
+}
+
 func (r *Registry) assertLifetimes(ctx context.Context, pool string, floors []LifetimeFloor) (AssertResult, error) {
 	var out AssertResult
 	if err := checkPool(pool); err != nil {

@@ -7,7 +7,11 @@
 --             and reports those that ended.
 --   'expire'  frees up to N leases whose expiry has passed.
 --   'floor'   raises workers' lifetimes to what a claimer saw them serve
---             (see below).
+--             (see below);
+--   'epoch'   gives the pool a dataset epoch when it has none, as its
+--             first claim would (with epoch_at: claim.lua), and returns
+--             the pool's epoch: a claimer that learned of a loss without
+--             claiming marks it so, and a second loss then shows as one.
 -- Counters move only for a lease of the worker's current registration
 -- (generation). Release and undo leave a tombstone whether or not the lease
 -- existed, so both are safe to retry, a claim that runs after its caller
@@ -48,10 +52,12 @@
 --   expire:  6 max leases
 --   floor:   6 command ttl ms, then per worker 3 values: worker id,
 --            generation, lifetime
+--   epoch:   6 a fresh epoch token
 -- Returns: release/undo: 1 when the lease existed, else 0 (missing, or
 --   ended already: a retry leaves its tombstone as it is); renew:
 --   {{re-created lease ids}, {ended (tombstoned) lease ids}}; expire: how
---   many leases were freed; floor: {records raised, floors kept in lapsed}.
+--   many leases were freed; floor: {records raised, floors kept in lapsed};
+--   epoch: the pool's epoch.
 -- Complexity: release/undo O(log L) for the lease's own entries plus
 --   O(V log N) per lease freed (V only when a worker re-enters the
 --   indexes); renew O(M log L) for M leases, plus O(V log N) per worker
@@ -154,5 +160,10 @@ elseif op == 'expire' then
   local n, back = expire_leases(now, tonumber(ARGV[6]), keep)
   wake_if(back)
   return n
+elseif op == 'epoch' then
+  local e = redis.call('HGET', K_CFG, 'epoch')
+  if e then return e end
+  cfg_set('epoch', ARGV[6], 'epoch_at', fmt(now))
+  return ARGV[6]
 end
 return redis.error_reply('unknown lease op ' .. tostring(op))

@@ -104,8 +104,11 @@ local hold = tonumber(ARGV[18]) or 0
 if hold > 0 then
   local e = redis.call('HMGET', K_CFG, 'epoch', 'epoch_at')
   local at = count(e[2])
-  -- an epoch without its time was made by an older version: not new
-  if not e[1] or (at and now - at < hold) then w.suspect_until = now + hold end
+  -- an epoch without its time was made by an older version: not new; one
+  -- ahead of this Redis' clock (a promoted replica's clock behind) is
+  -- not taken as new either, or the skew would hold every registration.
+  -- No epoch at all cannot be told from a loss: held.
+  if not e[1] or (at and now >= at and now - at < hold) then w.suspect_until = now + hold end
 end
 store(id, w)
 redis.call('HSET', K_ACTIVE, id, fmt(w.active))
