@@ -21,41 +21,10 @@ import (
 func TestLifetimeFloorsSurviveAnEmptyRestart(t *testing.T) {
 	g := newGrid(t)
 	reg := oneProcessWorker(t, g, "gen-1")
-	ctx := context.Background()
-	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
-	route /playwright/* {
-		browser_grid chromium {
-			select_timeout 300ms
-			max_lifetime 5
-		}
-	}`})
-	for range 3 {
-		mustDial(t, c.url("/playwright/chromium")).close()
-	}
-	testenv.Eventually(t, 5*time.Second, "3 sessions released", func() bool {
-		w := g.info("chromium", "w1")
-		return w.Active == 0 && w.Lifetime == 3
-	})
-	if err := g.rdb.FlushAll(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.reg.Register(ctx, reg); err != nil { // asserting lifetime 0
-		t.Fatal(err)
-	}
-	served := 0
-	for range 5 {
-		s, err := dial(ctx, c.url("/playwright/chromium"))
-		if err != nil {
-			break
-		}
-		served++
-		s.close()
-		testenv.Eventually(t, 5*time.Second, "the session released", func() bool { return g.info("chromium", "w1").Active == 0 })
-	}
-	w := g.info("chromium", "w1")
-	if served != 2 || w.Lifetime != 5 || w.Command != registry.CommandShutdown {
-		t.Errorf("after the loss: %d sessions served, lifetime %d, command %q; want 2, 5 and shutdown", served, w.Lifetime, w.Command)
-	}
+	c := floorCaddy(t, g)
+	servedBefore(t, g, c)
+	loseEverything(t, g, reg)
+	servesWhatIsLeft(t, g, c, "after the loss")
 }
 
 // While the floors cannot be written again, the pool's claims on that
@@ -76,19 +45,8 @@ func TestClaimsWaitWhileFloorsAreOwed(t *testing.T) {
 			max_lifetime 5
 		}
 	}`})
-	for range 3 {
-		mustDial(t, c.url("/playwright/chromium")).close()
-	}
-	testenv.Eventually(t, 5*time.Second, "3 sessions released", func() bool {
-		w := g.info("chromium", "w1")
-		return w.Active == 0 && w.Lifetime == 3
-	})
-	if err := g.rdb.FlushAll(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.reg.Register(ctx, reg); err != nil { // asserting lifetime 0
-		t.Fatal(err)
-	}
+	servedBefore(t, g, c)
+	loseEverything(t, g, reg)
 	floorOp := []byte("$5\r\nfloor\r\n") // the op's argument, as RESP sends it
 	px.cutOn.Store(&floorOp)
 	for i := range 4 {
@@ -135,16 +93,7 @@ func TestClaimsWaitWhileFloorsAreOwed(t *testing.T) {
 		t.Fatalf("lifetime %d while the floors were owed: a claim counted", w.Lifetime)
 	}
 	px.cutOn.Store(nil)
-	served := 0
-	for range 5 {
-		s, err := dial(ctx, c.url("/playwright/chromium"))
-		if err != nil {
-			break
-		}
-		served++
-		s.close()
-		testenv.Eventually(t, 5*time.Second, "the session released", func() bool { return g.info("chromium", "w1").Active == 0 })
-	}
+	served := serveOneByOne(t, g, c, 5)
 	w := g.info("chromium", "w1")
 	if served != 2 || w.Lifetime != 5 || w.Command != registry.CommandShutdown {
 		t.Errorf("once Redis took the floors: %d sessions served, lifetime %d, command %q; want 2, 5 and shutdown", served, w.Lifetime, w.Command)
@@ -160,46 +109,13 @@ func TestClaimsWaitWhileFloorsAreOwed(t *testing.T) {
 func TestAnInstanceThatStopsClaimingStillAssertsItsFloors(t *testing.T) {
 	g := newGrid(t)
 	reg := oneProcessWorker(t, g, "gen-1")
-	ctx := context.Background()
-	site := `
-	route /playwright/* {
-		browser_grid chromium {
-			select_timeout 300ms
-			max_lifetime 5
-		}
-	}`
-	a := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: site})
-	b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: site})
-	for range 3 {
-		mustDial(t, a.url("/playwright/chromium")).close()
-	}
-	testenv.Eventually(t, 5*time.Second, "3 sessions released", func() bool {
-		w := g.info("chromium", "w1")
-		return w.Active == 0 && w.Lifetime == 3
-	})
-	if err := g.rdb.FlushAll(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.reg.Register(ctx, reg); err != nil { // asserting lifetime 0
-		t.Fatal(err)
-	}
+	a, b := floorCaddy(t, g), floorCaddy(t, g)
+	servedBefore(t, g, a)
+	loseEverything(t, g, reg)
 	testenv.Eventually(t, 10*time.Second, "A re-asserts the lifetime it served without claiming", func() bool {
 		return g.info("chromium", "w1").Lifetime == 3
 	})
-	served := 0
-	for range 5 {
-		s, err := dial(ctx, b.url("/playwright/chromium"))
-		if err != nil {
-			break
-		}
-		served++
-		s.close()
-		testenv.Eventually(t, 5*time.Second, "the session released", func() bool { return g.info("chromium", "w1").Active == 0 })
-	}
-	w := g.info("chromium", "w1")
-	if served != 2 || w.Lifetime != 5 || w.Command != registry.CommandShutdown {
-		t.Errorf("B after the loss: %d sessions served, lifetime %d, command %q; want 2, 5 and shutdown", served, w.Lifetime, w.Command)
-	}
+	servesWhatIsLeft(t, g, b, "B after the loss")
 }
 
 // Redis loses everything twice with no claim in the pool between the
@@ -212,22 +128,8 @@ func TestASecondLossBeforeAnyClaimIsReassertedToo(t *testing.T) {
 	g := newGrid(t)
 	reg := oneProcessWorker(t, g, "gen-1")
 	ctx := context.Background()
-	site := `
-	route /playwright/* {
-		browser_grid chromium {
-			select_timeout 300ms
-			max_lifetime 5
-		}
-	}`
-	a := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: site})
-	b := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: site})
-	for range 3 {
-		mustDial(t, a.url("/playwright/chromium")).close()
-	}
-	testenv.Eventually(t, 5*time.Second, "3 sessions released", func() bool {
-		w := g.info("chromium", "w1")
-		return w.Active == 0 && w.Lifetime == 3
-	})
+	a, b := floorCaddy(t, g), floorCaddy(t, g)
+	servedBefore(t, g, a)
 	again := reg
 	again.Hold = registry.ReassertHold // as the agent registers after a loss
 	for loss := 1; loss <= 2; loss++ {
@@ -242,9 +144,20 @@ func TestASecondLossBeforeAnyClaimIsReassertedToo(t *testing.T) {
 		})
 	}
 	time.Sleep(registry.ReassertHold) // the last registration's hold over
+	served := serveOneByOne(t, g, b, 5)
+	if w := g.info("chromium", "w1"); served != 2 || w.Lifetime != 5 {
+		t.Errorf("B after the second loss: %d sessions served, lifetime %d; want 2 and 5", served, w.Lifetime)
+	}
+}
+
+// serveOneByOne opens up to n sessions through c on worker w1, one at a
+// time, each closed and released before the next, and returns how many
+// were served before the first refusal.
+func serveOneByOne(t *testing.T, g *grid, c *caddy, n int) int {
+	t.Helper()
 	served := 0
-	for range 5 {
-		s, err := dial(ctx, b.url("/playwright/chromium"))
+	for range n {
+		s, err := dial(context.Background(), c.url("/playwright/chromium"))
 		if err != nil {
 			break
 		}
@@ -252,7 +165,47 @@ func TestASecondLossBeforeAnyClaimIsReassertedToo(t *testing.T) {
 		s.close()
 		testenv.Eventually(t, 5*time.Second, "the session released", func() bool { return g.info("chromium", "w1").Active == 0 })
 	}
-	if w := g.info("chromium", "w1"); served != 2 || w.Lifetime != 5 {
-		t.Errorf("B after the second loss: %d sessions served, lifetime %d; want 2 and 5", served, w.Lifetime)
+	return served
+}
+
+// servedBefore serves 3 sessions through c on worker w1, as before a loss.
+func servedBefore(t *testing.T, g *grid, c *caddy) {
+	t.Helper()
+	if n, life := serveOneByOne(t, g, c, 3), g.info("chromium", "w1").Lifetime; n != 3 || life != 3 {
+		t.Fatalf("before the loss: %d sessions served, lifetime %d; want 3 and 3", n, life)
 	}
+}
+
+// loseEverything empties Redis, as a restart without persistence would,
+// and registers worker w1 again as its agent does, asserting the lifetime
+// of a heartbeat that saw none of the sessions served (0).
+func loseEverything(t *testing.T, g *grid, reg registry.Registration) {
+	t.Helper()
+	if err := g.rdb.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.reg.Register(context.Background(), reg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// servesWhatIsLeft checks that c serves the 2 sessions left of
+// max_lifetime 5 on worker w1 after servedBefore's 3, and no more.
+func servesWhatIsLeft(t *testing.T, g *grid, c *caddy, what string) {
+	t.Helper()
+	served := serveOneByOne(t, g, c, 5)
+	if w := g.info("chromium", "w1"); served != 2 || w.Lifetime != 5 || w.Command != registry.CommandShutdown {
+		t.Errorf("%s: %d sessions served, lifetime %d, command %q; want 2, 5 and shutdown", what, served, w.Lifetime, w.Command)
+	}
+}
+
+// floorCaddy starts a Caddy serving pool chromium with max_lifetime 5.
+func floorCaddy(t *testing.T, g *grid) *caddy {
+	return startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+	route /playwright/* {
+		browser_grid chromium {
+			select_timeout 300ms
+			max_lifetime 5
+		}
+	}`})
 }
