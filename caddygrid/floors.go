@@ -277,8 +277,11 @@ const epochWatch = time.Second
 // would grant sessions on workers whose served sessions only this
 // instance's floors and leases carry. So every epochWatch it reads the
 // epochs of the pools it holds floors or live leases in (one pipelined
-// read), and re-asserts both, as a claim meeting the change does, when
-// an epoch is gone or another.
+// read). When an epoch is gone or another, it gives the pool a new one if
+// it has none (registry.MarkEpoch, as a claim would: a second loss, even
+// before any claim, then shows as another change), then re-asserts both,
+// as a claim meeting the change does, and takes the epoch as seen only
+// once both succeeded.
 func (b *backend) watchEpochs() {
 	defer b.wg.Done()
 	t := time.NewTicker(epochWatch)
@@ -344,23 +347,19 @@ func (b *backend) checkEpochs(ctx context.Context) {
 		}
 		marked[pool] = e
 	}
+	if len(marked) == 0 {
+		return // Redis is failing: the next round tries again
+	}
 	// one renewal for every pool at once: a restart changes them all
 	b.renewOwed.Store(true)
 	if !b.renewNow(ctx) {
-		return // Redis is failing: the next round tries again
+		return
 	}
 	for pool, e := range marked {
-		b.mu.Lock()
-		owed := b.floorsOwed[pool]
-		b.mu.Unlock()
-		var err error
-		if owed {
-			// a failed call left them owed: join the claims' retry
-			err = b.retryFloors(ctx, pool)
-		} else {
-			err = b.assertFloors(ctx, pool, e)
-		}
-		if err == nil {
+		// A call of this epoch (not an owed floors' retry, which may have
+		// begun before the loss and written to the data lost): only its
+		// success lets the epoch be taken as seen.
+		if b.assertFloors(ctx, pool, e) == nil {
 			b.setEpoch(pool, e)
 		}
 	}

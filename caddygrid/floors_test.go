@@ -86,7 +86,8 @@ func TestClaimsWaitWhileFloorsAreOwed(t *testing.T) {
 	if n := servedOwed.Load(); n != 0 {
 		t.Fatalf("%d of 8 concurrent sessions served while the floors were owed", n)
 	}
-	if calls := px.cut.Load() - before; calls > 2 {
+	// the 8 claims' call, and the epoch watch's own (one a second)
+	if calls := px.cut.Load() - before; calls > 4 {
 		t.Errorf("8 concurrent claims sent the owed floors %d times, want them to share a call", calls)
 	}
 	if w := g.info("chromium", "w1"); w.Lifetime != 0 {

@@ -298,4 +298,12 @@ func TestMarkEpoch(t *testing.T) {
 	if got, err := r.Epochs(ctx, []string{"p", "p@1.65", "q"}); err != nil || got["p"] != e1 || got["p@1.65"] != e1 || got["q"] != "" {
 		t.Errorf("Epochs: %v, %v; want %q for p and its group, none for q", got, err, e1)
 	}
+	// an empty epoch (a hand edit) is none: a watch taking "" as the
+	// epoch would see a loss every second
+	if err := rdb.HSet(ctx, r.Key("p", "config"), "epoch", "").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if e3, err := r.MarkEpoch(ctx, "p"); err != nil || e3 == "" || e3 == e1 {
+		t.Errorf("MarkEpoch over an empty epoch: %q, %v; want a fresh one", e3, err)
+	}
 }

@@ -430,6 +430,9 @@ func (r *Registry) markEpoch(ctx context.Context, pool string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("marking the epoch of pool %q: %w", pool, err)
 	}
+	if e == "" {
+		return "", fmt.Errorf("marking the epoch of pool %q: Redis answered an empty epoch", pool)
+	}
 	return e, nil
 }
 

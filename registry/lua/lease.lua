@@ -162,7 +162,7 @@ elseif op == 'expire' then
   return n
 elseif op == 'epoch' then
   local e = redis.call('HGET', K_CFG, 'epoch')
-  if e then return e end
+  if e and e ~= '' then return e end
   cfg_set('epoch', ARGV[6], 'epoch_at', fmt(now))
   return ARGV[6]
 end

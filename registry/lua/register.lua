@@ -27,12 +27,15 @@
 --       17 weight (interleaved weighted round robin, 1-10000),
 --       18 hold ms, for an agent registering again after its record was
 --          lost: when the pool's data was lost too (no dataset epoch, or
---          one made less than that long ago by the first claim after the
---          loss), the worker is suspect that long from now, so that the
---          claimers that served it re-assert what Redis lost before a new
---          session counts on it (a raise takes the higher count, it does
---          not add). A record that merely lapsed kept its count (lapsed):
---          no hold. 0: none.
+--          one made less than that long ago, by the first claim after the
+--          loss or a claimer's epoch watch: lease.lua 'epoch'), the worker
+--          is suspect that long from now, so that the claimers that served
+--          it re-assert what Redis lost before a new session counts on it
+--          (a raise takes the higher count, it does not add). A record
+--          that merely lapsed kept its count (lapsed): no hold, but where
+--          the pool has no epoch at all (a lapse cannot be told from a
+--          loss). An epoch_at ahead of this Redis' clock holds nothing.
+--          0: none.
 --       19 '1': exclusive (see above).
 -- With ARGV 19 '1' (the browser is the only one at its address and path),
 -- an available record of another id registered so at the same address and
