@@ -311,16 +311,8 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		// failed): re-assert every live lease, then claim once more.
 		b.logger.Warn("Redis lost the pool's data; re-asserting this instance's live sessions before claiming",
 			zap.String("pool", req.Pool))
-		b.renewOwed.Store(true)
-		if !b.renewNow(cctx) {
-			// not re-asserted: a claim now would count without them
-			err = fmt.Errorf("%w: the live sessions' leases could not be written again", errReassert)
-		} else {
-			// and the sessions that ended, which no lease carries
-			err = b.assertFloors(cctx, req.Pool, ee.Now)
-		}
-		if err == nil {
-			b.setEpoch(req.Pool, ee.Now)
+		// not re-asserted, a claim now would count without them
+		if err = b.reassert(cctx, map[string]string{req.Pool: ee.Now}); err == nil {
 			req.Epoch = ee.Now
 			c, err = b.reg.Claim(cctx, req)
 		}

@@ -1,6 +1,7 @@
 package caddygrid
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -347,20 +348,30 @@ func (b *backend) checkEpochs(ctx context.Context) {
 		}
 		marked[pool] = e
 	}
-	if len(marked) == 0 {
-		return // Redis is failing: the next round tries again
+	if len(marked) > 0 { // else Redis is failing: the next round tries again
+		b.reassert(ctx, marked)
 	}
-	// one renewal for every pool at once: a restart changes them all
+}
+
+// reassert writes again what Redis lost of this instance's sessions in
+// the pools lost (pool → the epoch found there): every live lease, in one
+// renewal for all of them (a restart loses every pool at once), then each
+// pool's floors, the sessions that ended, which no lease carries. Each
+// epoch is taken as seen once both are written, and only by a floors call
+// of that epoch (an owed floors' retry may have begun before the loss, and
+// written to the data lost). It returns the first failure (errReassert).
+func (b *backend) reassert(ctx context.Context, lost map[string]string) error {
 	b.renewOwed.Store(true)
 	if !b.renewNow(ctx) {
-		return
+		return fmt.Errorf("%w: the live sessions' leases could not be written again", errReassert)
 	}
-	for pool, e := range marked {
-		// A call of this epoch (not an owed floors' retry, which may have
-		// begun before the loss and written to the data lost): only its
-		// success lets the epoch be taken as seen.
-		if b.assertFloors(ctx, pool, e) == nil {
-			b.setEpoch(pool, e)
+	var first error
+	for pool, e := range lost {
+		if err := b.assertFloors(ctx, pool, e); err != nil {
+			first = cmp.Or(first, err)
+			continue
 		}
+		b.setEpoch(pool, e)
 	}
+	return first
 }

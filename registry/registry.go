@@ -407,13 +407,10 @@ func (r *Registry) epochs(ctx context.Context, pools []string) (map[string]strin
 		}
 		cmds[i] = pipe.HGet(ctx, r.Key(pool, keyConfig), "epoch")
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("reading the epochs of %d pools: %w", len(pools), err)
-	}
+	_, _ = pipe.Exec(ctx) // each answer carries its own error, or the pipeline's
 	out := make(map[string]string, len(pools))
 	for i, pool := range pools {
-		// Exec names the first failed command only, and a missing
-		// field fails as redis.Nil: each answer is checked on its own
+		// a missing field fails as redis.Nil: the pool has no epoch
 		if err := cmds[i].Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("reading the epoch of pool %q: %w", pool, err)
 		}

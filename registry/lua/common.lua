@@ -1294,9 +1294,10 @@ local function wake_if(entered)
 end
 
 -- remove_worker deletes everything a registration wrote (a lapsed
--- lifetime is not the registration's: its callers keep or delete it).
-local function remove_worker(id)
-  addr_forget(id, decode(redis.call('HGET', K_WORKERS, id)))
+-- lifetime is not the registration's: its callers keep or delete it); w is
+-- its record when the caller read it (nil: read here, for its address).
+local function remove_worker(id, w)
+  addr_forget(id, w or decode(redis.call('HGET', K_WORKERS, id)))
   unindex(id)
   redis.call('HDEL', K_IWRRW, id)
   redis.call('SREM', K_RET, id)
@@ -1319,7 +1320,7 @@ end
 local function expire_worker(id, w, now, stale)
   local cmd = stale and live_command(id, now) and redis.call('HGET', K_CMD, id)
   local lapsed = stale and lapsed_entry(id, w, now)
-  local n = remove_worker(id)
+  local n = remove_worker(id, w)
   if cmd then
     redis.call('HSET', K_CMD, id, cmd)
     n = n - 1

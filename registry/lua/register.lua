@@ -49,6 +49,8 @@ local now = now_ms(ARGV[1])
 local id, gen = ARGV[4], ARGV[11]
 local prev, why = load_worker(id)
 local same = prev ~= nil and prev.gen == gen
+-- its address, when it moved, is no longer its
+if prev and (prev.addr ~= ARGV[6] or prev.path ~= ARGV[7]) then addr_forget(id, prev) end
 -- Another record at this address and path (a browser restarted at a fixed
 -- port under a new id, the crashed one before it never deregistered):
 -- claims through it would reach this browser beside this record's, past
@@ -56,7 +58,6 @@ local same = prev ~= nil and prev.gen == gen
 -- deregistration would (its leases stay, as a stale expiry's). A draining
 -- one stays: it takes no session, and an agent's hand-over to the browser
 -- it respawned at the same port removes it itself.
-if prev and (prev.addr ~= ARGV[6] or prev.path ~= ARGV[7]) then addr_forget(id, prev) end
 if ARGV[19] == '1' then
   local here = addr_key(ARGV[6], ARGV[7])
   local other = redis.call('HGET', K_ADDRS, here)
