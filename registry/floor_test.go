@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 )
 
 // TestAssertLifetimesAfterAnEmptyRestart: sessions that ended between a
@@ -305,5 +307,25 @@ func TestMarkEpoch(t *testing.T) {
 	}
 	if e3, err := r.MarkEpoch(ctx, "p"); err != nil || e3 == "" || e3 == e1 {
 		t.Errorf("MarkEpoch over an empty epoch: %q, %v; want a fresh one", e3, err)
+	}
+}
+
+// Epochs fails when Redis refuses the connection's setup: go-redis then
+// leaves each answer empty with no error of its own, and an epoch watch
+// reading "" would take every pool for lost (a warning and a MarkEpoch per
+// pool every second, while the password is wrong).
+func TestEpochsFailWhenTheConnectionIsRefused(t *testing.T) {
+	srv := testenv.StartRedis(t, "--requirepass", "s3cret")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ok, _ := registryAt(t, "redis://:s3cret@"+srv.Addr+"/0", Options{})
+	if _, err := ok.MarkEpoch(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	for _, url := range []string{"redis://:wrong@" + srv.Addr + "/0", "redis://" + srv.Addr + "/0"} {
+		bad, _ := registryAt(t, url, Options{})
+		if got, err := bad.Epochs(ctx, []string{"p", "q"}); err == nil {
+			t.Errorf("Epochs through %s: %q and no error; want the refusal", strings.Replace(url, srv.Addr, "ADDR", 1), got)
+		}
 	}
 }

@@ -407,10 +407,18 @@ func (r *Registry) epochs(ctx context.Context, pools []string) (map[string]strin
 		}
 		cmds[i] = pipe.HGet(ctx, r.Key(pool, keyConfig), "epoch")
 	}
-	_, _ = pipe.Exec(ctx) // each answer carries its own error, or the pipeline's
+	// Exec's error is not always each answer's: a connection whose setup
+	// Redis refused (AUTH, SELECT) fails the pipeline and leaves every
+	// answer empty, with no error of its own (go-redis copies only network
+	// errors to the commands). Exec names the first failed command only,
+	// and a missing field fails as redis.Nil, so past that each answer is
+	// checked on its own.
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("reading the epochs of %d pools: %w", len(pools), err)
+	}
 	out := make(map[string]string, len(pools))
 	for i, pool := range pools {
-		// a missing field fails as redis.Nil: the pool has no epoch
+		// redis.Nil: the pool has no epoch
 		if err := cmds[i].Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("reading the epoch of pool %q: %w", pool, err)
 		}
