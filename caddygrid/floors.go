@@ -356,10 +356,16 @@ func (b *backend) checkEpochs(ctx context.Context) {
 // reassert writes again what Redis lost of this instance's sessions in
 // the pools lost (pool → the epoch found there): every live lease, in one
 // renewal for all of them (a restart loses every pool at once), then each
-// pool's floors, the sessions that ended, which no lease carries. Each
-// epoch is taken as seen once both are written, and only by a floors call
-// of that epoch (an owed floors' retry may have begun before the loss, and
-// written to the data lost). It returns the first failure (errReassert).
+// pool's limits and floors. The limits are this instance's last claim's
+// there, with their configuration's time: the newest configuration's win
+// again whichever instance claims first after the loss (the first claim
+// of an older one stored its limits over none), and a floor that brings
+// a worker to max_lifetime tells it to shut down. The floors are the
+// sessions that ended, which no lease carries. Each epoch is taken as seen
+// once leases and floors are written, and only by a floors call of that
+// epoch (an owed floors' retry may have begun before the loss, and written
+// to the data lost). It returns the first failure (errReassert); one of
+// the limits is logged only, as any claim of this instance stores them.
 func (b *backend) reassert(ctx context.Context, lost map[string]string) error {
 	b.renewOwed.Store(true)
 	if !b.renewNow(ctx) {
@@ -367,6 +373,16 @@ func (b *backend) reassert(ctx context.Context, lost map[string]string) error {
 	}
 	var first error
 	for pool, e := range lost {
+		b.mu.Lock()
+		req, ok := b.lastPick[pool]
+		b.mu.Unlock()
+		if ok {
+			cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
+			if _, _, err := b.reg.StoreLimits(cctx, req); err != nil {
+				b.logger.Warn("storing the pool's limits again after a loss", zap.String("pool", pool), zap.Error(err))
+			}
+			cancel()
+		}
 		if err := b.assertFloors(ctx, pool, e); err != nil {
 			first = cmp.Or(first, err)
 			continue

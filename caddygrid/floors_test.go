@@ -119,6 +119,28 @@ func TestAnInstanceThatStopsClaimingStillAssertsItsFloors(t *testing.T) {
 	servesWhatIsLeft(t, g, b, "B after the loss")
 }
 
+// Two instances share Redis with different configurations: A's, with
+// max_lifetime 20, is older than B's, with 5, so B's limits are in force.
+// B serves three sessions, then its clients go to A, and Redis loses
+// everything. A's first claim after the loss stored its own limits over
+// none, and served 5 more sessions on a worker B's config allows 2 (until
+// B claimed again). B's epoch watch now stores B's limits again with its
+// configuration's time beside its floors, so the newest configuration's
+// limits are in force again whichever instance claims first.
+func TestTheNewestLimitsWinAgainAfterALoss(t *testing.T) {
+	g := newGrid(t)
+	reg := oneProcessWorker(t, g, "gen-1")
+	a := lifetimeCaddy(t, g, 20)
+	time.Sleep(10 * time.Millisecond) // B's configuration is the newer
+	b := floorCaddy(t, g)
+	servedBefore(t, g, b)
+	loseEverything(t, g, reg)
+	testenv.Eventually(t, 10*time.Second, "B re-asserts the lifetime it served without claiming", func() bool {
+		return g.info("chromium", "w1").Lifetime == 3
+	})
+	servesWhatIsLeft(t, g, a, "A, the older configuration, after the loss")
+}
+
 // Redis loses everything twice with no claim in the pool between the
 // losses (a crash-looping Redis): the epoch watch re-asserts both. It
 // used to note the first loss as "no epoch, re-asserted" and took the
@@ -201,12 +223,15 @@ func servesWhatIsLeft(t *testing.T, g *grid, c *caddy, what string) {
 }
 
 // floorCaddy starts a Caddy serving pool chromium with max_lifetime 5.
-func floorCaddy(t *testing.T, g *grid) *caddy {
-	return startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: `
+func floorCaddy(t *testing.T, g *grid) *caddy { return lifetimeCaddy(t, g, 5) }
+
+// lifetimeCaddy starts a Caddy serving pool chromium with max_lifetime ml.
+func lifetimeCaddy(t *testing.T, g *grid, ml int) *caddy {
+	return startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
 	route /playwright/* {
 		browser_grid chromium {
 			select_timeout 300ms
-			max_lifetime 5
+			max_lifetime %d
 		}
-	}`})
+	}`, ml)})
 }
