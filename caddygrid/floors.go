@@ -13,7 +13,8 @@ import (
 )
 
 // Lifetime floors. When Redis loses a pool's data (an empty restart, a
-// failover to a replica that missed writes), a worker's lifetime comes
+// restart from an older snapshot, a failover to a replica that missed
+// writes: the pool's epoch changes, see claim.lua), a worker's lifetime comes
 // back from two sources: its agent re-asserts the lifetime of its last
 // heartbeat, and this process's renewal re-creates the leases of its live
 // sessions, each with the lifetime it was claimed at. The sessions that

@@ -27,6 +27,33 @@ func TestLifetimeFloorsSurviveAnEmptyRestart(t *testing.T) {
 	servesWhatIsLeft(t, g, c, "after the loss")
 }
 
+// Redis comes back from a snapshot taken after the first of the three
+// sessions (a crash, and a restart that loads its RDB file): the worker's
+// record is there, at lifetime 1, under the epoch Caddy saw. Caddy's next
+// claim is told the data came back on another server and re-asserts what
+// it served before it claims, so the browser serves the 2 sessions left
+// of max_lifetime 5, not 4.
+func TestLifetimeFloorsSurviveARestoreFromAnOlderSnapshot(t *testing.T) {
+	g := newGrid(t)
+	oneProcessWorker(t, g, "gen-1")
+	c := floorCaddy(t, g)
+	if n := serveOneByOne(t, g, c, 1); n != 1 {
+		t.Fatalf("before the snapshot: %d sessions served, want 1", n)
+	}
+	if err := g.rdb.Save(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, life := serveOneByOne(t, g, c, 2), g.info("chromium", "w1").Lifetime; n != 2 || life != 3 {
+		t.Fatalf("after the snapshot: %d sessions served, lifetime %d; want 2 and 3", n, life)
+	}
+	g.redis.Restart()
+	testenv.Eventually(t, 5*time.Second, "the snapshot loaded", func() bool {
+		w, err := g.reg.Worker(context.Background(), "chromium", "w1")
+		return err == nil && w.Lifetime == 1
+	})
+	servesWhatIsLeft(t, g, c, "after the restore")
+}
+
 // While the floors cannot be written again, the pool's claims on that
 // Caddy fail (503) rather than land on a worker whose served sessions
 // Redis lost, and once Redis takes them the worker serves only what is

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
 // TestAssertLifetimesAfterAnEmptyRestart: sessions that ended between a
@@ -328,4 +329,62 @@ func TestEpochsFailWhenTheConnectionIsRefused(t *testing.T) {
 			t.Errorf("Epochs through %s: %q and no error; want the refusal", strings.Replace(url, srv.Addr, "ADDR", 1), got)
 		}
 	}
+}
+
+// Redis comes back from a snapshot older than the last claims (a restart
+// that loaded its RDB file): the pool's epoch is the one every claimer
+// saw, and the lifetimes counted since the snapshot are gone. A claim on
+// the restarted server is told to re-assert (an EpochError with a new
+// epoch) before it is granted anything, as after an empty restart; once
+// it holds the new epoch it claims as before. A restart of the same data
+// would cost the same one re-assertion, which is harmless.
+func TestAClaimNoticesDataRestoredFromAnOlderSnapshot(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	r, rdb := registryAt(t, srv.URL(), Options{})
+	ctx := context.Background()
+	if err := r.Register(ctx, Registration{Pool: "p", ID: "w1", Addr: "h:1", Capacity: 5, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	req := ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: selection.Limits{MaxConcurrent: 5, MaxLifetime: 10, StaleAfter: time.Minute}}
+	claim := func() *Claim {
+		t.Helper()
+		c, err := r.Claim(ctx, req)
+		if err != nil {
+			t.Fatalf("claim: %v", err)
+		}
+		if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+		req.Epoch = c.Epoch
+		return c
+	}
+	claim()
+	if err := rdb.Save(ctx).Err(); err != nil { // the snapshot: lifetime 1
+		t.Fatal(err)
+	}
+	if c := claim(); c.Worker.Lifetime != 2 {
+		t.Fatalf("after the snapshot: lifetime %d, want 2", c.Worker.Lifetime)
+	}
+	seen := req.Epoch
+	srv.Restart() // loads the snapshot: lifetime 1, the same epoch
+	var ee *EpochError
+	testenv.Eventually(t, 5*time.Second, "a claim on the restarted server", func() bool {
+		_, err := r.Claim(ctx, req)
+		if errors.As(err, &ee) {
+			return true
+		}
+		if err == nil {
+			t.Fatalf("a claim on data restored from the snapshot was granted: its claimer was not told to re-assert")
+		}
+		return false // still reconnecting
+	})
+	if ee.Now == "" || ee.Now == seen {
+		t.Fatalf("EpochError epoch %q; want a new one (saw %q)", ee.Now, seen)
+	}
+	req.Epoch = ee.Now
+	if c := claim(); c.Epoch != ee.Now {
+		t.Errorf("the next claim: epoch %q, want %q", c.Epoch, ee.Now)
+	}
+	// a claim on the same server process notices nothing more
+	claim()
 }

@@ -71,8 +71,19 @@ func (r *run) workerAddr(name string) (string, error) {
 // restartRedisEmpty kills the single Redis (kill -9) and starts it again
 // with no data on the same port: the outage excuses what failed meanwhile,
 // and the restart is the fault to heal from.
-func (r *run) restartRedisEmpty() error {
+func (r *run) restartRedisEmpty() error { return r.restartRedis(0) }
+
+// restartRedis kills the single Redis (kill -9) and starts it again:
+// empty, or, with snapshot > 0, loading an RDB snapshot it SAVEd that long
+// before the kill (the data comes back older, under the same epoch).
+func (r *run) restartRedis(snapshot time.Duration) error {
 	n := r.e.topo.nodes[0]
+	if snapshot > 0 {
+		if out, err := n.cli("save"); err != nil {
+			return fmt.Errorf("SAVE: %w: %s", err, out)
+		}
+		time.Sleep(snapshot)
+	}
 	down := time.Now()
 	n.p.kill9()
 	if err := n.start(r.e); err != nil {
@@ -80,7 +91,11 @@ func (r *run) restartRedisEmpty() error {
 	}
 	up := time.Now()
 	r.outages = append(r.outages, [2]time.Time{down, up})
-	r.note("Redis down %s", up.Sub(down).Round(time.Millisecond))
+	if snapshot > 0 {
+		r.note("Redis down %s, back with a snapshot %s older", up.Sub(down).Round(time.Millisecond), snapshot)
+	} else {
+		r.note("Redis down %s", up.Sub(down).Round(time.Millisecond))
+	}
 	r.fault(up)
 	return nil
 }
@@ -503,6 +518,27 @@ var scenarios = []Scenario{
 			}
 			// long enough for a worker that came back short of what it
 			// served to reach max_lifetime again at this rate
+			time.Sleep(r.phase(4*time.Second, 8*time.Second))
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "redis-restart-snapshot",
+		Proves: "Redis killed and restarted from an RDB snapshot 1.5 s older (same epoch), while five clients open short " +
+			"sessions on four workers of capacity 3 with max_lifetime 10: the first claim on the restarted server gives " +
+			"the pool a new epoch, Caddy re-asserts what it served since, so no browser serves past max_lifetime.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 3, MaxLifetime: 10, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
+				return err
+			}
+			r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
+			r.tr.churn(5, churnHold)
+			r.warm()
+			if err := r.restartRedis(1500 * time.Millisecond); err != nil {
+				return err
+			}
 			time.Sleep(r.phase(4*time.Second, 8*time.Second))
 			r.observe()
 			return nil

@@ -84,6 +84,30 @@ if not epoch then
   -- (register.lua), for the claimers of the data lost to re-assert it
   if not dry then cfg_set('epoch', epoch, 'epoch_at', fmt(now)) end
 end
+-- Data that came back on another server process keeps its epoch but may
+-- have lost writes: a restart from an older snapshot (RDB, or an AOF not
+-- written through), a failover to a replica that had not had them all.
+-- The leases, lifetimes and limits claimers wrote since are then as gone
+-- as after an empty restart, and nothing else would tell them. So the
+-- pool notes the server (run_id) its epoch was checked on, and the first
+-- claim on another one gives the pool a new epoch, as after a loss (and
+-- its epoch_at: workers registering again now are held): every claimer
+-- re-asserts before it is granted a slot. A restart that lost nothing
+-- costs one re-assertion. Not a StoreLimits call (it sends no epoch
+-- seen): the next claim checks.
+if not dry and not limits_only then
+  local here = server_id()
+  if here ~= '0' and cfg.server ~= here then
+    if cfg.server and cfg.epoch then
+      epoch = ARGV[REQ.epoch_new]
+      cfg_set('epoch', epoch, 'epoch_at', fmt(now), 'server', here)
+    else
+      -- the pool's first claim, or its first since a version that notes
+      -- no server: nothing to compare with
+      cfg_set('server', here)
+    end
+  end
+end
 if not dry and ARGV[REQ.epoch_seen] ~= '' and ARGV[REQ.epoch_seen] ~= epoch then
   return { -3, epoch }
 end

@@ -156,7 +156,7 @@ local function load_cfg()
     ixf = string.sub(K_LF, #K_CFG - #'config' + 1, #K_LF - #'idx:lifetime') .. 'ix'
     v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms',
       'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch', ixf, ixf .. ':ring', ixf .. ':fair',
-      ixf .. ':iwrr')
+      ixf .. ':iwrr', 'server')
     if m then m.cfg, m.cfg_lf, m.cfg_ixf = v, K_LF, ixf end
   end
   -- the kept indexes (see "Kept indexes"): all of them until a claim
@@ -176,6 +176,8 @@ local function load_cfg()
     scan = tonumber(v[9]),
     -- HMGET gives false for a missing field
     epoch = v[10] or nil,
+    -- the server process the epoch was last checked on (claim.lua)
+    server = v[15] or nil,
     settled = settled, ix = ix, ixf = ixf, cleared = tonumber(v[11]) or 0,
   }
 end
@@ -752,11 +754,17 @@ end
 -- server_id is this Redis process's run_id (another after a restart or on
 -- a promoted replica), or '0' when the ACL user may not run INFO (it is
 -- in @dangerous): then a build resumed on another server can miss
--- workers until the reaper's reconcile puts them back.
+-- workers until the reaper's reconcile puts them back, and a claim cannot
+-- tell data that came back on another server (claim.lua). Read once per
+-- server process: the library's state (SERVER) lives as long as the
+-- process, and is made anew on a restarted or promoted one.
+local SERVER = nil
 local function server_id()
+  if SERVER then return SERVER end
   local info = redis.pcall('INFO', 'server')
   if type(info) ~= 'string' then return '0' end
-  return string.match(info, 'run_id:(%x+)') or '0'
+  SERVER = string.match(info, 'run_id:(%x+)')
+  return SERVER or '0'
 end
 
 -- ix_drop stops keeping index n and frees its keys.
