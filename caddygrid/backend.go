@@ -132,6 +132,10 @@ type backend struct {
 	// pools it serves from names a Redis writer put in the set of pools
 	// (badRecord).
 	lastPick map[string]registry.ClaimRequest
+	// pickConfig is, per pool in lastPick, the limits of the config that
+	// made that claim: a loss stores lastPick's limits again only while
+	// that config runs (reassert).
+	pickConfig map[string]*limitsClock
 	// clients holds, per client and pool (clientSlot), the claims this
 	// process made for a client with a client_limit until their end has
 	// reached Redis, and the requests of that client under way (see
@@ -170,17 +174,18 @@ func newBackend(key backendKey, logger *zap.Logger) (*backend, error) {
 	}
 	host, _ := os.Hostname()
 	b := &backend{
-		key:      key,
-		redacted: registry.RedactURL(key.url),
-		rdb:      rdb,
-		holder:   host + ":" + strconv.Itoa(os.Getpid()) + ":" + strconv.FormatUint(rand.Uint64()&0xffffff, 16),
-		logger:   logger.With(zap.String("redis", registry.RedactURL(key.url))),
-		leases:   map[string]map[string]*liveLease{},
-		queues:   map[string]*waitQueue{},
-		watching: map[string]bool{},
-		recent:   map[string]time.Time{},
-		lastPick: map[string]registry.ClaimRequest{},
-		clients:  map[string]*clientSessions{},
+		key:        key,
+		redacted:   registry.RedactURL(key.url),
+		rdb:        rdb,
+		holder:     host + ":" + strconv.Itoa(os.Getpid()) + ":" + strconv.FormatUint(rand.Uint64()&0xffffff, 16),
+		logger:     logger.With(zap.String("redis", registry.RedactURL(key.url))),
+		leases:     map[string]map[string]*liveLease{},
+		queues:     map[string]*waitQueue{},
+		watching:   map[string]bool{},
+		recent:     map[string]time.Time{},
+		lastPick:   map[string]registry.ClaimRequest{},
+		pickConfig: map[string]*limitsClock{},
+		clients:    map[string]*clientSessions{},
 	}
 	b.reg = registry.New(rdb, registry.Options{Prefix: key.prefix, OnBadRecord: b.badRecord, OnStale: b.staleSeen,
 		OnBatch: observeBatch})
@@ -354,6 +359,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 			b.clientEntry(clientSlot(c.Pool, c.Client)).live++
 		}
 		b.lastPick[req.Pool] = req
+		b.pickConfig[req.Pool] = claimClock(ctx)
 		b.mu.Unlock()
 		if c.Drain {
 			metrics.drains.WithLabelValues(req.Pool).Inc()
@@ -367,6 +373,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		observeDecision(req.Pool, policy, samples, nw.Decision)
 		b.mu.Lock()
 		b.lastPick[req.Pool] = req
+		b.pickConfig[req.Pool] = claimClock(ctx)
 		b.mu.Unlock()
 		return nil, err
 	case errors.Is(err, registry.ErrNoWorker):

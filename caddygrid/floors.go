@@ -358,10 +358,12 @@ func (b *backend) checkEpochs(ctx context.Context) {
 // the pools lost (pool → the epoch found there): every live lease, in one
 // renewal for all of them (a restart loses every pool at once), then each
 // pool's limits and floors. The limits are this instance's last claim's
-// there, with their configuration's time: the newest configuration's win
-// again whichever instance claims first after the loss (the first claim
-// of an older one stored its limits over none), and a floor that brings
-// a worker to max_lifetime tells it to shut down. The floors are the
+// there, with their configuration's time, when that configuration still
+// runs (not one replaced or failed since, whose limits must not come
+// back): the newest configuration's win again whichever instance claims
+// first after the loss (the first claim of an older one stored its limits
+// over none), and a floor that brings a worker to max_lifetime tells it
+// to shut down. The floors are the
 // sessions that ended, which no lease carries. Each epoch is taken as seen
 // once leases and floors are written, and only by a floors call of that
 // epoch (an owed floors' retry may have begun before the loss, and written
@@ -376,8 +378,9 @@ func (b *backend) reassert(ctx context.Context, lost map[string]string) error {
 	for pool, e := range lost {
 		b.mu.Lock()
 		req, ok := b.lastPick[pool]
+		clock := b.pickConfig[pool]
 		b.mu.Unlock()
-		if ok {
+		if cur := running.current(); ok && clock != nil && cur != nil && clock == &cur.limits && !clock.gone.Load() {
 			cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
 			if _, _, err := b.reg.StoreLimits(cctx, req); err != nil {
 				b.logger.Warn("storing the pool's limits again after a loss", zap.String("pool", pool), zap.Error(err))

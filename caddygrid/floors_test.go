@@ -168,6 +168,32 @@ func TestTheNewestLimitsWinAgainAfterALoss(t *testing.T) {
 	servesWhatIsLeft(t, g, a, "A, the older configuration, after the loss")
 }
 
+// A configuration replaced since its last claim in a pool does not bring
+// its limits back after a loss. X claimed under max_lifetime 20 (newer
+// than Y's 10), was reloaded to 3, and Redis lost everything: X's epoch
+// watch re-asserts what it served but not the replaced configuration's
+// limits, which carry a time newer than Y's and would override Y's claims
+// for as long as X did not claim there again (an attacker-minded review
+// measured Y serving 15 sessions under the replaced 20).
+func TestAReplacedConfigsLimitsDoNotComeBackAfterALoss(t *testing.T) {
+	g := newGrid(t)
+	reg := oneProcessWorker(t, g, "gen-1")
+	lifetimeCaddy(t, g, 10) // Y, the oldest configuration
+	time.Sleep(10 * time.Millisecond)
+	x := lifetimeCaddy(t, g, 20)
+	if n := serveOneByOne(t, g, x, 1); n != 1 {
+		t.Fatalf("X served %d sessions, want 1", n)
+	}
+	x.reload(lifetimeOpts(g, 3))
+	loseEverything(t, g, reg)
+	testenv.Eventually(t, 10*time.Second, "X re-asserts the lifetime it served", func() bool {
+		return g.info("chromium", "w1").Lifetime == 1
+	})
+	if l := g.limits("chromium"); l.MaxLifetime == 20 {
+		t.Errorf("after the loss the pool runs under the replaced configuration's max_lifetime 20")
+	}
+}
+
 // Redis loses everything twice with no claim in the pool between the
 // losses (a crash-looping Redis): the epoch watch re-asserts both. It
 // used to note the first loss as "no epoch, re-asserted" and took the
@@ -253,12 +279,15 @@ func servesWhatIsLeft(t *testing.T, g *grid, c *caddy, what string) {
 func floorCaddy(t *testing.T, g *grid) *caddy { return lifetimeCaddy(t, g, 5) }
 
 // lifetimeCaddy starts a Caddy serving pool chromium with max_lifetime ml.
-func lifetimeCaddy(t *testing.T, g *grid, ml int) *caddy {
-	return startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
+func lifetimeCaddy(t *testing.T, g *grid, ml int) *caddy { return startCaddy(t, lifetimeOpts(g, ml)) }
+
+// lifetimeOpts is lifetimeCaddy's config.
+func lifetimeOpts(g *grid, ml int) caddyOpts {
+	return caddyOpts{redisURL: g.redis.URL(), site: fmt.Sprintf(`
 	route /playwright/* {
 		browser_grid chromium {
 			select_timeout 300ms
 			max_lifetime %d
 		}
-	}`, ml)})
+	}`, ml)}
 }

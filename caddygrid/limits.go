@@ -81,6 +81,13 @@ func configGone(ctx context.Context) bool {
 	return c.clock != nil && c.clock.gone.Load()
 }
 
+// claimClock is the limits of the config ctx's claim is made for (nil:
+// none).
+func claimClock(ctx context.Context) *limitsClock {
+	c, _ := ctx.Value(configKey{}).(claimConfig)
+	return c.clock
+}
+
 // setClaimLimits sets req's limits as the config of ctx's claim says now.
 func setClaimLimits(ctx context.Context, req *registry.ClaimRequest) {
 	if c, _ := ctx.Value(configKey{}).(claimConfig); c.limits != nil {

@@ -756,15 +756,17 @@ end
 -- in @dangerous): then a build resumed on another server can miss
 -- workers until the reaper's reconcile puts them back, and a claim cannot
 -- tell data that came back on another server (claim.lua). Read once per
--- server process: the library's state (SERVER) lives as long as the
--- process, and is made anew on a restarted or promoted one.
+-- server process, a refusal included (an ACL refusal is logged in ACL LOG
+-- each time; a user granted +info later is seen after the next restart):
+-- the library's state (SERVER) lives as long as the process, and is made
+-- anew on a restarted or promoted one.
 local SERVER = nil
 local function server_id()
-  if SERVER then return SERVER end
-  local info = redis.pcall('INFO', 'server')
-  if type(info) ~= 'string' then return '0' end
-  SERVER = string.match(info, 'run_id:(%x+)')
-  return SERVER or '0'
+  if not SERVER then
+    local info = redis.pcall('INFO', 'server')
+    SERVER = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or '0'
+  end
+  return SERVER
 end
 
 -- ix_drop stops keeping index n and frees its keys.
