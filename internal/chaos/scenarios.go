@@ -100,6 +100,28 @@ func (r *run) restartRedis(snapshot time.Duration) error {
 	return nil
 }
 
+// spentRestart is redis-restart-spent and redis-restart-snapshot: four
+// workers of capacity 3 with max_lifetime 10 under five clients opening
+// short sessions, and Redis restarted (restartRedis: empty, or from a
+// snapshot that much older) while browsers are near their lifetime.
+func spentRestart(r *run, snapshot time.Duration) error {
+	lim := limits{MaxConcurrent: 3, MaxLifetime: 10, SelectTimeout: selectTimeout}
+	if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
+		return err
+	}
+	r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
+	r.tr.churn(5, churnHold)
+	r.warm()
+	if err := r.restartRedis(snapshot); err != nil {
+		return err
+	}
+	// long enough for a worker that came back short of what it served to
+	// reach max_lifetime again at this rate
+	time.Sleep(r.phase(4*time.Second, 8*time.Second))
+	r.observe()
+	return nil
+}
+
 // liveAt reads a browser's live sessions right now from its /stats.
 func liveAt(addr string) (int, error) {
 	c := &http.Client{Timeout: time.Second}
@@ -505,44 +527,14 @@ var scenarios = []Scenario{
 		Proves: "Redis killed and restarted empty while five clients open short sessions on four workers of capacity 3 with " +
 			"max_lifetime 10: the sessions that ended since each agent's last heartbeat still count (Caddy re-asserts the " +
 			"lifetimes it served), so no browser serves past max_lifetime after the restart.",
-		run: func(r *run) error {
-			lim := limits{MaxConcurrent: 3, MaxLifetime: 10, SelectTimeout: selectTimeout}
-			if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
-				return err
-			}
-			r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
-			r.tr.churn(5, churnHold)
-			r.warm()
-			if err := r.restartRedisEmpty(); err != nil {
-				return err
-			}
-			// long enough for a worker that came back short of what it
-			// served to reach max_lifetime again at this rate
-			time.Sleep(r.phase(4*time.Second, 8*time.Second))
-			r.observe()
-			return nil
-		},
+		run: func(r *run) error { return spentRestart(r, 0) },
 	},
 	{
 		Name: "redis-restart-snapshot",
 		Proves: "Redis killed and restarted from an RDB snapshot 1.5 s older (same epoch), while five clients open short " +
 			"sessions on four workers of capacity 3 with max_lifetime 10: the first claim on the restarted server gives " +
 			"the pool a new epoch, Caddy re-asserts what it served since, so no browser serves past max_lifetime.",
-		run: func(r *run) error {
-			lim := limits{MaxConcurrent: 3, MaxLifetime: 10, SelectTimeout: selectTimeout}
-			if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
-				return err
-			}
-			r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
-			r.tr.churn(5, churnHold)
-			r.warm()
-			if err := r.restartRedis(1500 * time.Millisecond); err != nil {
-				return err
-			}
-			time.Sleep(r.phase(4*time.Second, 8*time.Second))
-			r.observe()
-			return nil
-		},
+		run: func(r *run) error { return spentRestart(r, 1500*time.Millisecond) },
 	},
 	{
 		Name: "redis-restart-moved",
