@@ -398,8 +398,9 @@ func (a *App) adminPick(ctx context.Context, b *backend, w http.ResponseWriter, 
 // with policy, that policy with its parameters at their defaults.
 func (a *App) pickRequest(ctx context.Context, b *backend, group, policy string) (registry.ClaimRequest, error) {
 	b.mu.Lock()
-	req, ok := b.lastPick[group]
+	last, ok := b.lastPick[group]
 	b.mu.Unlock()
+	req := last.req
 	if !ok {
 		info, err := b.reg.Inspect(ctx, group)
 		if err != nil {

@@ -128,14 +128,11 @@ type backend struct {
 	// versionReads makes concurrent reads of one pool's versions one.
 	versionReads singleflight.Group
 	// lastPick is, per pool (or version group) this backend has claimed
-	// in, the last claim's request: for admin picks, and to tell the
-	// pools it serves from names a Redis writer put in the set of pools
-	// (badRecord).
-	lastPick map[string]registry.ClaimRequest
-	// pickConfig is, per pool in lastPick, the limits of the config that
-	// made that claim: a loss stores lastPick's limits again only while
-	// that config runs (reassert).
-	pickConfig map[string]*limitsClock
+	// in, the last claim's request and its config: for admin picks, to
+	// tell the pools it serves from names a Redis writer put in the set
+	// of pools (badRecord), and to store the limits again after a loss
+	// (reassert).
+	lastPick map[string]lastPick
 	// clients holds, per client and pool (clientSlot), the claims this
 	// process made for a client with a client_limit until their end has
 	// reached Redis, and the requests of that client under way (see
@@ -174,18 +171,17 @@ func newBackend(key backendKey, logger *zap.Logger) (*backend, error) {
 	}
 	host, _ := os.Hostname()
 	b := &backend{
-		key:        key,
-		redacted:   registry.RedactURL(key.url),
-		rdb:        rdb,
-		holder:     host + ":" + strconv.Itoa(os.Getpid()) + ":" + strconv.FormatUint(rand.Uint64()&0xffffff, 16),
-		logger:     logger.With(zap.String("redis", registry.RedactURL(key.url))),
-		leases:     map[string]map[string]*liveLease{},
-		queues:     map[string]*waitQueue{},
-		watching:   map[string]bool{},
-		recent:     map[string]time.Time{},
-		lastPick:   map[string]registry.ClaimRequest{},
-		pickConfig: map[string]*limitsClock{},
-		clients:    map[string]*clientSessions{},
+		key:      key,
+		redacted: registry.RedactURL(key.url),
+		rdb:      rdb,
+		holder:   host + ":" + strconv.Itoa(os.Getpid()) + ":" + strconv.FormatUint(rand.Uint64()&0xffffff, 16),
+		logger:   logger.With(zap.String("redis", registry.RedactURL(key.url))),
+		leases:   map[string]map[string]*liveLease{},
+		queues:   map[string]*waitQueue{},
+		watching: map[string]bool{},
+		recent:   map[string]time.Time{},
+		lastPick: map[string]lastPick{},
+		clients:  map[string]*clientSessions{},
 	}
 	b.reg = registry.New(rdb, registry.Options{Prefix: key.prefix, OnBadRecord: b.badRecord, OnStale: b.staleSeen,
 		OnBatch: observeBatch})
@@ -276,6 +272,14 @@ func (b *backend) badRecord(pool, id string, err error) {
 		zap.String("pool", pool), zap.String("worker_id", id), zap.Error(err))
 }
 
+// lastPick is a backend's last claim in a pool: its request, and the
+// limits of the config that made it (nil: none), whose limits a loss
+// stores again only while that config runs.
+type lastPick struct {
+	req    registry.ClaimRequest
+	config *limitsClock
+}
+
 // claim runs one select-and-claim and keeps the books: the lease joins
 // those this process renews, and the metrics count the decision.
 func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples int) (*registry.Claim, error) {
@@ -358,8 +362,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		if c.Client != "" {
 			b.clientEntry(clientSlot(c.Pool, c.Client)).live++
 		}
-		b.lastPick[req.Pool] = req
-		b.pickConfig[req.Pool] = claimClock(ctx)
+		b.lastPick[req.Pool] = lastPick{req: req, config: claimClock(ctx)}
 		b.mu.Unlock()
 		if c.Drain {
 			metrics.drains.WithLabelValues(req.Pool).Inc()
@@ -372,8 +375,7 @@ func (b *backend) claim(ctx context.Context, req registry.ClaimRequest, samples 
 		metrics.noWorker.WithLabelValues(req.Pool, policy).Inc()
 		observeDecision(req.Pool, policy, samples, nw.Decision)
 		b.mu.Lock()
-		b.lastPick[req.Pool] = req
-		b.pickConfig[req.Pool] = claimClock(ctx)
+		b.lastPick[req.Pool] = lastPick{req: req, config: claimClock(ctx)}
 		b.mu.Unlock()
 		return nil, err
 	case errors.Is(err, registry.ErrNoWorker):

@@ -363,11 +363,10 @@ func (b *backend) checkEpochs(ctx context.Context) {
 // back): the newest configuration's win again whichever instance claims
 // first after the loss (the first claim of an older one stored its limits
 // over none), and a floor that brings a worker to max_lifetime tells it
-// to shut down. The floors are the
-// sessions that ended, which no lease carries. Each epoch is taken as seen
-// once leases and floors are written, and only by a floors call of that
-// epoch (an owed floors' retry may have begun before the loss, and written
-// to the data lost). It returns the first failure (errReassert); one of
+// to shut down. The floors are the sessions that ended, which no lease
+// carries. Each epoch is taken as seen once leases and floors are
+// written, and only by a floors call of that epoch (an owed floors' retry
+// may have begun before the loss, and written to the data lost). It returns the first failure (errReassert); one of
 // the limits is logged only, as any claim of this instance stores them.
 func (b *backend) reassert(ctx context.Context, lost map[string]string) error {
 	b.renewOwed.Store(true)
@@ -377,12 +376,11 @@ func (b *backend) reassert(ctx context.Context, lost map[string]string) error {
 	var first error
 	for pool, e := range lost {
 		b.mu.Lock()
-		req, ok := b.lastPick[pool]
-		clock := b.pickConfig[pool]
+		last, ok := b.lastPick[pool]
 		b.mu.Unlock()
-		if cur := running.current(); ok && clock != nil && cur != nil && clock == &cur.limits && !clock.gone.Load() {
+		if cur := running.current(); ok && last.config != nil && cur != nil && last.config == &cur.limits && !last.config.gone.Load() {
 			cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
-			if _, _, err := b.reg.StoreLimits(cctx, req); err != nil {
+			if _, _, err := b.reg.StoreLimits(cctx, last.req); err != nil {
 				b.logger.Warn("storing the pool's limits again after a loss", zap.String("pool", pool), zap.Error(err))
 			}
 			cancel()

@@ -756,10 +756,10 @@ end
 -- in @dangerous): then a build resumed on another server can miss
 -- workers until the reaper's reconcile puts them back, and a claim cannot
 -- tell data that came back on another server (claim.lua). Read once per
--- server process, a refusal included (an ACL refusal is logged in ACL LOG
--- each time; a user granted +info later is seen after the next restart):
--- the library's state (SERVER) lives as long as the process, and is made
--- anew on a restarted or promoted one.
+-- server process, a refusal included (asked on every claim, it would log
+-- an ACL LOG entry each time; a user granted +info later is seen after the
+-- next restart): the library's state (SERVER) lives as long as the
+-- process, and is made anew on a restarted or promoted one.
 local SERVER = nil
 local function server_id()
   if not SERVER then
