@@ -991,6 +991,10 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 	defer timeout.Stop()
 	poll := time.NewTicker(safetyPoll)
 	defer poll.Stop()
+	// a pool held after a restore (NoWorkerError.Held) frees up when the
+	// hold ends, which no event announces: try again then, not at the
+	// next poll
+	held := heldRetry(err)
 	for {
 		select {
 		case <-w.wake:
@@ -998,6 +1002,7 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 			if !q.isHead(w) {
 				continue
 			}
+		case <-held:
 		case <-timeout.C:
 			q.leave(w)
 			return nil, outcomeTimeout, registry.ErrNoWorker
@@ -1026,7 +1031,19 @@ func (b *backend) acquireWith(ctx context.Context, req registry.ClaimRequest, cl
 			// waiters behind it may take it
 			q.wakeNext(w)
 		}
+		held = heldRetry(err)
 	}
+}
+
+// heldRetry fires when the hold err reports ends (a pool's claims are held
+// a while after its data came back on another Redis server process:
+// registry.RestoreHold), or never when err reports none.
+func heldRetry(err error) <-chan time.Time {
+	var nw *registry.NoWorkerError
+	if !errors.As(err, &nw) || nw.Held <= 0 {
+		return nil
+	}
+	return time.After(nw.Held + 10*time.Millisecond)
 }
 
 // claimFailed classifies a claim that failed for another reason than "no

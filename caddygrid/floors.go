@@ -270,8 +270,9 @@ func (b *backend) owedFloors() []string {
 }
 
 // epochWatch is how often an instance holding floors or live leases reads
-// their pools' dataset epochs (watchEpochs).
-const epochWatch = time.Second
+// their pools' dataset epochs (watchEpochs): half registry.RestoreHold, so
+// that an instance re-asserts before the claims held after a restore go on.
+const epochWatch = registry.RestoreHold / 2
 
 // watchEpochs learns of a loss of a pool's data without a claim. With
 // several instances sharing Redis, another one may claim first after the

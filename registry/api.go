@@ -543,6 +543,11 @@ type NoWorkerError struct {
 	// state), for a claim that avoided workers (ClaimRequest.Avoid): more
 	// than it avoided means others may free up. 0 for other claims.
 	Registered int
+	// Held is how much longer the pool's claims find no worker because
+	// its data came back on another Redis server process (a restart from
+	// an older snapshot, a failover): every instance that served the
+	// pool re-asserts what it served first (ReassertHold). 0: not held.
+	Held time.Duration
 }
 
 func (e *NoWorkerError) Error() string { return ErrNoWorker.Error() }
@@ -683,11 +688,22 @@ func (r *Registry) MarkEpoch(ctx context.Context, pool string) (string, error) {
 }
 
 // ReassertHold is the Hold of an agent that registers again after its
-// record was lost. Caddy reads its pools' epochs every second while it
-// holds what it served there (its epoch watch), so each instance
-// re-asserts a loss within about a second of Redis coming back, whichever
-// instance claims first; the hold gives it twice that.
+// record was lost. Caddy reads its pools' epochs every half second while
+// it holds what it served there (its epoch watch, RestoreHold/2), so each
+// instance re-asserts a loss within about that of Redis coming back,
+// whichever instance claims first; the hold gives it four times that (it
+// gave twice a watch of a second before).
 const ReassertHold = 2 * time.Second
+
+// RestoreHold is how long a pool's claims find no worker after its data
+// came back on another Redis server process (a restart from an older
+// snapshot, a failover to a replica): the records are there, so no
+// registration is held, but the sessions served since the data was
+// written are gone from them, and an instance that served some and does
+// not claim now learns of it only at its epoch watch. Caddy reads its
+// pools' epochs every RestoreHold/2, so the hold gives every instance
+// twice that to re-assert what it served (NoWorkerError.Held).
+const RestoreHold = time.Second
 
 // NewLeaseID returns a fresh lease ID for ClaimRequest.LeaseID.
 func NewLeaseID() string { return newToken(12) }

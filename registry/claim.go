@@ -181,7 +181,7 @@ func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, lease
 		set("config_supersedes_ms", toMS(req.Supersedes)).
 		set("epoch_seen", req.Epoch).set("epoch_new", newToken(8)).
 		set("client", ClientHash(req.ClientKey)).set("client_limit", req.ClientLimit).
-		set("avoid", strings.Join(req.Avoid, " "))
+		set("avoid", strings.Join(req.Avoid, " ")).set("restore_hold_ms", ms(RestoreHold))
 	args, err := a.list()
 	if err != nil {
 		return nil, err
@@ -271,7 +271,8 @@ func (r *Registry) decodeClaim(req ClaimRequest, dry bool, leaseID string, res [
 	}
 	if !rep.flag("ok") {
 		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring, PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch,
-			IndexBuilding: o.building, Registered: int(rep.int("registered"))}
+			IndexBuilding: o.building, Registered: int(rep.int("registered")),
+			Held: time.Duration(rep.int("held")) * time.Millisecond}
 	}
 	o.decision.OK = true
 	o.decision.ID = rep.str("id")

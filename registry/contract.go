@@ -42,6 +42,9 @@ var claimArgs = []string{
 	"client", "client_limit",
 	// ClaimRequest.Avoid: worker IDs joined by spaces ('' none).
 	"avoid",
+	// How long the pool's claims are held after the data came back on
+	// another server (ReassertHold; NoWorkerError.Held).
+	"restore_hold_ms",
 }
 
 // claimReply is claim.lua's reply when it decided (ok 1: claimed or, dry,
@@ -65,6 +68,8 @@ var claimReply = []string{
 	// How many workers the pool has registered, read only by a claim
 	// that avoided workers (ClaimRequest.Avoid) and found none; else 0.
 	"registered",
+	// ms the pool's claims are still held after a restore (0: not held).
+	"held",
 }
 
 // The codes of claim.lua's other replies (the reply's first item).

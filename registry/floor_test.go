@@ -382,6 +382,23 @@ func TestAClaimNoticesDataRestoredFromAnOlderSnapshot(t *testing.T) {
 		t.Fatalf("EpochError epoch %q; want a new one (saw %q)", ee.Now, seen)
 	}
 	req.Epoch = ee.Now
+	// The pool's claims are held for RestoreHold from then on, whoever
+	// claims and whatever epoch they saw: another instance that served
+	// the worker since the snapshot re-asserts it meanwhile.
+	for _, q := range []ClaimRequest{req, {Pool: "p", Policy: LifetimeFirst, Limits: req.Limits}} {
+		_, err := r.Claim(ctx, q)
+		var nw *NoWorkerError
+		if !errors.As(err, &nw) || nw.Held <= 0 || nw.Held > RestoreHold {
+			t.Fatalf("a claim just after the restore (epoch seen %q): %v; want no worker, held up to %s", q.Epoch, err, RestoreHold)
+		}
+	}
+	if _, _, err := r.Pick(ctx, req); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("a Pick just after the restore: %v; want no worker", err)
+	}
+	if w, err := r.Worker(ctx, "p", "w1"); err != nil || w.Lifetime != 1 || w.Active != 0 {
+		t.Fatalf("after the held claims: %+v, %v; want lifetime 1 and active 0", w, err)
+	}
+	req.Now = time.Now().Add(RestoreHold)
 	if c := claim(); c.Epoch != ee.Now {
 		t.Errorf("the next claim: epoch %q, want %q", c.Epoch, ee.Now)
 	}

@@ -60,7 +60,7 @@ func TestPickWritesNothing(t *testing.T) {
 		set("stagger", 0).set("drain_hold_ms", 0).set("fs_window", 20).set("fs_median", 0).set("fs_default_ms", 30000).
 		set("lease_id", "ro-test").set("lease_ttl_ms", 1000).set("holder", "t").set("command_ttl_ms", 1000).
 		set("durations_kept", 20).set("lease_sweep", 64).set("config_time_ms", 0).set("config_supersedes_ms", 0).set("epoch_seen", "").
-		set("epoch_new", "e").set("client", "").set("client_limit", 0).set("avoid", "").list()
+		set("epoch_new", "e").set("client", "").set("client_limit", 0).set("avoid", "").set("restore_hold_ms", 0).list()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,13 +94,15 @@ end
 -- its epoch_at: workers registering again now are held): every claimer
 -- re-asserts before it is granted a slot. A restart that lost nothing
 -- costs one re-assertion. Not a StoreLimits call (it sends no epoch
--- seen): the next claim checks.
+-- seen): the next claim checks. The pool's claims are then held for
+-- restore_hold_ms (restored_at; see below the limits).
 if not dry and not limits_only then
   local here = server_id()
   if here ~= '0' and cfg.server ~= here then
     if cfg.server and cfg.epoch then
       epoch = ARGV[REQ.epoch_new]
-      cfg_set('epoch', epoch, 'epoch_at', fmt(now), 'server', here)
+      cfg_set('epoch', epoch, 'epoch_at', fmt(now), 'server', here, 'restored_at', fmt(now))
+      cfg.restored_at = now
     else
       -- the pool's first claim, or its first since a version that notes
       -- no server: nothing to compare with
@@ -174,15 +176,37 @@ mc, ml, stagger = cfg.mc, cfg.ml, cfg.stagger
 if not dry and (cfg.stale ~= stale or cfg.scan ~= maxscan) then
   cfg_set('stale_after_ms', fmt(stale), 'max_scan', fmt(maxscan))
 end
-if limits_only then
+-- none is the reply of a call that decided nothing: the limits in force,
+-- and for how much longer (ms) the pool's claims are held (0: not held;
+-- a held claim that avoided workers says how many the pool has, as
+-- below).
+local function none(held)
+  local registered = 0
+  if held > 0 and ARGV[REQ.avoid] ~= '' then registered = redis.call('HLEN', K_WORKERS) end
   return reply {
     ok = 0, id = '', record = '', active = 0, lifetime = 0, durations = '', hot = '', drain = 0,
     scanned = 0, stale = {}, bad = {}, wraps = 0, effective = 0, dedupes = 0, tied = 0, now = now,
     retiring = 0, retired_stale = {},
     overridden = overridden, max_concurrent = cfg.mc, max_lifetime = cfg.ml, stagger = cfg.stagger and 1 or 0,
     fs_window = cfg.win, fs_median = cfg.med and 1 or 0, fs_default_ms = cfg.def, epoch = epoch, building = 0,
-    registered = 0,
+    registered = registered, held = held,
   }
+end
+if limits_only then return none(0) end
+-- Held after a restore (restored_at, set above). The restored records are
+-- there, so no registration is held (register.lua), yet another instance
+-- may have served the workers since the snapshot and not claim now: it
+-- learns of the new epoch at its epoch watch (up to a second) and only
+-- then re-asserts what it served. Until then every worker looks younger
+-- than it is, and the claims of whoever claims first would be swallowed
+-- by the floors that come after (a review measured 4 sessions served
+-- where 2 were left). So for restore_hold_ms (ReassertHold, twice the
+-- watch's period) a claim or Pick finds no worker: the caller queues,
+-- as for a full pool. A restored_at ahead of this Redis' clock (written
+-- by a server whose clock was ahead) holds nothing.
+local hold = tonumber(ARGV[REQ.restore_hold_ms]) or 0
+if cfg.restored_at and now >= cfg.restored_at and now - cfg.restored_at < hold then
+  return none(cfg.restored_at + hold - now)
 end
 local walk = WALKS[policy]
 if not walk then return redis.error_reply('unknown policy ' .. tostring(policy)) end
@@ -342,5 +366,5 @@ return reply {
   retiring = bit(retiring), retired_stale = retired_stale,
   overridden = overridden, max_concurrent = cfg.mc, max_lifetime = cfg.ml, stagger = bit(cfg.stagger),
   fs_window = cfg.win, fs_median = bit(cfg.med), fs_default_ms = cfg.def, epoch = epoch, building = building,
-  registered = registered,
+  registered = registered, held = 0,
 }

@@ -156,7 +156,7 @@ local function load_cfg()
     ixf = string.sub(K_LF, #K_CFG - #'config' + 1, #K_LF - #'idx:lifetime') .. 'ix'
     v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms',
       'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch', ixf, ixf .. ':ring', ixf .. ':fair',
-      ixf .. ':iwrr', 'server')
+      ixf .. ':iwrr', 'server', 'restored_at')
     if m then m.cfg, m.cfg_lf, m.cfg_ixf = v, K_LF, ixf end
   end
   -- the kept indexes (see "Kept indexes"): all of them until a claim
@@ -178,6 +178,9 @@ local function load_cfg()
     epoch = v[10] or nil,
     -- the server process the epoch was last checked on (claim.lua)
     server = v[15] or nil,
+    -- when the last claim gave the pool a new epoch for data that came
+    -- back on another server (claim.lua: claims are held a while after)
+    restored_at = tonumber(v[16] or nil),
     settled = settled, ix = ix, ixf = ixf, cleared = tonumber(v[11]) or 0,
   }
 end
