@@ -405,3 +405,76 @@ func TestAClaimNoticesDataRestoredFromAnOlderSnapshot(t *testing.T) {
 	// a claim on the same server process notices nothing more
 	claim()
 }
+
+// The same Redis process comes back with older data: A, the master,
+// served a session; B, its replica, was promoted in its place (a
+// partition) while A went on taking claims; A then followed B, which
+// replaced A's data with B's in full, and was promoted again (a
+// failback). A's run_id is the same, but its replication id is another:
+// a claim there is told to re-assert, as after a restore from an older
+// snapshot, and the pool is held a moment.
+func TestAClaimNoticesAFailbackToTheSameProcessWithOlderData(t *testing.T) {
+	a, b := testenv.StartRedis(t), testenv.StartRedis(t)
+	r, rdb := registryAt(t, a.URL(), Options{})
+	ctx := context.Background()
+	if err := r.Register(ctx, Registration{Pool: "p", ID: "w1", Addr: "h:1", Capacity: 5, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	req := ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: selection.Limits{MaxConcurrent: 5, MaxLifetime: 10, StaleAfter: time.Minute}}
+	claim := func() {
+		t.Helper()
+		c, err := r.Claim(ctx, req)
+		if err != nil {
+			t.Fatalf("claim: %v", err)
+		}
+		if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+		req.Epoch = c.Epoch
+	}
+	claim() // lifetime 1, the last write B gets
+	// full synchronisations at once
+	for _, x := range []*testenv.Redis{a, b} {
+		if err := x.Client().ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	follow := func(x *testenv.Redis, of *testenv.Redis) {
+		t.Helper()
+		host, port, _ := strings.Cut(of.Addr, ":")
+		if err := x.Client().Do(ctx, "REPLICAOF", host, port).Err(); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 20*time.Second, x.Addr+" in sync with "+of.Addr, func() bool {
+			info, _ := x.Client().Info(ctx, "replication").Result()
+			return strings.Contains(info, "master_link_status:up") && strings.Contains(info, "master_sync_in_progress:0")
+		})
+	}
+	follow(b, a)
+	if n, err := rdb.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT for B: %d, %v", n, err)
+	}
+	if err := b.Client().Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	claim()
+	claim() // lifetime 3 on A, never on B
+	follow(a, b)
+	if err := a.Client().Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := r.Worker(ctx, "p", "w1"); err != nil || w.Lifetime != 1 {
+		t.Fatalf("after the failback: %+v, %v; want lifetime 1, B's", w, err)
+	}
+	_, err := r.Claim(ctx, req)
+	var ee *EpochError
+	if !errors.As(err, &ee) {
+		t.Fatalf("a claim on the same process with older data: %v; want an EpochError (re-assert first)", err)
+	}
+	req.Epoch = ee.Now
+	_, err = r.Claim(ctx, req)
+	var nw *NoWorkerError
+	if !errors.As(err, &nw) || nw.Held <= 0 {
+		t.Fatalf("the claim after: %v; want the pool held", err)
+	}
+}
