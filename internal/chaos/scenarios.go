@@ -71,18 +71,22 @@ func (r *run) workerAddr(name string) (string, error) {
 // restartRedisEmpty kills the single Redis (kill -9) and starts it again
 // with no data on the same port: the outage excuses what failed meanwhile,
 // and the restart is the fault to heal from.
-func (r *run) restartRedisEmpty() error { return r.restartRedis(0) }
+func (r *run) restartRedisEmpty() error { return r.restartRedis(0, nil) }
 
 // restartRedis kills the single Redis (kill -9) and starts it again:
 // empty, or, with snapshot > 0, loading an RDB snapshot it SAVEd that long
 // before the kill (the data comes back older, under the same epoch).
-func (r *run) restartRedis(snapshot time.Duration) error {
+// atKill, when not nil, runs just before the kill.
+func (r *run) restartRedis(snapshot time.Duration, atKill func()) error {
 	n := r.e.topo.nodes[0]
 	if snapshot > 0 {
 		if out, err := n.cli("save"); err != nil {
 			return fmt.Errorf("SAVE: %w: %s", err, out)
 		}
 		time.Sleep(snapshot)
+	}
+	if atKill != nil {
+		atKill()
 	}
 	down := time.Now()
 	n.p.kill9()
@@ -100,19 +104,34 @@ func (r *run) restartRedis(snapshot time.Duration) error {
 	return nil
 }
 
-// spentRestart is redis-restart-spent and redis-restart-snapshot: four
+// spentRestart is the redis-restart scenarios with short sessions: four
 // workers of capacity 3 with max_lifetime 10 under five clients opening
 // short sessions, and Redis restarted (restartRedis: empty, or from a
-// snapshot that much older) while browsers are near their lifetime.
-func spentRestart(r *run, snapshot time.Duration) error {
+// snapshot that much older) while browsers are near their lifetime. With
+// moved, two Caddies: the clients use the first until the kill, then the
+// second (a load balancer's choice), so the one that served the sessions
+// Redis lost makes no claim after the restart.
+func spentRestart(r *run, snapshot time.Duration, moved bool) error {
 	lim := limits{MaxConcurrent: 3, MaxLifetime: 10, SelectTimeout: selectTimeout}
-	if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
+	lims := []limits{lim}
+	if moved {
+		lims = append(lims, lim)
+	}
+	if err := r.grid(r.single(false), lims, 4, 3); err != nil {
 		return err
 	}
 	r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
+	var move func()
+	if moved {
+		r.tr.down[1].Store(true)
+		move = func() {
+			r.tr.down[1].Store(false)
+			r.tr.down[0].Store(true)
+		}
+	}
 	r.tr.churn(5, churnHold)
 	r.warm()
-	if err := r.restartRedis(snapshot); err != nil {
+	if err := r.restartRedis(snapshot, move); err != nil {
 		return err
 	}
 	// long enough for a worker that came back short of what it served to
@@ -527,38 +546,29 @@ var scenarios = []Scenario{
 		Proves: "Redis killed and restarted empty while five clients open short sessions on four workers of capacity 3 with " +
 			"max_lifetime 10: the sessions that ended since each agent's last heartbeat still count (Caddy re-asserts the " +
 			"lifetimes it served), so no browser serves past max_lifetime after the restart.",
-		run: func(r *run) error { return spentRestart(r, 0) },
+		run: func(r *run) error { return spentRestart(r, 0, false) },
 	},
 	{
 		Name: "redis-restart-snapshot",
 		Proves: "Redis killed and restarted from an RDB snapshot 1.5 s older (same epoch), while five clients open short " +
 			"sessions on four workers of capacity 3 with max_lifetime 10: the first claim on the restarted server gives " +
 			"the pool a new epoch, Caddy re-asserts what it served since, so no browser serves past max_lifetime.",
-		run: func(r *run) error { return spentRestart(r, 1500*time.Millisecond) },
+		run: func(r *run) error { return spentRestart(r, 1500*time.Millisecond, false) },
+	},
+	{
+		Name: "redis-restart-snapshot-moved",
+		Proves: "Redis killed and restarted from an RDB snapshot 1.5 s older as five clients move from one Caddy to another: " +
+			"the pool's claims are held a second after the first claim on the restarted server gives it a new epoch, so the " +
+			"instance that served the lost sessions re-asserts them without a claim of its own first, and no browser serves " +
+			"past max_lifetime through the other.",
+		run: func(r *run) error { return spentRestart(r, 1500*time.Millisecond, true) },
 	},
 	{
 		Name: "redis-restart-moved",
 		Proves: "Redis killed and restarted empty as five clients move from one Caddy to another (a load balancer's " +
 			"choice): the instance that served the workers' sessions re-asserts their lifetimes without a claim of its own, " +
 			"so no browser serves past max_lifetime through the other.",
-		run: func(r *run) error {
-			lim := limits{MaxConcurrent: 3, MaxLifetime: 10, SelectTimeout: selectTimeout}
-			if err := r.grid(r.single(false), []limits{lim, lim}, 4, 3); err != nil {
-				return err
-			}
-			r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
-			r.tr.down[1].Store(true)
-			r.tr.churn(5, churnHold)
-			r.warm()
-			r.tr.down[1].Store(false)
-			r.tr.down[0].Store(true)
-			if err := r.restartRedisEmpty(); err != nil {
-				return err
-			}
-			time.Sleep(r.phase(4*time.Second, 8*time.Second))
-			r.observe()
-			return nil
-		},
+		run: func(r *run) error { return spentRestart(r, 0, true) },
 	},
 	{
 		Name: "redis-stall",
