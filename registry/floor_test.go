@@ -478,3 +478,54 @@ func TestAClaimNoticesAFailbackToTheSameProcessWithOlderData(t *testing.T) {
 		t.Fatalf("the claim after: %v; want the pool held", err)
 	}
 }
+
+// A snapshot taken after the pool's epoch was made but before any claim
+// (Caddy stored its limits as it started, or an epoch watch marked a loss)
+// holds the epoch: it used to hold no server, so a claim after its
+// restore took it for the pool's first and saw nothing lost. Whatever
+// makes the epoch now notes the server too.
+func TestARestoreOfASnapshotTakenBeforeTheFirstClaimIsNoticed(t *testing.T) {
+	for _, made := range []string{"StoreLimits", "MarkEpoch"} {
+		t.Run(made, func(t *testing.T) {
+			srv := testenv.StartRedis(t)
+			r, rdb := registryAt(t, srv.URL(), Options{})
+			ctx := context.Background()
+			if err := r.Register(ctx, Registration{Pool: "p", ID: "w1", Addr: "h:1", Capacity: 5, TTL: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+			req := ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: selection.Limits{MaxConcurrent: 5, MaxLifetime: 10, StaleAfter: time.Minute}}
+			var err error
+			if made == "StoreLimits" {
+				_, _, err = r.StoreLimits(ctx, req)
+			} else {
+				_, err = r.MarkEpoch(ctx, "p")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.Save(ctx).Err(); err != nil { // the snapshot: an epoch, lifetime 0
+				t.Fatal(err)
+			}
+			for range 3 {
+				c, err := r.Claim(ctx, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := r.Release(ctx, "p", c.LeaseID); err != nil {
+					t.Fatal(err)
+				}
+				req.Epoch = c.Epoch
+			}
+			srv.Restart()
+			testenv.Eventually(t, 5*time.Second, "a claim on the restarted server", func() bool {
+				_, err = r.Claim(ctx, req)
+				var ee *EpochError
+				return err == nil || errors.Is(err, ErrNoWorker) || errors.As(err, &ee)
+			})
+			var ee *EpochError
+			if !errors.As(err, &ee) {
+				t.Fatalf("a claim on data restored from the snapshot: %v; want an EpochError (re-assert first)", err)
+			}
+		})
+	}
+}

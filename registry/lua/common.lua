@@ -789,6 +789,20 @@ local function repl_id()
   return REPLID
 end
 
+-- epoch_start gives the pool epoch e, made now, and notes the server it
+-- was made on as a claim checks it (claim.lua): a snapshot taken before
+-- the pool's first claim (after Caddy stored its limits, or after an
+-- epoch watch marked a loss) then carries the server too, and a restore
+-- of it is noticed.
+local function epoch_start(e, now)
+  local here = server_id()
+  if here == '0' then
+    cfg_set('epoch', e, 'epoch_at', fmt(now))
+  else
+    cfg_set('epoch', e, 'epoch_at', fmt(now), 'server', here, 'replid', repl_id())
+  end
+end
+
 -- ix_drop stops keeping index n and frees its keys.
 local function ix_drop(cfg, n)
   redis.call('UNLINK', unpack(opt_keys(n)))

@@ -163,7 +163,7 @@ elseif op == 'expire' then
 elseif op == 'epoch' then
   local e = redis.call('HGET', K_CFG, 'epoch')
   if e and e ~= '' then return e end
-  cfg_set('epoch', ARGV[6], 'epoch_at', fmt(now))
+  epoch_start(ARGV[6], now)
   return ARGV[6]
 end
 return redis.error_reply('unknown lease op ' .. tostring(op))
