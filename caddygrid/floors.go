@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -339,17 +340,29 @@ func (b *backend) checkEpochs(ctx context.Context) {
 	// even one before any claim, then shows as another change, and one
 	// that comes while the sessions below are written shows at the next
 	// round.
+	// One call per pool, all at once: with many version groups the calls
+	// one after another took longer than the hold of a restored pool's
+	// claims (registry.RestoreHold) at a few ms of round trip.
 	marked := make(map[string]string, len(lost))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for _, pool := range lost {
-		cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
-		e, err := b.reg.MarkEpoch(cctx, pool)
-		cancel()
-		if err != nil {
-			b.logger.Error("marking the pool's data as lost", zap.String("pool", pool), zap.Error(err))
-			continue
-		}
-		marked[pool] = e
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
+			e, err := b.reg.MarkEpoch(cctx, pool)
+			cancel()
+			if err != nil {
+				b.logger.Error("marking the pool's data as lost", zap.String("pool", pool), zap.Error(err))
+				return
+			}
+			mu.Lock()
+			marked[pool] = e
+			mu.Unlock()
+		}()
 	}
+	wg.Wait()
 	if len(marked) > 0 { // else Redis is failing: the next round tries again
 		b.reassert(ctx, marked)
 	}
@@ -374,23 +387,41 @@ func (b *backend) reassert(ctx context.Context, lost map[string]string) error {
 	if !b.renewNow(ctx) {
 		return fmt.Errorf("%w: the live sessions' leases could not be written again", errReassert)
 	}
+	// the pools at once (see checkEpochs), each pool's calls in order
 	var first error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for pool, e := range lost {
-		b.mu.Lock()
-		last, ok := b.lastPick[pool]
-		b.mu.Unlock()
-		if cur := running.current(); ok && last.config != nil && cur != nil && last.config == &cur.limits && !last.config.gone.Load() {
-			cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
-			if _, _, err := b.reg.StoreLimits(cctx, last.req); err != nil {
-				b.logger.Warn("storing the pool's limits again after a loss", zap.String("pool", pool), zap.Error(err))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.reassertPool(ctx, pool, e); err != nil {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
 			}
-			cancel()
-		}
-		if err := b.assertFloors(ctx, pool, e); err != nil {
-			first = cmp.Or(first, err)
-			continue
-		}
-		b.setEpoch(pool, e)
+		}()
 	}
+	wg.Wait()
 	return first
+}
+
+// reassertPool is reassert's work in one pool: its limits, then its
+// floors (which then see its max_lifetime), then the epoch taken as seen.
+func (b *backend) reassertPool(ctx context.Context, pool, e string) error {
+	b.mu.Lock()
+	last, ok := b.lastPick[pool]
+	b.mu.Unlock()
+	if cur := running.current(); ok && last.config != nil && cur != nil && last.config == &cur.limits && !last.config.gone.Load() {
+		cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
+		if _, _, err := b.reg.StoreLimits(cctx, last.req); err != nil {
+			b.logger.Warn("storing the pool's limits again after a loss", zap.String("pool", pool), zap.Error(err))
+		}
+		cancel()
+	}
+	if err := b.assertFloors(ctx, pool, e); err != nil {
+		return err
+	}
+	b.setEpoch(pool, e)
+	return nil
 }

@@ -20,6 +20,12 @@ import (
 // returns the registration, which the agent repeats after a loss.
 func oneProcessWorker(t *testing.T, g *grid, gen string) registry.Registration {
 	t.Helper()
+	return processWorker(t, g, "chromium", "w1", gen)
+}
+
+// processWorker is oneProcessWorker's worker id in pool.
+func processWorker(t *testing.T, g *grid, pool, id, gen string) registry.Registration {
+	t.Helper()
 	srv, ep, err := fake.Start("127.0.0.1:0", fake.Options{Path: "/playwright"})
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +35,7 @@ func oneProcessWorker(t *testing.T, g *grid, gen string) registry.Registration {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := registry.Registration{Pool: "chromium", ID: "w1", BrowserType: "chromium", Addr: u.Host, Path: u.Path,
+	reg := registry.Registration{Pool: pool, ID: id, BrowserType: "chromium", Addr: u.Host, Path: u.Path,
 		Capacity: 2, TTL: workerTTL, Generation: gen}
 	if err := g.reg.Register(context.Background(), reg); err != nil {
 		t.Fatal(err)
@@ -184,6 +190,8 @@ type replyDropper struct {
 	// dropping its connection (a call that hangs, then fails); holding
 	// counts the requests held so now.
 	cutAfter, holding atomic.Int64
+	// delay (ns) holds every chunk of replies back that long: a slow link.
+	delay atomic.Int64
 }
 
 func startReplyDropper(t *testing.T, target string) *replyDropper {
@@ -241,6 +249,7 @@ func startReplyDropper(t *testing.T, target string) *replyDropper {
 							p.dropped.Add(1)
 							return
 						}
+						time.Sleep(time.Duration(p.delay.Load()))
 						if _, werr := client.Write(buf[:n]); werr != nil {
 							return
 						}
