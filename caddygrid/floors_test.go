@@ -37,20 +37,7 @@ func TestLifetimeFloorsSurviveARestoreFromAnOlderSnapshot(t *testing.T) {
 	g := newGrid(t)
 	oneProcessWorker(t, g, "gen-1")
 	c := floorCaddy(t, g)
-	if n := serveOneByOne(t, g, c, 1); n != 1 {
-		t.Fatalf("before the snapshot: %d sessions served, want 1", n)
-	}
-	if err := g.rdb.Save(context.Background()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if n, life := serveOneByOne(t, g, c, 2), g.info("chromium", "w1").Lifetime; n != 2 || life != 3 {
-		t.Fatalf("after the snapshot: %d sessions served, lifetime %d; want 2 and 3", n, life)
-	}
-	g.redis.Restart()
-	testenv.Eventually(t, 5*time.Second, "the snapshot loaded", func() bool {
-		w, err := g.reg.Worker(context.Background(), "chromium", "w1")
-		return err == nil && w.Lifetime == 1
-	})
+	restoreAfterServing(t, g, c)
 	servesWhatIsLeftAfterTheHold(t, g, c, "after the restore")
 }
 
@@ -65,21 +52,29 @@ func TestAnIdleInstanceReassertsBeforeARestoredPoolServes(t *testing.T) {
 	g := newGrid(t)
 	oneProcessWorker(t, g, "gen-1")
 	a, b := floorCaddy(t, g), floorCaddy(t, g)
-	if n := serveOneByOne(t, g, a, 1); n != 1 {
+	restoreAfterServing(t, g, a)
+	servesWhatIsLeftAfterTheHold(t, g, b, "B after the restore")
+}
+
+// restoreAfterServing serves a session through c on worker w1, has Redis
+// take a snapshot, serves two more, and restarts Redis from the snapshot:
+// the worker is back at lifetime 1 of the 3 it served.
+func restoreAfterServing(t *testing.T, g *grid, c *caddy) {
+	t.Helper()
+	if n := serveOneByOne(t, g, c, 1); n != 1 {
 		t.Fatalf("before the snapshot: %d sessions served, want 1", n)
 	}
 	if err := g.rdb.Save(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if n := serveOneByOne(t, g, a, 2); n != 2 {
-		t.Fatalf("after the snapshot: %d sessions served, want 2", n)
+	if n, life := serveOneByOne(t, g, c, 2), g.info("chromium", "w1").Lifetime; n != 2 || life != 3 {
+		t.Fatalf("after the snapshot: %d sessions served, lifetime %d; want 2 and 3", n, life)
 	}
 	g.redis.Restart()
 	testenv.Eventually(t, 5*time.Second, "the snapshot loaded", func() bool {
 		w, err := g.reg.Worker(context.Background(), "chromium", "w1")
 		return err == nil && w.Lifetime == 1
 	})
-	servesWhatIsLeftAfterTheHold(t, g, b, "B after the restore")
 }
 
 // The same as TestAnIdleInstanceReassertsBeforeARestoredPoolServes in

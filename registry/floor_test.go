@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/selection"
 )
@@ -340,24 +342,9 @@ func TestEpochsFailWhenTheConnectionIsRefused(t *testing.T) {
 // would cost the same one re-assertion, which is harmless.
 func TestAClaimNoticesDataRestoredFromAnOlderSnapshot(t *testing.T) {
 	srv := testenv.StartRedis(t)
-	r, rdb := registryAt(t, srv.URL(), Options{})
+	r, rdb, req := oneWorkerPool(t, srv.URL())
 	ctx := context.Background()
-	if err := r.Register(ctx, Registration{Pool: "p", ID: "w1", Addr: "h:1", Capacity: 5, TTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	req := ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: selection.Limits{MaxConcurrent: 5, MaxLifetime: 10, StaleAfter: time.Minute}}
-	claim := func() *Claim {
-		t.Helper()
-		c, err := r.Claim(ctx, req)
-		if err != nil {
-			t.Fatalf("claim: %v", err)
-		}
-		if err := r.Release(ctx, "p", c.LeaseID); err != nil {
-			t.Fatal(err)
-		}
-		req.Epoch = c.Epoch
-		return c
-	}
+	claim := func() *Claim { return claimReleased(t, r, req) }
 	claim()
 	if err := rdb.Save(ctx).Err(); err != nil { // the snapshot: lifetime 1
 		t.Fatal(err)
@@ -369,7 +356,7 @@ func TestAClaimNoticesDataRestoredFromAnOlderSnapshot(t *testing.T) {
 	srv.Restart() // loads the snapshot: lifetime 1, the same epoch
 	var ee *EpochError
 	testenv.Eventually(t, 5*time.Second, "a claim on the restarted server", func() bool {
-		_, err := r.Claim(ctx, req)
+		_, err := r.Claim(ctx, *req)
 		if errors.As(err, &ee) {
 			return true
 		}
@@ -385,14 +372,14 @@ func TestAClaimNoticesDataRestoredFromAnOlderSnapshot(t *testing.T) {
 	// The pool's claims are held for RestoreHold from then on, whoever
 	// claims and whatever epoch they saw: another instance that served
 	// the worker since the snapshot re-asserts it meanwhile.
-	for _, q := range []ClaimRequest{req, {Pool: "p", Policy: LifetimeFirst, Limits: req.Limits}} {
+	for _, q := range []ClaimRequest{*req, {Pool: "p", Policy: LifetimeFirst, Limits: req.Limits}} {
 		_, err := r.Claim(ctx, q)
 		var nw *NoWorkerError
 		if !errors.As(err, &nw) || nw.Held <= 0 || nw.Held > RestoreHold {
 			t.Fatalf("a claim just after the restore (epoch seen %q): %v; want no worker, held up to %s", q.Epoch, err, RestoreHold)
 		}
 	}
-	if _, _, err := r.Pick(ctx, req); !errors.Is(err, ErrNoWorker) {
+	if _, _, err := r.Pick(ctx, *req); !errors.Is(err, ErrNoWorker) {
 		t.Fatalf("a Pick just after the restore: %v; want no worker", err)
 	}
 	if w, err := r.Worker(ctx, "p", "w1"); err != nil || w.Lifetime != 1 || w.Active != 0 {
@@ -415,23 +402,9 @@ func TestAClaimNoticesDataRestoredFromAnOlderSnapshot(t *testing.T) {
 // snapshot, and the pool is held a moment.
 func TestAClaimNoticesAFailbackToTheSameProcessWithOlderData(t *testing.T) {
 	a, b := testenv.StartRedis(t), testenv.StartRedis(t)
-	r, rdb := registryAt(t, a.URL(), Options{})
+	r, rdb, req := oneWorkerPool(t, a.URL())
 	ctx := context.Background()
-	if err := r.Register(ctx, Registration{Pool: "p", ID: "w1", Addr: "h:1", Capacity: 5, TTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	req := ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: selection.Limits{MaxConcurrent: 5, MaxLifetime: 10, StaleAfter: time.Minute}}
-	claim := func() {
-		t.Helper()
-		c, err := r.Claim(ctx, req)
-		if err != nil {
-			t.Fatalf("claim: %v", err)
-		}
-		if err := r.Release(ctx, "p", c.LeaseID); err != nil {
-			t.Fatal(err)
-		}
-		req.Epoch = c.Epoch
-	}
+	claim := func() { claimReleased(t, r, req) }
 	claim() // lifetime 1, the last write B gets
 	// full synchronisations at once
 	for _, x := range []*testenv.Redis{a, b} {
@@ -466,13 +439,13 @@ func TestAClaimNoticesAFailbackToTheSameProcessWithOlderData(t *testing.T) {
 	if w, err := r.Worker(ctx, "p", "w1"); err != nil || w.Lifetime != 1 {
 		t.Fatalf("after the failback: %+v, %v; want lifetime 1, B's", w, err)
 	}
-	_, err := r.Claim(ctx, req)
+	_, err := r.Claim(ctx, *req)
 	var ee *EpochError
 	if !errors.As(err, &ee) {
 		t.Fatalf("a claim on the same process with older data: %v; want an EpochError (re-assert first)", err)
 	}
 	req.Epoch = ee.Now
-	_, err = r.Claim(ctx, req)
+	_, err = r.Claim(ctx, *req)
 	var nw *NoWorkerError
 	if !errors.As(err, &nw) || nw.Held <= 0 {
 		t.Fatalf("the claim after: %v; want the pool held", err)
@@ -488,15 +461,11 @@ func TestARestoreOfASnapshotTakenBeforeTheFirstClaimIsNoticed(t *testing.T) {
 	for _, made := range []string{"StoreLimits", "MarkEpoch"} {
 		t.Run(made, func(t *testing.T) {
 			srv := testenv.StartRedis(t)
-			r, rdb := registryAt(t, srv.URL(), Options{})
+			r, rdb, req := oneWorkerPool(t, srv.URL())
 			ctx := context.Background()
-			if err := r.Register(ctx, Registration{Pool: "p", ID: "w1", Addr: "h:1", Capacity: 5, TTL: time.Hour}); err != nil {
-				t.Fatal(err)
-			}
-			req := ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: selection.Limits{MaxConcurrent: 5, MaxLifetime: 10, StaleAfter: time.Minute}}
 			var err error
 			if made == "StoreLimits" {
-				_, _, err = r.StoreLimits(ctx, req)
+				_, _, err = r.StoreLimits(ctx, *req)
 			} else {
 				_, err = r.MarkEpoch(ctx, "p")
 			}
@@ -507,18 +476,11 @@ func TestARestoreOfASnapshotTakenBeforeTheFirstClaimIsNoticed(t *testing.T) {
 				t.Fatal(err)
 			}
 			for range 3 {
-				c, err := r.Claim(ctx, req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := r.Release(ctx, "p", c.LeaseID); err != nil {
-					t.Fatal(err)
-				}
-				req.Epoch = c.Epoch
+				claimReleased(t, r, req)
 			}
 			srv.Restart()
 			testenv.Eventually(t, 5*time.Second, "a claim on the restarted server", func() bool {
-				_, err = r.Claim(ctx, req)
+				_, err = r.Claim(ctx, *req)
 				var ee *EpochError
 				return err == nil || errors.Is(err, ErrNoWorker) || errors.As(err, &ee)
 			})
@@ -528,4 +490,32 @@ func TestARestoreOfASnapshotTakenBeforeTheFirstClaimIsNoticed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// oneWorkerPool is a registry at url with worker w1 (capacity 5) in pool
+// p, and a lifetime_first request for it (max_lifetime 10).
+func oneWorkerPool(t *testing.T, url string) (*Registry, redis.UniversalClient, *ClaimRequest) {
+	t.Helper()
+	r, rdb := registryAt(t, url, Options{})
+	if err := r.Register(context.Background(), Registration{Pool: "p", ID: "w1", Addr: "h:1", Capacity: 5, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	req := &ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: selection.Limits{MaxConcurrent: 5, MaxLifetime: 10, StaleAfter: time.Minute}}
+	return r, rdb, req
+}
+
+// claimReleased claims with req and releases the claim at once; req then
+// carries the claim's epoch as seen.
+func claimReleased(t *testing.T, r *Registry, req *ClaimRequest) *Claim {
+	t.Helper()
+	ctx := context.Background()
+	c, err := r.Claim(ctx, *req)
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if err := r.Release(ctx, req.Pool, c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	req.Epoch = c.Epoch
+	return c
 }
