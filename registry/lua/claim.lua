@@ -84,7 +84,7 @@ if not epoch then
   -- (register.lua), for the claimers of the data lost to re-assert it
   if not dry then
     epoch_start(epoch, now)
-    cfg.server, cfg.replid = server_id(), repl_id()
+    cfg.server = server_id()
   end
 end
 -- Data that came back on another server process keeps its epoch but may
@@ -92,31 +92,31 @@ end
 -- written through), a failover to a replica that had not had them all.
 -- The leases, lifetimes and limits claimers wrote since are then as gone
 -- as after an empty restart, and nothing else would tell them. So the
--- pool notes the server (run_id) its epoch was checked on, with its
--- replication id (replid: the same process after a failback has another,
--- common.lua's repl_id), and the first claim on another one gives the
--- pool a new epoch, as after a loss (and its epoch_at: workers
--- registering again now are held): every claimer re-asserts before it is
--- granted a slot. A restart that lost nothing costs one re-assertion.
--- Not a StoreLimits call (it sends no epoch seen): the next claim checks.
--- The pool's claims are then held for restore_hold_ms (restored_at; see
--- below the limits). A replid unknown (an older version noted the server
--- alone, or INFO replication is refused) is noted, or not compared.
+-- pool notes the server (run_id) its epoch was checked on, and the first
+-- claim on another one gives the pool a new epoch, as after a loss (and
+-- its epoch_at: workers registering again now are held): every claimer
+-- re-asserts before it is granted a slot. A restart that lost nothing
+-- costs one re-assertion. Not a StoreLimits call (it sends no epoch
+-- seen): the next claim checks. The pool's claims are then held for
+-- restore_hold_ms (restored_at; see below the limits). Not the
+-- replication id as well (which would tell a failback to the same
+-- process): each library version reads it once and keeps it, and two
+-- versions side by side (a rolling upgrade) that read it either side of
+-- a change made without data lost (a first replica attached, a
+-- switchover) gave the pool a new epoch on every claim; read on every
+-- claim, each such change would cost a hold.
 if not dry and not limits_only then
-  local here, rid = server_id(), repl_id()
-  local known = rid ~= '0' and cfg.replid and cfg.replid ~= '0'
-  if here ~= '0' and (cfg.server ~= here or (known and cfg.replid ~= rid)) then
+  local here = server_id()
+  if here ~= '0' and cfg.server ~= here then
     if cfg.server and cfg.epoch then
       epoch = ARGV[REQ.epoch_new]
-      cfg_set('epoch', epoch, 'epoch_at', fmt(now), 'server', here, 'replid', rid, 'restored_at', fmt(now))
+      cfg_set('epoch', epoch, 'epoch_at', fmt(now), 'server', here, 'restored_at', fmt(now))
       cfg.restored_at = now
     else
       -- the pool's first claim, or its first since a version that notes
       -- no server: nothing to compare with
-      cfg_set('server', here, 'replid', rid)
+      cfg_set('server', here)
     end
-  elseif here ~= '0' and rid ~= '0' and not known then
-    cfg_set('replid', rid)
   end
 end
 if not dry and ARGV[REQ.epoch_seen] ~= '' and ARGV[REQ.epoch_seen] ~= epoch then

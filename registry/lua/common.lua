@@ -156,7 +156,7 @@ local function load_cfg()
     ixf = string.sub(K_LF, #K_CFG - #'config' + 1, #K_LF - #'idx:lifetime') .. 'ix'
     v = redis.call('HMGET', K_CFG, 'max_concurrent', 'max_lifetime', 'fs_window', 'fs_median', 'fs_default_ms',
       'stagger_drains', 'set_at', 'stale_after_ms', 'max_scan', 'epoch', ixf, ixf .. ':ring', ixf .. ':fair',
-      ixf .. ':iwrr', 'server', 'restored_at', 'replid')
+      ixf .. ':iwrr', 'server', 'restored_at')
     if m then m.cfg, m.cfg_lf, m.cfg_ixf = v, K_LF, ixf end
   end
   -- the kept indexes (see "Kept indexes"): all of them until a claim
@@ -181,8 +181,6 @@ local function load_cfg()
     -- when the last claim gave the pool a new epoch for data that came
     -- back on another server (claim.lua: claims are held a while after)
     restored_at = tonumber(v[16] or nil),
-    -- and that server's replication id then (claim.lua)
-    replid = v[17] or nil,
     settled = settled, ix = ix, ixf = ixf, cleared = tonumber(v[11]) or 0,
   }
 end
@@ -765,28 +763,13 @@ end
 -- an ACL LOG entry each time; a user granted +info later is seen after the
 -- next restart): the library's state (SERVER) lives as long as the
 -- process, and is made anew on a restarted or promoted one.
---
--- repl_id is the process's replication id (master_replid) as it was read
--- with the run_id, or '0' likewise. The same process may come back with
--- older data: demoted, resynchronised in full from a replica promoted in
--- its place, then promoted again (a failback). Its run_id is the same; its
--- replication id is another (a promotion makes a new one), and the full
--- resynchronisation loaded the library anew from the master's data, so
--- this state is read again there. (A partial resynchronisation keeps the
--- library, but then the process lost none of its writes.)
-local SERVER, REPLID = nil, nil
+local SERVER = nil
 local function server_id()
   if not SERVER then
     local info = redis.pcall('INFO', 'server')
     SERVER = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or '0'
-    info = redis.pcall('INFO', 'replication')
-    REPLID = type(info) == 'string' and string.match(info, 'master_replid:(%x+)') or '0'
   end
   return SERVER
-end
-local function repl_id()
-  server_id()
-  return REPLID
 end
 
 -- epoch_start gives the pool epoch e, made now, and notes the server it
@@ -799,7 +782,7 @@ local function epoch_start(e, now)
   if here == '0' then
     cfg_set('epoch', e, 'epoch_at', fmt(now))
   else
-    cfg_set('epoch', e, 'epoch_at', fmt(now), 'server', here, 'replid', repl_id())
+    cfg_set('epoch', e, 'epoch_at', fmt(now), 'server', here)
   end
 end
 
