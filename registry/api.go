@@ -546,7 +546,7 @@ type NoWorkerError struct {
 	// Held is how much longer the pool's claims find no worker because
 	// its data came back on another Redis server process (a restart from
 	// an older snapshot, a failover): every instance that served the
-	// pool re-asserts what it served first (ReassertHold). 0: not held.
+	// pool re-asserts what it served first (RestoreHold). 0: not held.
 	Held time.Duration
 }
 

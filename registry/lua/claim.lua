@@ -205,11 +205,11 @@ if limits_only then return none(0) end
 -- Held after a restore (restored_at, set above). The restored records are
 -- there, so no registration is held (register.lua), yet another instance
 -- may have served the workers since the snapshot and not claim now: it
--- learns of the new epoch at its epoch watch (up to a second) and only
+-- learns of the new epoch at its epoch watch (every half second) and only
 -- then re-asserts what it served. Until then every worker looks younger
 -- than it is, and the claims of whoever claims first would be swallowed
 -- by the floors that come after (a review measured 4 sessions served
--- where 2 were left). So for restore_hold_ms (ReassertHold, twice the
+-- where 2 were left). So for restore_hold_ms (RestoreHold, twice the
 -- watch's period) a claim or Pick finds no worker: the caller queues,
 -- as for a full pool. A restored_at ahead of this Redis' clock (written
 -- by a server whose clock was ahead) holds nothing.
