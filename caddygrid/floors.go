@@ -1,7 +1,6 @@
 package caddygrid
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
@@ -343,26 +343,28 @@ func (b *backend) checkEpochs(ctx context.Context) {
 	// One call per pool, all at once: with many version groups the calls
 	// one after another took longer than the hold of a restored pool's
 	// claims (registry.RestoreHold) at a few ms of round trip.
-	marked := make(map[string]string, len(lost))
-	var mu sync.Mutex
+	epochs := make([]string, len(lost)) // "": not marked
 	var wg sync.WaitGroup
-	for _, pool := range lost {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for i, pool := range lost {
+		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
+			defer cancel()
 			e, err := b.reg.MarkEpoch(cctx, pool)
-			cancel()
 			if err != nil {
+				// left for the next round
 				b.logger.Error("marking the pool's data as lost", zap.String("pool", pool), zap.Error(err))
 				return
 			}
-			mu.Lock()
-			marked[pool] = e
-			mu.Unlock()
-		}()
+			epochs[i] = e
+		})
 	}
 	wg.Wait()
+	marked := make(map[string]string, len(lost))
+	for i, pool := range lost {
+		if epochs[i] != "" {
+			marked[pool] = epochs[i]
+		}
+	}
 	if len(marked) > 0 { // else Redis is failing: the next round tries again
 		b.reassert(ctx, marked)
 	}
@@ -387,23 +389,13 @@ func (b *backend) reassert(ctx context.Context, lost map[string]string) error {
 	if !b.renewNow(ctx) {
 		return fmt.Errorf("%w: the live sessions' leases could not be written again", errReassert)
 	}
-	// the pools at once (see checkEpochs), each pool's calls in order
-	var first error
-	var mu sync.Mutex
-	var wg sync.WaitGroup
+	// the pools at once (see checkEpochs), each pool's calls in order;
+	// every pool is tried whatever the others' outcome
+	var g errgroup.Group
 	for pool, e := range lost {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := b.reassertPool(ctx, pool, e); err != nil {
-				mu.Lock()
-				first = cmp.Or(first, err)
-				mu.Unlock()
-			}
-		}()
+		g.Go(func() error { return b.reassertPool(ctx, pool, e) })
 	}
-	wg.Wait()
-	return first
+	return g.Wait()
 }
 
 // reassertPool is reassert's work in one pool: its limits, then its

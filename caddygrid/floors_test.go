@@ -229,12 +229,21 @@ func TestAnInstanceThatStopsClaimingStillAssertsItsFloors(t *testing.T) {
 	g := newGrid(t)
 	reg := oneProcessWorker(t, g, "gen-1")
 	a, b := floorCaddy(t, g), floorCaddy(t, g)
-	servedBefore(t, g, a)
+	reassertedWithoutClaiming(t, g, reg, a, b, "A", "B after the loss")
+}
+
+// reassertedWithoutClaiming: served serves three sessions on worker w1,
+// Redis loses everything and the worker registers again (reg), served
+// re-asserts the lifetime it served without a claim of its own, and other
+// serves only the 2 sessions left of max_lifetime 5.
+func reassertedWithoutClaiming(t *testing.T, g *grid, reg registry.Registration, served, other *caddy, servedName, what string) {
+	t.Helper()
+	servedBefore(t, g, served)
 	loseEverything(t, g, reg)
-	testenv.Eventually(t, 10*time.Second, "A re-asserts the lifetime it served without claiming", func() bool {
+	testenv.Eventually(t, 10*time.Second, servedName+" re-asserts the lifetime it served without claiming", func() bool {
 		return g.info("chromium", "w1").Lifetime == 3
 	})
-	servesWhatIsLeft(t, g, b, "B after the loss")
+	servesWhatIsLeft(t, g, other, what)
 }
 
 // Two instances share Redis with different configurations: A's, with
@@ -251,12 +260,7 @@ func TestTheNewestLimitsWinAgainAfterALoss(t *testing.T) {
 	a := lifetimeCaddy(t, g, 20)
 	time.Sleep(10 * time.Millisecond) // B's configuration is the newer
 	b := floorCaddy(t, g)
-	servedBefore(t, g, b)
-	loseEverything(t, g, reg)
-	testenv.Eventually(t, 10*time.Second, "B re-asserts the lifetime it served without claiming", func() bool {
-		return g.info("chromium", "w1").Lifetime == 3
-	})
-	servesWhatIsLeft(t, g, a, "A, the older configuration, after the loss")
+	reassertedWithoutClaiming(t, g, reg, b, a, "B", "A, the older configuration, after the loss")
 }
 
 // A configuration replaced since its last claim in a pool does not bring

@@ -82,10 +82,7 @@ if not epoch then
   epoch = ARGV[REQ.epoch_new]
   -- and when: a worker registering again soon after is held
   -- (register.lua), for the claimers of the data lost to re-assert it
-  if not dry then
-    epoch_start(epoch, now)
-    cfg.server = server_id()
-  end
+  if not dry then cfg.server = epoch_start(epoch, now) end
 end
 -- Data that came back on another server process keeps its epoch but may
 -- have lost writes: a restart from an older snapshot (RDB, or an AOF not

@@ -776,7 +776,7 @@ end
 -- was made on as a claim checks it (claim.lua): a snapshot taken before
 -- the pool's first claim (after Caddy stored its limits, or after an
 -- epoch watch marked a loss) then carries the server too, and a restore
--- of it is noticed.
+-- of it is noticed. Returns the server (server_id).
 local function epoch_start(e, now)
   local here = server_id()
   if here == '0' then
@@ -784,6 +784,7 @@ local function epoch_start(e, now)
   else
     cfg_set('epoch', e, 'epoch_at', fmt(now), 'server', here)
   end
+  return here
 end
 
 -- ix_drop stops keeping index n and frees its keys.
