@@ -143,19 +143,29 @@ func (a *Agent) drainedAfterLoss(b *Browser) (bool, int) {
 	if a.recordLost.IsZero() || time.Since(a.recordLost) >= a.cfg.LeaseTTL {
 		return true, 0
 	}
+	n := browserConns(b)
+	return n == 0, n
+}
+
+// browserConns counts the established connections at the browser's port,
+// or returns -1 when it cannot tell (see drainedAfterLoss for where it
+// counts). Each heartbeat reports it, so that the slots of sessions the
+// browser still serves outlive their leases when the Caddy holding them
+// cannot renew them (registry.HeartbeatConns).
+func browserConns(b *Browser) int {
 	_, p, _ := net.SplitHostPort(dialAddr(b.Endpoint))
 	port, err := strconv.Atoi(p)
 	if err != nil {
-		return false, -1
+		return -1
 	}
 	ps, err := sockets.ReadPort(b.Pid, port)
 	if err != nil || len(ps.Listening) == 0 {
-		return false, -1
+		return -1
 	}
 	if owned, err := sockets.Owned(ps.Listening, b.Groups()); err != nil || !owned {
-		return false, -1
+		return -1
 	}
-	return ps.Established == 0, ps.Established
+	return ps.Established
 }
 
 type handover struct {
@@ -520,7 +530,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 				continue
 			}
 			cctx, cancel := rctx()
-			hb, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
+			hb, err := a.reg.HeartbeatConns(cctx, reg.Pool, reg.ID, reg.TTL, browserConns(b))
 			cancel()
 			if ctx.Err() != nil && errors.Is(err, registry.ErrNotRegistered) {
 				// The record is gone and a signal came meanwhile: the
@@ -704,7 +714,7 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 		case <-poll.C:
 		case <-hb.C:
 			cctx, cancel := rctxBy(end)
-			if _, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL); err != nil && !errors.Is(err, registry.ErrNotRegistered) {
+			if _, err := a.reg.HeartbeatConns(cctx, reg.Pool, reg.ID, reg.TTL, browserConns(b)); err != nil && !errors.Is(err, registry.ErrNotRegistered) {
 				log.Warn("heartbeat while draining failed", zap.Error(err))
 			}
 			cancel()
@@ -768,7 +778,7 @@ func (a *Agent) retire(log *zap.Logger, b *Browser, reg registry.Registration) {
 			case <-t.C:
 			}
 			cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
-			_, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
+			_, err := a.reg.HeartbeatConns(cctx, reg.Pool, reg.ID, reg.TTL, browserConns(b))
 			cancel()
 			if errors.Is(err, registry.ErrNotRegistered) {
 				return // reaped or Redis restarted: nothing left to hand over
