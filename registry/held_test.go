@@ -2,7 +2,9 @@ package registry
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -104,6 +106,43 @@ func TestALapsedLeaseOfALiveSessionKeepsItsSlot(t *testing.T) {
 	}
 	if a, _, _ := figures(t, r, "w"); a != 2 {
 		t.Fatalf("active %d after the renewal, want 2", a)
+	}
+	// the renewal ended the hold: a later lapse is held afresh
+	if v := rdb.HGet(ctx, r.Key("p", keyLeases), kept[0].ID).Val(); strings.Contains(v, "held_at") {
+		t.Fatalf("the renewed lease still carries its hold: %s", v)
+	}
+}
+
+// A lease is held for a bounded time: a Caddy host that vanished leaves
+// half-open connections the browser may count for a long time.
+func TestALeaseIsHeldForABoundedTime(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := startRegistry(t, Options{})
+	mustRegister(t, r, capReg("w", "gen-1", 1))
+	c, err := claimShort(t, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beat(t, r, 1)
+	if n := lapse(t, r); n != 0 {
+		t.Fatalf("freed %d, want the lease held", n)
+	}
+	key := r.Key("p", keyLeases)
+	var l map[string]any
+	if err := json.Unmarshal([]byte(rdb.HGet(ctx, key, c.LeaseID).Val()), &l); err != nil {
+		t.Fatal(err)
+	}
+	at, ok := l["held_at"].(float64)
+	if !ok {
+		t.Fatalf("a held lease carries no held_at: %v", l)
+	}
+	// two minutes on (HOLD_MAX_MS), with the browser still counting it
+	l["held_at"] = at - 120_000
+	b, _ := json.Marshal(l)
+	rdb.HSet(ctx, key, c.LeaseID, b)
+	beat(t, r, 1)
+	if n := lapse(t, r); n != 1 {
+		t.Fatalf("freed %d after two minutes held, want 1", n)
 	}
 }
 

@@ -1294,7 +1294,12 @@ end
 -- lease is looked at again HOLD_RECHECK_MS later; its holder's renewal
 -- simply carries on with it. A worker whose agent cannot count (or a
 -- version before it) reports nothing: its lapsed leases go at once.
+-- A lease is held HOLD_MAX_MS at most (held_at, in the lease, from its
+-- first hold; a renewal clears it): a Caddy host that vanished without
+-- closing its connections leaves them half-open at the browser, counted
+-- for as long as the browser's TCP does not give up on them.
 local HOLD_RECHECK_MS = 1000
+local HOLD_MAX_MS = 120000
 
 local function conns_parse(raw)
   if not raw then return nil end
@@ -1303,11 +1308,12 @@ local function conns_parse(raw)
   return tonumber(n), tonumber(a), tonumber(t)
 end
 
--- browser_holds reports whether lapsed lease raw (a lease, not a
+-- browser_holds reports whether lapsed lease lid (raw: a lease, not a
 -- tombstone) keeps its slot a while longer (see "Held leases").
-local function browser_holds(raw, now)
+local function browser_holds(lid, raw, now)
   local ok, l = pcall(cjson.decode, raw)
   if not ok or type(l) ~= 'table' or type(l.worker) ~= 'string' or type(l.gen) ~= 'string' then return false end
+  if l.held_at ~= nil and not (is_count(l.held_at) and now - l.held_at < HOLD_MAX_MS) then return false end
   local id = l.worker
   local n, a, t = conns_parse(redis.call('HGET', K_CONNS, id))
   if not n then return false end
@@ -1316,9 +1322,26 @@ local function browser_holds(raw, now)
   if not w or w.id ~= id or w.gen ~= l.gen or w.heartbeat ~= t or not fresh(w, now, load_cfg().stale) then
     return false
   end
-  if n >= a then return true end
+  if n >= a then
+    if l.held_at == nil then
+      l.held_at = now
+      redis.call('HSET', K_LEASES, lid, cjson.encode(l))
+    end
+    return true
+  end
   redis.call('HSET', K_CONNS, id, fmt(n) .. ' ' .. fmt(a - 1) .. ' ' .. fmt(t))
   return false
+end
+
+-- hold_end clears a held lease's hold (raw: its value) when its holder
+-- renews it: a later lapse is held afresh.
+local function hold_end(lid, raw)
+  if not string.find(raw, '"held_at"', 1, true) then return end
+  local ok, l = pcall(cjson.decode, raw)
+  if ok and type(l) == 'table' then
+    l.held_at = nil
+    redis.call('HSET', K_LEASES, lid, cjson.encode(l))
+  end
 end
 
 -- expire_leases handles up to max entries of lease_expiry that are due:
@@ -1341,7 +1364,7 @@ local function expire_leases(now, max, keep)
     if till and till >= now then
       later[#later + 1] = fmt(till)
       later[#later + 1] = lid
-    elseif raw and not till and browser_holds(raw, now) then
+    elseif raw and not till and browser_holds(lid, raw, now) then
       later[#later + 1] = fmt(now + HOLD_RECHECK_MS)
       later[#later + 1] = lid
     else
