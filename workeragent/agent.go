@@ -158,14 +158,38 @@ func browserConns(b *Browser) int {
 	if err != nil {
 		return -1
 	}
-	ps, err := sockets.ReadPort(b.Pid, port)
+	// not the agent's own connections to its browser (its probe): a probe
+	// open at the count made a dead lease look live
+	mine, _ := sockets.SelfSockets()
+	ps, err := sockets.ReadPortExcept(b.Pid, port, mine)
 	if err != nil || len(ps.Listening) == 0 {
 		return -1
 	}
-	if owned, err := sockets.Owned(ps.Listening, b.Groups()); err != nil || !owned {
+	if !b.ownsListener(ps.Listening) {
 		return -1
 	}
 	return ps.Established
+}
+
+// ownsListener reports whether a process of the browser's holds one of the
+// listening sockets inodes (sockets.Owned), remembering the last set found
+// owned: every heartbeat asks, and the walk of /proc behind it cost the
+// agents of a loaded machine enough CPU to slow what shared it.
+func (b *Browser) ownsListener(inodes []uint64) bool {
+	key := fmt.Sprint(inodes)
+	b.mu.Lock()
+	known := b.ownedSet == key
+	b.mu.Unlock()
+	if known {
+		return true
+	}
+	if owned, err := sockets.Owned(inodes, b.Groups()); err != nil || !owned {
+		return false
+	}
+	b.mu.Lock()
+	b.ownedSet = key
+	b.mu.Unlock()
+	return true
 }
 
 type handover struct {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 )
 
 // Listening counts the sockets listening on TCP port (any address, IPv4
@@ -32,8 +33,18 @@ type Port struct {
 // ReadPort reads the TCP sockets (IPv4 and IPv6) of local port in the
 // network namespace of process pid, from /proc/<pid>/net/tcp and tcp6. An
 // error means it cannot tell (no /proc, or the process is gone).
-func ReadPort(pid, port int) (Port, error) {
+func ReadPort(pid, port int) (Port, error) { return ReadPortExcept(pid, port, nil) }
+
+// ReadPortExcept is ReadPort, leaving out of Established the connections
+// whose other end is one of the sockets mine (inodes, as SelfSockets
+// gives): a server's clients but the caller itself, when it is one of
+// them (an agent probing the browser it counts).
+func ReadPortExcept(pid, port int, mine map[uint64]bool) (Port, error) {
 	var out Port
+	// the accepted ends (their peers) and the peers the caller's own
+	// sockets are, as /proc writes addresses
+	var accepted []string
+	own := map[string]bool{}
 	for _, table := range []string{"tcp", "tcp6"} {
 		f, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, table))
 		if errors.Is(err, os.ErrNotExist) && table == "tcp6" {
@@ -55,6 +66,13 @@ func ReadPort(pid, port int) (Port, error) {
 			if i < 0 {
 				continue
 			}
+			if len(mine) > 0 && string(f[3]) == "01" {
+				if ino, err := strconv.ParseUint(string(f[9]), 10, 64); err == nil && mine[ino] {
+					// one of the caller's: its local address is the peer
+					// the server's end of it names
+					own[string(f[1])] = true
+				}
+			}
 			if p, err := strconv.ParseUint(string(f[1][i+1:]), 16, 16); err != nil || int(p) != port {
 				continue
 			}
@@ -64,13 +82,38 @@ func ReadPort(pid, port int) (Port, error) {
 					out.Listening = append(out.Listening, ino)
 				}
 			case "01": // TCP_ESTABLISHED
-				out.Established++
+				accepted = append(accepted, string(f[2]))
 			}
 		}
 		err = sc.Err()
 		f.Close()
 		if err != nil {
 			return Port{}, fmt.Errorf("reading the sockets of port %d: %w", port, err)
+		}
+	}
+	for _, peer := range accepted {
+		if !own[peer] {
+			out.Established++
+		}
+	}
+	return out, nil
+}
+
+// SelfSockets returns the inodes of the calling process's sockets (from
+// /proc/self/fd), for ReadPortExcept.
+func SelfSockets() (map[uint64]bool, error) {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return nil, fmt.Errorf("listing this process's sockets: %w", err)
+	}
+	out := map[uint64]bool{}
+	for _, fd := range fds {
+		l, err := os.Readlink("/proc/self/fd/" + fd.Name())
+		if err != nil || !strings.HasPrefix(l, "socket:[") || !strings.HasSuffix(l, "]") {
+			continue
+		}
+		if ino, err := strconv.ParseUint(l[len("socket:["):len(l)-1], 10, 64); err == nil {
+			out[ino] = true
 		}
 	}
 	return out, nil

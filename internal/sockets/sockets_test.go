@@ -67,3 +67,59 @@ func TestReadPortAndOwned(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestReadPortExceptLeavesOutTheCallersOwnClients: two clients of one
+// listener, the first counted as the caller's own (an agent probing the
+// browser it counts): only the second is a client of the server. With
+// every socket of this process left out, none is.
+func TestReadPortExceptLeavesOutTheCallersOwnClients(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	var clients, served []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients, served = append(clients, c), append(served, s)
+		defer c.Close()
+		defer s.Close()
+	}
+	inode := func(c net.Conn) uint64 {
+		f, err := c.(*net.TCPConn).File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		var st syscall.Stat_t
+		if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	p, err := ReadPortExcept(os.Getpid(), port, map[uint64]bool{inode(clients[0]): true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Established != 1 {
+		t.Fatalf("two clients, one of them the caller's: %d established, want 1", p.Established)
+	}
+	mine, err := SelfSockets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = ReadPortExcept(os.Getpid(), port, mine); err != nil || p.Established != 0 {
+		t.Fatalf("every client the caller's: %+v (%v), want 0 established", p, err)
+	}
+	if p, err = ReadPort(os.Getpid(), port); err != nil || p.Established != 2 {
+		t.Fatalf("ReadPort: %+v (%v), want 2 established", p, err)
+	}
+}
