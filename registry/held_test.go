@@ -39,8 +39,11 @@ func lapse(t *testing.T, r *Registry) int {
 	return n
 }
 
+// beat is the agent's heartbeat with its count, a moment after what the
+// test did before (a count speaks only for leases older than it).
 func beat(t *testing.T, r *Registry, conns int) {
 	t.Helper()
+	time.Sleep(5 * time.Millisecond)
 	if _, err := r.HeartbeatConns(context.Background(), "p", "w", time.Minute, conns); err != nil {
 		t.Fatal(err)
 	}
@@ -144,6 +147,27 @@ func TestALeaseIsHeldForABoundedTime(t *testing.T) {
 	if n := lapse(t, r); n != 1 {
 		t.Fatalf("freed %d after two minutes held, want 1", n)
 	}
+
+	// a hold that claims to start in the future (a Redis writer's) holds
+	// nothing
+	c, err = claimShort(t, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beat(t, r, 1)
+	if n := lapse(t, r); n != 0 {
+		t.Fatalf("freed %d, want the new lease held", n)
+	}
+	if err := json.Unmarshal([]byte(rdb.HGet(ctx, key, c.LeaseID).Val()), &l); err != nil {
+		t.Fatal(err)
+	}
+	l["held_at"] = 9007199254740991
+	b, _ = json.Marshal(l)
+	rdb.HSet(ctx, key, c.LeaseID, b)
+	beat(t, r, 1)
+	if n := lapse(t, r); n != 1 {
+		t.Fatalf("freed %d under a hold from the future, want 1", n)
+	}
 }
 
 // An agent that cannot count (or a version before the count) reports
@@ -179,6 +203,20 @@ func TestALapsedLeaseGoesWithoutACurrentCount(t *testing.T) {
 	}
 	if n := lapse(t, r); n != 2 {
 		t.Fatalf("the sweep freed %d of 2 lapsed leases under an older heartbeat's count, want 2", n)
+	}
+}
+
+// A count taken before a lease began cannot speak for it: a claim whose
+// holder died before it dialled goes at its expiry, not a heartbeat later.
+func TestACountFromBeforeTheLeaseHoldsNothing(t *testing.T) {
+	r, _ := startRegistry(t, Options{})
+	mustRegister(t, r, capReg("w", "gen-1", 1))
+	beat(t, r, 0)
+	if _, err := claimShort(t, r); err != nil {
+		t.Fatal(err)
+	}
+	if n := lapse(t, r); n != 1 {
+		t.Fatalf("freed %d, want the lease the count never saw freed", n)
 	}
 }
 

@@ -159,9 +159,20 @@ func browserConns(b *Browser) int {
 		return -1
 	}
 	// not the agent's own connections to its browser (its probe): a probe
-	// open at the count made a dead lease look live
-	mine, _ := sockets.SelfSockets()
-	ps, err := sockets.ReadPortExcept(b.Pid, port, mine)
+	// open at the count made a dead lease look live. Its sockets are read
+	// before and after the tables, so one its prober opens meanwhile is
+	// known too.
+	before, _ := sockets.SelfSockets()
+	ps, err := sockets.ReadPortExcept(b.Pid, port, func() map[uint64]bool {
+		after, _ := sockets.SelfSockets()
+		for ino := range before {
+			if after == nil {
+				after = map[uint64]bool{}
+			}
+			after[ino] = true
+		}
+		return after
+	})
 	if err != nil || len(ps.Listening) == 0 {
 		return -1
 	}

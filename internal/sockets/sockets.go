@@ -35,16 +35,21 @@ type Port struct {
 // error means it cannot tell (no /proc, or the process is gone).
 func ReadPort(pid, port int) (Port, error) { return ReadPortExcept(pid, port, nil) }
 
+// conn is an established connection as /proc writes its ends.
+type conn struct{ local, remote string }
+
 // ReadPortExcept is ReadPort, leaving out of Established the connections
-// whose other end is one of the sockets mine (inodes, as SelfSockets
-// gives): a server's clients but the caller itself, when it is one of
-// them (an agent probing the browser it counts).
-func ReadPortExcept(pid, port int, mine map[uint64]bool) (Port, error) {
+// whose other end is one of the caller's sockets: a server's clients but
+// the caller itself, when it is one of them (an agent probing the browser
+// it counts). mine (nil: none) gives the caller's socket inodes, as
+// SelfSockets does; it is called once the tables are read, so a socket the
+// caller opened meanwhile is known. An end is matched by both its
+// addresses: two sockets may share a local address when their peers
+// differ.
+func ReadPortExcept(pid, port int, mine func() map[uint64]bool) (Port, error) {
 	var out Port
-	// the accepted ends (their peers) and the peers the caller's own
-	// sockets are, as /proc writes addresses
-	var accepted []string
-	own := map[string]bool{}
+	var accepted []conn
+	inodes := map[uint64]conn{} // every established socket's, by inode
 	for _, table := range []string{"tcp", "tcp6"} {
 		f, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, table))
 		if errors.Is(err, os.ErrNotExist) && table == "tcp6" {
@@ -66,23 +71,22 @@ func ReadPortExcept(pid, port int, mine map[uint64]bool) (Port, error) {
 			if i < 0 {
 				continue
 			}
-			if len(mine) > 0 && string(f[3]) == "01" {
-				if ino, err := strconv.ParseUint(string(f[9]), 10, 64); err == nil && mine[ino] {
-					// one of the caller's: its local address is the peer
-					// the server's end of it names
-					own[string(f[1])] = true
+			established := string(f[3]) == "01"
+			if established && mine != nil {
+				if ino, err := strconv.ParseUint(string(f[9]), 10, 64); err == nil {
+					inodes[ino] = conn{procAddr(f[1]), procAddr(f[2])}
 				}
 			}
 			if p, err := strconv.ParseUint(string(f[1][i+1:]), 16, 16); err != nil || int(p) != port {
 				continue
 			}
-			switch string(f[3]) {
-			case "0A": // TCP_LISTEN
+			switch {
+			case string(f[3]) == "0A": // TCP_LISTEN
 				if ino, err := strconv.ParseUint(string(f[9]), 10, 64); err == nil {
 					out.Listening = append(out.Listening, ino)
 				}
-			case "01": // TCP_ESTABLISHED
-				accepted = append(accepted, string(f[2]))
+			case established:
+				accepted = append(accepted, conn{procAddr(f[1]), procAddr(f[2])})
 			}
 		}
 		err = sc.Err()
@@ -91,12 +95,37 @@ func ReadPortExcept(pid, port int, mine map[uint64]bool) (Port, error) {
 			return Port{}, fmt.Errorf("reading the sockets of port %d: %w", port, err)
 		}
 	}
-	for _, peer := range accepted {
-		if !own[peer] {
+	own := map[conn]bool{}
+	if mine != nil {
+		for ino := range mine() {
+			if c, ok := inodes[ino]; ok {
+				// the server's end of it has the two ends the other way round
+				own[conn{c.remote, c.local}] = true
+			}
+		}
+	}
+	for _, c := range accepted {
+		if !own[c] {
 			out.Established++
 		}
 	}
 	return out, nil
+}
+
+// v4mapped starts a tcp6 address that is an IPv4 one (::ffff:a.b.c.d):
+// /proc writes it as four host-order words, the last the IPv4 address as
+// tcp writes it.
+const v4mapped = "0000000000000000FFFF0000"
+
+// procAddr is an address of /proc's tables in one form for both tables:
+// an IPv4-mapped tcp6 address as tcp writes the IPv4 one (a dual-stack
+// listener's end of an IPv4 connection is in tcp6, its client's in tcp).
+func procAddr(a []byte) string {
+	s := string(a)
+	if len(s) > len(v4mapped)+8 && s[:len(v4mapped)] == v4mapped && s[len(v4mapped)+8] == ':' {
+		return s[len(v4mapped):]
+	}
+	return s
 }
 
 // SelfSockets returns the inodes of the calling process's sockets (from

@@ -1313,15 +1313,19 @@ end
 local function browser_holds(lid, raw, now)
   local ok, l = pcall(cjson.decode, raw)
   if not ok or type(l) ~= 'table' or type(l.worker) ~= 'string' or type(l.gen) ~= 'string' then return false end
-  if l.held_at ~= nil and not (is_count(l.held_at) and now - l.held_at < HOLD_MAX_MS) then return false end
+  if l.held_at ~= nil and not (is_count(l.held_at) and l.held_at <= now and now - l.held_at < HOLD_MAX_MS) then
+    return false
+  end
   local id = l.worker
   local n, a, t = conns_parse(redis.call('HGET', K_CONNS, id))
   if not n then return false end
   local w = decode(redis.call('HGET', K_WORKERS, id))
-  -- the report is the latest heartbeat's, of this registration
+  -- the report is the latest heartbeat's, of this registration, and
+  -- counted after the lease began (one before it cannot speak for it)
   if not w or w.id ~= id or w.gen ~= l.gen or w.heartbeat ~= t or not fresh(w, now, load_cfg().stale) then
     return false
   end
+  if type(l.claimed) == 'number' and l.claimed >= t then return false end
   if n >= a then
     if l.held_at == nil then
       l.held_at = now
