@@ -154,8 +154,11 @@ func TestReadPortExceptMatchesBothEnds(t *testing.T) {
 		}
 		return serr
 	}
-	// the caller's socket, to the second listener, from some port
-	mineConn, err := (&net.Dialer{Control: reuse}).Dial("tcp", listeners[1].Addr().String())
+	// the caller's socket, to the second listener, from some port of a
+	// loopback address nothing else uses (another program's connection
+	// from the same port of 127.0.0.1 would refuse the second bind)
+	from := &net.TCPAddr{IP: net.IPv4(127, 23, 45, 67)}
+	mineConn, err := (&net.Dialer{Control: reuse, LocalAddr: from}).Dial("tcp", listeners[1].Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
