@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A lease whose holder stops renewing it (a Caddy cut off from Redis whose
@@ -116,10 +118,32 @@ func TestALapsedLeaseOfALiveSessionKeepsItsSlot(t *testing.T) {
 	}
 }
 
+// moveHold rewrites held lease lid's held_at (which it must carry) to
+// to(held_at), as a Redis writer could.
+func moveHold(t *testing.T, r *Registry, rdb redis.UniversalClient, lid string, to func(float64) float64) {
+	t.Helper()
+	ctx, key := context.Background(), r.Key("p", keyLeases)
+	var l map[string]any
+	if err := json.Unmarshal([]byte(rdb.HGet(ctx, key, lid).Val()), &l); err != nil {
+		t.Fatal(err)
+	}
+	at, ok := l["held_at"].(float64)
+	if !ok {
+		t.Fatalf("a held lease carries no held_at: %v", l)
+	}
+	l["held_at"] = to(at)
+	b, err := json.Marshal(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, key, lid, b).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A lease is held for a bounded time: a Caddy host that vanished leaves
 // half-open connections the browser may count for a long time.
 func TestALeaseIsHeldForABoundedTime(t *testing.T) {
-	ctx := context.Background()
 	r, rdb := startRegistry(t, Options{})
 	mustRegister(t, r, capReg("w", "gen-1", 1))
 	c, err := claimShort(t, r)
@@ -130,19 +154,8 @@ func TestALeaseIsHeldForABoundedTime(t *testing.T) {
 	if n := lapse(t, r); n != 0 {
 		t.Fatalf("freed %d, want the lease held", n)
 	}
-	key := r.Key("p", keyLeases)
-	var l map[string]any
-	if err := json.Unmarshal([]byte(rdb.HGet(ctx, key, c.LeaseID).Val()), &l); err != nil {
-		t.Fatal(err)
-	}
-	at, ok := l["held_at"].(float64)
-	if !ok {
-		t.Fatalf("a held lease carries no held_at: %v", l)
-	}
 	// two minutes on (HOLD_MAX_MS), with the browser still counting it
-	l["held_at"] = at - 120_000
-	b, _ := json.Marshal(l)
-	rdb.HSet(ctx, key, c.LeaseID, b)
+	moveHold(t, r, rdb, c.LeaseID, func(at float64) float64 { return at - 120_000 })
 	beat(t, r, 1)
 	if n := lapse(t, r); n != 1 {
 		t.Fatalf("freed %d after two minutes held, want 1", n)
@@ -158,12 +171,7 @@ func TestALeaseIsHeldForABoundedTime(t *testing.T) {
 	if n := lapse(t, r); n != 0 {
 		t.Fatalf("freed %d, want the new lease held", n)
 	}
-	if err := json.Unmarshal([]byte(rdb.HGet(ctx, key, c.LeaseID).Val()), &l); err != nil {
-		t.Fatal(err)
-	}
-	l["held_at"] = 9007199254740991
-	b, _ = json.Marshal(l)
-	rdb.HSet(ctx, key, c.LeaseID, b)
+	moveHold(t, r, rdb, c.LeaseID, func(float64) float64 { return 9007199254740991 })
 	beat(t, r, 1)
 	if n := lapse(t, r); n != 1 {
 		t.Fatalf("freed %d under a hold from the future, want 1", n)

@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"strconv"
@@ -162,16 +163,11 @@ func browserConns(b *Browser) int {
 	// open at the count made a dead lease look live. Its sockets are read
 	// before and after the tables, so one its prober opens meanwhile is
 	// known too.
-	before, _ := sockets.SelfSockets()
+	mine, _ := sockets.SelfSockets()
 	ps, err := sockets.ReadPortExcept(b.Pid, port, func() map[uint64]bool {
 		after, _ := sockets.SelfSockets()
-		for ino := range before {
-			if after == nil {
-				after = map[uint64]bool{}
-			}
-			after[ino] = true
-		}
-		return after
+		maps.Copy(mine, after)
+		return mine
 	})
 	if err != nil || len(ps.Listening) == 0 {
 		return -1

@@ -49,7 +49,10 @@ type conn struct{ local, remote string }
 func ReadPortExcept(pid, port int, mine func() map[uint64]bool) (Port, error) {
 	var out Port
 	var accepted []conn
-	inodes := map[uint64]conn{} // every established socket's, by inode
+	// the established sockets connected to the port, by inode: the only
+	// ones of the caller's that can be a client of it
+	toPort := map[uint64]conn{}
+	suffix := []byte(fmt.Sprintf(":%04X", port)) // how /proc writes the port
 	for _, table := range []string{"tcp", "tcp6"} {
 		f, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, table))
 		if errors.Is(err, os.ErrNotExist) && table == "tcp6" {
@@ -67,17 +70,13 @@ func ReadPortExcept(pid, port int, mine func() map[uint64]bool) (Port, error) {
 			if len(f) < 10 {
 				continue
 			}
-			i := bytes.LastIndexByte(f[1], ':')
-			if i < 0 {
-				continue
-			}
 			established := string(f[3]) == "01"
-			if established && mine != nil {
+			if established && mine != nil && bytes.HasSuffix(f[2], suffix) {
 				if ino, err := strconv.ParseUint(string(f[9]), 10, 64); err == nil {
-					inodes[ino] = conn{procAddr(f[1]), procAddr(f[2])}
+					toPort[ino] = conn{procAddr(f[1]), procAddr(f[2])}
 				}
 			}
-			if p, err := strconv.ParseUint(string(f[1][i+1:]), 16, 16); err != nil || int(p) != port {
+			if !bytes.HasSuffix(f[1], suffix) {
 				continue
 			}
 			switch {
@@ -98,7 +97,7 @@ func ReadPortExcept(pid, port int, mine func() map[uint64]bool) (Port, error) {
 	own := map[conn]bool{}
 	if mine != nil {
 		for ino := range mine() {
-			if c, ok := inodes[ino]; ok {
+			if c, ok := toPort[ino]; ok {
 				// the server's end of it has the two ends the other way round
 				own[conn{c.remote, c.local}] = true
 			}
@@ -129,13 +128,14 @@ func procAddr(a []byte) string {
 }
 
 // SelfSockets returns the inodes of the calling process's sockets (from
-// /proc/self/fd), for ReadPortExcept.
+// /proc/self/fd), for ReadPortExcept: an empty map, never nil, when it
+// cannot list them.
 func SelfSockets() (map[uint64]bool, error) {
+	out := map[uint64]bool{}
 	fds, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		return nil, fmt.Errorf("listing this process's sockets: %w", err)
+		return out, fmt.Errorf("listing this process's sockets: %w", err)
 	}
-	out := map[uint64]bool{}
 	for _, fd := range fds {
 		l, err := os.Readlink("/proc/self/fd/" + fd.Name())
 		if err != nil || !strings.HasPrefix(l, "socket:[") || !strings.HasSuffix(l, "]") {
