@@ -321,18 +321,7 @@ func (r *Registry) Register(ctx context.Context, reg Registration) error { retur
 // and the worker's counts in the same round trip. ErrNotRegistered when
 // the record is gone.
 func (r *Registry) Heartbeat(ctx context.Context, pool, id string, ttl time.Duration) (HeartbeatReply, error) {
-	return r.heartbeat(ctx, pool, id, ttl, -1)
-}
-
-// HeartbeatConns is Heartbeat from an agent that counted conns established
-// connections at its browser's port just before (-1: it could not count).
-// While the count covers the worker's leases, a lease whose holder stopped
-// renewing it (a Caddy cut off from Redis, its sessions still live) keeps
-// its slot past its expiry, instead of going to another instance's claim
-// over the worker's cap; once a heartbeat counts fewer connections than
-// leases, the lapsed ones go (lua/common.lua, "Held leases").
-func (r *Registry) HeartbeatConns(ctx context.Context, pool, id string, ttl time.Duration, conns int) (HeartbeatReply, error) {
-	return r.heartbeat(ctx, pool, id, ttl, conns)
+	return r.heartbeat(ctx, pool, id, ttl)
 }
 
 // SetDraining marks a worker draining: selection skips it from now on.

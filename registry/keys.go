@@ -52,10 +52,6 @@ const (
 	// lua/register.lua): a browser restarted at a fixed port replaces the
 	// record of the one that crashed there. Per version group.
 	keyAddrs = "addrs" // HASH "<addr> <path>" -> id
-	// What each worker's agent last counted at its browser's port, for the
-	// lapsed leases of sessions it still serves (see lua/common.lua, "Held
-	// leases").
-	keyConns = "conns" // HASH id -> "<connections> <active> <at ms>"
 )
 
 // tombPrefix starts the value of a lease id in leases once the lease
@@ -86,7 +82,6 @@ var poolKeyNames = []string{
 	keyHot,
 	keyLapsed,
 	keyAddrs,
-	keyConns,
 }
 
 // maxNameLen bounds pool names and worker IDs.

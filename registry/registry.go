@@ -174,14 +174,14 @@ func (r *Registry) register(ctx context.Context, reg Registration) error {
 	return nil
 }
 
-func (r *Registry) heartbeat(ctx context.Context, pool, id string, ttl time.Duration, conns int) (HeartbeatReply, error) {
+func (r *Registry) heartbeat(ctx context.Context, pool, id string, ttl time.Duration) (HeartbeatReply, error) {
 	if err := checkPool(pool); err != nil {
 		return HeartbeatReply{}, fmt.Errorf("heartbeat of worker %q: %w", id, err)
 	}
 	if ttl <= 0 {
 		ttl = defaultRecordTTL
 	}
-	res, err := r.run(ctx, scriptHeartbeat, pool, 0, id, ms(ttl), r.opts.LeaseSweep, r.opts.DurationWindow, ms(r.opts.CommandTTL), max(conns, -1)).Slice()
+	res, err := r.run(ctx, scriptHeartbeat, pool, 0, id, ms(ttl), r.opts.LeaseSweep, r.opts.DurationWindow, ms(r.opts.CommandTTL)).Slice()
 	if err != nil {
 		return HeartbeatReply{}, fmt.Errorf("heartbeat of worker %q in pool %q: %w", id, pool, err)
 	}
@@ -679,7 +679,7 @@ const (
 )
 
 // reconcileKeys are the keys the scan stage walks, by reconcile.lua's names.
-var reconcileKeys = []string{"lf", "fsi", "fsb", "fsp", "ring", "iwrr", "active", "lifetime", "durations", "commands", "vnodes", "hot", "lapsed", "conns", "retiring"}
+var reconcileKeys = []string{"lf", "fsi", "fsb", "fsp", "ring", "iwrr", "active", "lifetime", "durations", "commands", "vnodes", "hot", "lapsed", "retiring"}
 
 // reconcile runs reconcile.lua's stages over the pool, each in bounded
 // calls (cursor passes). The pass is not atomic: what changes meanwhile is

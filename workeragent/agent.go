@@ -16,7 +16,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"os"
 	"strconv"
@@ -144,59 +143,19 @@ func (a *Agent) drainedAfterLoss(b *Browser) (bool, int) {
 	if a.recordLost.IsZero() || time.Since(a.recordLost) >= a.cfg.LeaseTTL {
 		return true, 0
 	}
-	n := browserConns(b)
-	return n == 0, n
-}
-
-// browserConns counts the established connections at the browser's port,
-// or returns -1 when it cannot tell (see drainedAfterLoss for where it
-// counts). Each heartbeat reports it, so that the slots of sessions the
-// browser still serves outlive their leases when the Caddy holding them
-// cannot renew them (registry.HeartbeatConns).
-func browserConns(b *Browser) int {
 	_, p, _ := net.SplitHostPort(dialAddr(b.Endpoint))
 	port, err := strconv.Atoi(p)
 	if err != nil {
-		return -1
+		return false, -1
 	}
-	// not the agent's own connections to its browser (its probe): a probe
-	// open at the count made a dead lease look live. Its sockets are read
-	// before and after the tables, so one its prober opens meanwhile is
-	// known too.
-	mine, _ := sockets.SelfSockets()
-	ps, err := sockets.ReadPortExcept(b.Pid, port, func() map[uint64]bool {
-		after, _ := sockets.SelfSockets()
-		maps.Copy(mine, after)
-		return mine
-	})
+	ps, err := sockets.ReadPort(b.Pid, port)
 	if err != nil || len(ps.Listening) == 0 {
-		return -1
+		return false, -1
 	}
-	if !b.ownsListener(ps.Listening) {
-		return -1
+	if owned, err := sockets.Owned(ps.Listening, b.Groups()); err != nil || !owned {
+		return false, -1
 	}
-	return ps.Established
-}
-
-// ownsListener reports whether a process of the browser's holds one of the
-// listening sockets inodes (sockets.Owned), remembering the last set found
-// owned: every heartbeat asks, and the walk of /proc behind it cost the
-// agents of a loaded machine enough CPU to slow what shared it.
-func (b *Browser) ownsListener(inodes []uint64) bool {
-	key := fmt.Sprint(inodes)
-	b.mu.Lock()
-	known := b.ownedSet == key
-	b.mu.Unlock()
-	if known {
-		return true
-	}
-	if owned, err := sockets.Owned(inodes, b.Groups()); err != nil || !owned {
-		return false
-	}
-	b.mu.Lock()
-	b.ownedSet = key
-	b.mu.Unlock()
-	return true
+	return ps.Established == 0, ps.Established
 }
 
 type handover struct {
@@ -561,7 +520,7 @@ func (a *Agent) life(ctx context.Context) (lifeEnd, error) {
 				continue
 			}
 			cctx, cancel := rctx()
-			hb, err := a.reg.HeartbeatConns(cctx, reg.Pool, reg.ID, reg.TTL, browserConns(b))
+			hb, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
 			cancel()
 			if ctx.Err() != nil && errors.Is(err, registry.ErrNotRegistered) {
 				// The record is gone and a signal came meanwhile: the
@@ -745,7 +704,7 @@ func (a *Agent) drain(log *zap.Logger, b *Browser, reg registry.Registration, re
 		case <-poll.C:
 		case <-hb.C:
 			cctx, cancel := rctxBy(end)
-			if _, err := a.reg.HeartbeatConns(cctx, reg.Pool, reg.ID, reg.TTL, browserConns(b)); err != nil && !errors.Is(err, registry.ErrNotRegistered) {
+			if _, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL); err != nil && !errors.Is(err, registry.ErrNotRegistered) {
 				log.Warn("heartbeat while draining failed", zap.Error(err))
 			}
 			cancel()
@@ -809,7 +768,7 @@ func (a *Agent) retire(log *zap.Logger, b *Browser, reg registry.Registration) {
 			case <-t.C:
 			}
 			cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
-			_, err := a.reg.HeartbeatConns(cctx, reg.Pool, reg.ID, reg.TTL, browserConns(b))
+			_, err := a.reg.Heartbeat(cctx, reg.Pool, reg.ID, reg.TTL)
 			cancel()
 			if errors.Is(err, registry.ErrNotRegistered) {
 				return // reaped or Redis restarted: nothing left to hand over

@@ -44,9 +44,6 @@ type Browser struct {
 	stopped bool
 	stopErr error
 	stopMu  sync.Mutex
-	// ownedSet is the last set of listening socket inodes at its port
-	// found held by a process of the browser's (ownsListener), under mu.
-	ownedSet string
 }
 
 // probe is how the agent checks that a browser still answers.

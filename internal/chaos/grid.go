@@ -35,7 +35,6 @@ type env struct {
 	topo    *topology
 	caddies []*caddyInst
 	workers []*workerInst
-	cutters []*cutter
 	logf    func(format string, args ...any)
 }
 
@@ -45,9 +44,6 @@ func newEnv(bins, dir string, logf func(string, ...any)) *env {
 
 func (e *env) close() {
 	e.procs.stopAll(2 * time.Second)
-	for _, c := range e.cutters {
-		c.close()
-	}
 	if e.topo != nil && e.topo.rdb != nil {
 		_ = e.topo.rdb.Close()
 	}
@@ -64,9 +60,6 @@ type limits struct {
 	Policy string
 	// Extra goes into the handler's block as it is.
 	Extra string
-	// CutOff puts a cutter between the instance and Redis (caddyInst.cut),
-	// for a scenario to cut it off.
-	CutOff bool
 }
 
 // caddyInst is one running bin/caddy.
@@ -80,8 +73,6 @@ type caddyInst struct {
 	p         *proc
 	lim       limits
 	redisURL  string
-	// cut is its way to Redis when lim.CutOff (nil: direct).
-	cut *cutter
 }
 
 var caddyfileTmpl = template.Must(template.New("Caddyfile").Parse(`{
@@ -136,12 +127,6 @@ func (c *caddyInst) write() error {
 func (e *env) startCaddy(name string, lim limits) (*caddyInst, error) {
 	c := &caddyInst{name: name, dir: filepath.Join(e.dir, name), lim: lim, redisURL: e.topo.url}
 	var err error
-	if lim.CutOff {
-		if c.cut, c.redisURL, err = newCutter(e.topo.url); err != nil {
-			return nil, err
-		}
-		e.cutters = append(e.cutters, c.cut)
-	}
 	if c.adminPort, err = freePort(); err != nil {
 		return nil, err
 	}

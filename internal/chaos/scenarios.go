@@ -682,38 +682,6 @@ var scenarios = []Scenario{
 		},
 	},
 	{
-		Name: "caddy-partition",
-		Proves: "a Caddy holding 4 live sessions cut off from Redis for over twice lease_ttl while six clients churn through " +
-			"the other (4 workers of capacity 2): the lapsed leases keep their slots while the workers' agents count the " +
-			"sessions' connections, so no browser takes more than max_concurrent; once the cut ends, the instance renews " +
-			"them and nothing leaks.",
-		run: func(r *run) error {
-			lim := limits{MaxConcurrent: 2, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
-			cut := lim
-			cut.CutOff = true
-			if err := r.grid(r.single(false), []limits{lim, cut}, 4, 2); err != nil {
-				return err
-			}
-			r.clients(2, constant(noLifetime), 100*time.Millisecond)
-			if got := r.tr.hold(4, 1); got != 4 {
-				return fmt.Errorf("opened %d of 4 live sessions through caddy-b", got)
-			}
-			// more churners than the slots left: with the held slots given
-			// away, the browsers holding caddy-b's sessions take more
-			r.tr.down[1].Store(true)
-			r.tr.churn(6, churnHold)
-			r.warm()
-			r.e.caddies[1].cut.cut()
-			cutFor := r.phase(2*leaseTTL+2*time.Second, 3*leaseTTL)
-			time.Sleep(cutFor)
-			r.e.caddies[1].cut.mend()
-			r.note("caddy-b cut off from Redis for %s (lease_ttl %s)", cutFor, leaseTTL)
-			r.fault(time.Now())
-			r.observe()
-			return nil
-		},
-	},
-	{
 		Name: "reload-live",
 		Proves: "`caddy reload` under 100 live sessions: every live session survives, its slot stays counted and is " +
 			"released when it ends; new sessions are served throughout.",

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 )
 
 // Listening counts the sockets listening on TCP port (any address, IPv4
@@ -33,26 +32,8 @@ type Port struct {
 // ReadPort reads the TCP sockets (IPv4 and IPv6) of local port in the
 // network namespace of process pid, from /proc/<pid>/net/tcp and tcp6. An
 // error means it cannot tell (no /proc, or the process is gone).
-func ReadPort(pid, port int) (Port, error) { return ReadPortExcept(pid, port, nil) }
-
-// conn is an established connection as /proc writes its ends.
-type conn struct{ local, remote string }
-
-// ReadPortExcept is ReadPort, leaving out of Established the connections
-// whose other end is one of the caller's sockets: a server's clients but
-// the caller itself, when it is one of them (an agent probing the browser
-// it counts). mine (nil: none) gives the caller's socket inodes, as
-// SelfSockets does; it is called once the tables are read, so a socket the
-// caller opened meanwhile is known. An end is matched by both its
-// addresses: two sockets may share a local address when their peers
-// differ.
-func ReadPortExcept(pid, port int, mine func() map[uint64]bool) (Port, error) {
+func ReadPort(pid, port int) (Port, error) {
 	var out Port
-	var accepted []conn
-	// the established sockets connected to the port, by inode: the only
-	// ones of the caller's that can be a client of it
-	toPort := map[uint64]conn{}
-	suffix := []byte(fmt.Sprintf(":%04X", port)) // how /proc writes the port
 	for _, table := range []string{"tcp", "tcp6"} {
 		f, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, table))
 		if errors.Is(err, os.ErrNotExist) && table == "tcp6" {
@@ -70,79 +51,26 @@ func ReadPortExcept(pid, port int, mine func() map[uint64]bool) (Port, error) {
 			if len(f) < 10 {
 				continue
 			}
-			established := string(f[3]) == "01"
-			if established && mine != nil && bytes.HasSuffix(f[2], suffix) {
-				if ino, err := strconv.ParseUint(string(f[9]), 10, 64); err == nil {
-					toPort[ino] = conn{procAddr(f[1]), procAddr(f[2])}
-				}
-			}
-			if !bytes.HasSuffix(f[1], suffix) {
+			i := bytes.LastIndexByte(f[1], ':')
+			if i < 0 {
 				continue
 			}
-			switch {
-			case string(f[3]) == "0A": // TCP_LISTEN
+			if p, err := strconv.ParseUint(string(f[1][i+1:]), 16, 16); err != nil || int(p) != port {
+				continue
+			}
+			switch string(f[3]) {
+			case "0A": // TCP_LISTEN
 				if ino, err := strconv.ParseUint(string(f[9]), 10, 64); err == nil {
 					out.Listening = append(out.Listening, ino)
 				}
-			case established:
-				accepted = append(accepted, conn{procAddr(f[1]), procAddr(f[2])})
+			case "01": // TCP_ESTABLISHED
+				out.Established++
 			}
 		}
 		err = sc.Err()
 		f.Close()
 		if err != nil {
 			return Port{}, fmt.Errorf("reading the sockets of port %d: %w", port, err)
-		}
-	}
-	own := map[conn]bool{}
-	if mine != nil {
-		for ino := range mine() {
-			if c, ok := toPort[ino]; ok {
-				// the server's end of it has the two ends the other way round
-				own[conn{c.remote, c.local}] = true
-			}
-		}
-	}
-	for _, c := range accepted {
-		if !own[c] {
-			out.Established++
-		}
-	}
-	return out, nil
-}
-
-// v4mapped starts a tcp6 address that is an IPv4 one (::ffff:a.b.c.d):
-// /proc writes it as four host-order words, the last the IPv4 address as
-// tcp writes it.
-const v4mapped = "0000000000000000FFFF0000"
-
-// procAddr is an address of /proc's tables in one form for both tables:
-// an IPv4-mapped tcp6 address as tcp writes the IPv4 one (a dual-stack
-// listener's end of an IPv4 connection is in tcp6, its client's in tcp).
-func procAddr(a []byte) string {
-	s := string(a)
-	if len(s) > len(v4mapped)+8 && s[:len(v4mapped)] == v4mapped && s[len(v4mapped)+8] == ':' {
-		return s[len(v4mapped):]
-	}
-	return s
-}
-
-// SelfSockets returns the inodes of the calling process's sockets (from
-// /proc/self/fd), for ReadPortExcept: an empty map, never nil, when it
-// cannot list them.
-func SelfSockets() (map[uint64]bool, error) {
-	out := map[uint64]bool{}
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return out, fmt.Errorf("listing this process's sockets: %w", err)
-	}
-	for _, fd := range fds {
-		l, err := os.Readlink("/proc/self/fd/" + fd.Name())
-		if err != nil || !strings.HasPrefix(l, "socket:[") || !strings.HasSuffix(l, "]") {
-			continue
-		}
-		if ino, err := strconv.ParseUint(l[len("socket:["):len(l)-1], 10, 64); err == nil {
-			out[ino] = true
 		}
 	}
 	return out, nil

@@ -44,12 +44,6 @@
 --  22 lapsed         HASH id -> "<gen> <lifetime> <forget at ms>": the lifetime of
 --                    a worker whose record lapsed (stale expiry), kept for its
 --                    comeback (see lapsed_entry)
---  23 addrs          HASH "<addr> <path>" -> the worker registered there last
---                    (see "Addresses")
---  24 conns          HASH id -> "<connections> <active> <at ms>": the live
---                    connections its agent counted at its browser's port, the
---                    worker's active count then, and that heartbeat's time (see
---                    "Held leases")
 --
 -- ARGV common to every script: 1 now in ms (0: Redis TIME), 2 the pool's
 -- wakeup channel, 3 the pool name. Script-specific arguments follow.
@@ -87,7 +81,6 @@ local K_IWRR, K_IWRRW = KEYS[19], KEYS[20]
 local K_HOT = KEYS[21]
 local K_LAPSED = KEYS[22]
 local K_ADDRS = KEYS[23]
-local K_CONNS = KEYS[24]
 
 -- Lifetime-first score: lifetime descending, then active ascending; members
 -- with equal scores sort by id bytes, which gives the ID ASC tiebreak.
@@ -1280,78 +1273,9 @@ local function lease_free(lid, raw, now, mode, suspect_ms, keep)
   return true, reindex(id, w, cfg, now)
 end
 
--- Held leases (KEYS 24, conns). A lease lapses when its holder stops
--- renewing it: a Caddy that crashed, or one alive but cut off from Redis
--- (a partition, a paused VM) whose sessions go on. Freeing the slots of
--- the second lets the other instances fill them, over the workers' caps.
--- An agent that can count its browser's established connections reports
--- them with each heartbeat, beside the worker's active count at that
--- moment. A lapsed lease keeps its slot while the worker's latest
--- heartbeat (fresh, of the lease's registration) found at least as many
--- connections as leases: every session it counted may still be live.
--- When it found fewer, the lease goes, and the report counts one lease
--- fewer, so the next lapsed lease is judged against what is left. A held
--- lease is looked at again HOLD_RECHECK_MS later; its holder's renewal
--- simply carries on with it. A worker whose agent cannot count (or a
--- version before it) reports nothing: its lapsed leases go at once.
--- A lease is held HOLD_MAX_MS at most (held_at, in the lease, from its
--- first hold; a renewal clears it): a Caddy host that vanished without
--- closing its connections leaves them half-open at the browser, counted
--- for as long as the browser's TCP does not give up on them.
-local HOLD_RECHECK_MS = 1000
-local HOLD_MAX_MS = 120000
-
-local function conns_parse(raw)
-  if not raw then return nil end
-  local n, a, t = string.match(raw, '^(%d+) (%d+) (%d+)$')
-  if not n or #n > 15 or #a > 15 or #t > 15 then return nil end
-  return tonumber(n), tonumber(a), tonumber(t)
-end
-
--- browser_holds reports whether lapsed lease lid (raw: a lease, not a
--- tombstone) keeps its slot a while longer (see "Held leases").
-local function browser_holds(lid, raw, now)
-  local ok, l = pcall(cjson.decode, raw)
-  if not ok or type(l) ~= 'table' or type(l.worker) ~= 'string' or type(l.gen) ~= 'string' then return false end
-  if l.held_at ~= nil and not (is_count(l.held_at) and l.held_at <= now and now - l.held_at < HOLD_MAX_MS) then
-    return false
-  end
-  local id = l.worker
-  local n, a, t = conns_parse(redis.call('HGET', K_CONNS, id))
-  if not n then return false end
-  local w = decode(redis.call('HGET', K_WORKERS, id))
-  -- the report is the latest heartbeat's, of this registration, and
-  -- counted after the lease began (one before it cannot speak for it)
-  if not w or w.id ~= id or w.gen ~= l.gen or w.heartbeat ~= t or not fresh(w, now, load_cfg().stale) then
-    return false
-  end
-  if type(l.claimed) == 'number' and l.claimed >= t then return false end
-  if n >= a then
-    if l.held_at == nil then
-      l.held_at = now
-      redis.call('HSET', K_LEASES, lid, cjson.encode(l))
-    end
-    return true
-  end
-  redis.call('HSET', K_CONNS, id, fmt(n) .. ' ' .. fmt(a - 1) .. ' ' .. fmt(t))
-  return false
-end
-
--- hold_end clears a held lease's hold (raw: its value) when its holder
--- renews it: a later lapse is held afresh.
-local function hold_end(lid, raw)
-  if not string.find(raw, '"held_at"', 1, true) then return end
-  local ok, l = pcall(cjson.decode, raw)
-  if ok and type(l) == 'table' then
-    l.held_at = nil
-    redis.call('HSET', K_LEASES, lid, cjson.encode(l))
-  end
-end
-
 -- expire_leases handles up to max entries of lease_expiry that are due:
 -- a lease whose expiry passed is freed and deleted (no tombstone: its
--- holder may renew it, and renewal re-creates it), unless its worker's
--- browser still holds it (see "Held leases"); a tombstone whose time
+-- holder may renew it, and renewal re-creates it); a tombstone whose time
 -- passed is forgotten, one met at its lease's old expiry (see tombstone)
 -- moves to its forget time; max 0 does nothing (a claim that does not
 -- sweep this time: the caller chooses, see claimSweep in Go). Returns how
@@ -1367,9 +1291,6 @@ local function expire_leases(now, max, keep)
     local till = raw and tomb_until(raw)
     if till and till >= now then
       later[#later + 1] = fmt(till)
-      later[#later + 1] = lid
-    elseif raw and not till and browser_holds(lid, raw, now) then
-      later[#later + 1] = fmt(now + HOLD_RECHECK_MS)
       later[#later + 1] = lid
     else
       gone[#gone + 1] = lid
@@ -1412,7 +1333,6 @@ local function remove_worker(id, w)
   n = n + redis.call('HDEL', K_ACTIVE, id) + redis.call('HDEL', K_LIFETIME, id)
   n = n + redis.call('HDEL', K_DUR, id) + redis.call('HDEL', K_CMD, id) + redis.call('HDEL', K_VPOS, id)
   redis.call('HDEL', K_HOT, id)
-  redis.call('HDEL', K_CONNS, id)
   cfg_del('drain_seen:' .. id)
   return n
 end

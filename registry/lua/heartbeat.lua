@@ -13,11 +13,7 @@
 --
 -- KEYS: the pool keys (see common.lua).
 -- ARGV: 1 now ms (0: TIME), 2 wakeup channel, 3 pool, 4 id, 5 ttl ms,
---       6 max leases to expire, 7 durations kept, 8 command ttl ms,
---       9 the established connections the agent counted at its browser's
---       port (-1 or absent: it cannot count), kept with the worker's active
---       count for the lapsed leases of its sessions (common.lua, "Held
---       leases").
+--       6 max leases to expire, 7 durations kept, 8 command ttl ms.
 -- Returns: {1, command, lifetime, active} when renewed (the agent keeps the
 --          lifetime, to re-assert it if the record is lost); {0, reason}
 --          when the record is gone ('missing'), past its TTL ('expired') or
@@ -49,12 +45,6 @@ if w.expires < now then return { 0, 'expired' } end
 w.heartbeat = now
 w.expires = now + tonumber(ARGV[5])
 store(id, w)
-local conns = count(ARGV[9])
-if conns then
-  redis.call('HSET', K_CONNS, id, fmt(conns) .. ' ' .. fmt(w.active) .. ' ' .. fmt(now))
-else
-  redis.call('HDEL', K_CONNS, id)
-end
 local cfg = load_cfg()
 -- its live command (an expired or malformed one dropped); a worker told to
 -- shut down is a member of the retiring set, so that reindex keeps it out

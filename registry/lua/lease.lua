@@ -96,7 +96,6 @@ elseif op == 'renew' then
     local till = raw and tomb_until(raw)
     if raw and not till then
       redis.call('ZADD', K_LEXP, exp, lid)
-      hold_end(lid, raw)
     elseif till and till >= now then
       ended[#ended + 1] = lid
     else

@@ -171,7 +171,7 @@ if stage == 'scan' then
   local which = ARGV[5]
   local zsets = { lf = K_LF, fsi = K_FSI, fsb = K_FSB, fsp = K_FSP, ring = K_RING, iwrr = K_IWRR }
   local hashes = { active = K_ACTIVE, lifetime = K_LIFETIME, durations = K_DUR, commands = K_CMD, vnodes = K_VPOS,
-    hot = K_HOT, lapsed = K_LAPSED, conns = K_CONNS }
+    hot = K_HOT, lapsed = K_LAPSED }
   local fixed, orphans = 0, 0
   local cursor
   local ws = {}

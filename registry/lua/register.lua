@@ -118,8 +118,6 @@ store(id, w)
 redis.call('HSET', K_ACTIVE, id, fmt(w.active))
 redis.call('HSET', K_LIFETIME, id, fmt(w.lifetime))
 redis.call('HDEL', K_LAPSED, id)
--- an earlier heartbeat's connection count is not this registration's
-redis.call('HDEL', K_CONNS, id)
 if not carry then
   redis.call('HDEL', K_DUR, id)
   redis.call('HDEL', K_CMD, id)
