@@ -1,367 +1,257 @@
 package registry
 
 import (
-	"context"
-	"errors"
+	_ "embed"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"time"
 
+	"context"
+
 	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
-// globalRand is math/rand/v2's goroutine-safe source (seeded from the
-// runtime's random source).
-type globalRand struct{}
+// Policy names a select-and-claim algorithm.
+type Policy string
 
-func (globalRand) Uint64() uint64 { return rand.Uint64() }
-func (globalRand) IntN(n int) int { return rand.IntN(n) }
+// The policies, one row each in policies.
+const (
+	LifetimeFirst                 Policy = "lifetime_first"
+	Vnode                         Policy = "vnode"
+	FairShare                     Policy = "fair_share"
+	InterleavedWeightedRoundRobin Policy = "interleaved_weighted_round_robin"
+)
 
-// ringPositions returns a worker's V ring positions as 32 hex characters
-// each (the vnode design: xxh3-128 of the id with seeds 0..V-1, big-endian).
-func ringPositions(id string, v int) []string {
-	ps := selection.Positions(id, v)
-	out := make([]string, len(ps))
-	for i, p := range ps {
-		out[i] = p.String()
+var (
+	//go:embed lua/walk_lifetime_first.lua
+	luaWalkLifetimeFirst string
+	//go:embed lua/walk_vnode.lua
+	luaWalkVnode string
+	//go:embed lua/walk_fair_share.lua
+	luaWalkFairShare string
+	//go:embed lua/walk_interleaved_weighted_round_robin.lua
+	luaWalkIWRR string
+)
+
+// policies is the policy table: a policy is its selection/ file, its Lua
+// walk and this row (docs/adding-a-policy.md).
+var policies = []struct {
+	name Policy
+	walk string
+}{
+	{LifetimeFirst, luaWalkLifetimeFirst},
+	{Vnode, luaWalkVnode},
+	{FairShare, luaWalkFairShare},
+	{InterleavedWeightedRoundRobin, luaWalkIWRR},
+}
+
+// Policies lists the policies' names, in the table's order.
+func Policies() []Policy {
+	out := make([]Policy, len(policies))
+	for i, p := range policies {
+		out[i] = p.name
 	}
 	return out
 }
 
-// outcome is claim.lua's reply, decoded.
-type outcome struct {
-	worker   WorkerInfo
-	decision selection.Decision
-	drain    bool
-	// retiring: StaggerDrains was in force and a worker was retiring.
-	retiring bool
-	// limits in force, and whether they are not the request's.
-	limits     PoolLimits
-	overridden bool
-	epoch      string
-	// building: the policy's index was being built; the claim walked
-	// lifetime_first's.
-	building bool
+// PolicyOptions are a policy's own options, encoded as the arguments of
+// its walk.
+type PolicyOptions interface {
+	walkArgs(r selection.Rand) []any
 }
 
-// checkRequest checks the request and fills its defaults; it returns the
-// policy's row of the table.
-func (r *Registry) checkRequest(req *ClaimRequest) (PolicySpec, error) {
-	if err := checkPool(req.Pool); err != nil {
-		return PolicySpec{}, err
-	}
-	spec, ok := LookupPolicy(string(req.Policy))
-	if !ok {
-		return PolicySpec{}, &UnknownPolicyError{Name: string(req.Policy)}
-	}
-	// Whether the pool has a retiring worker is Redis' to say (the
-	// retiring set, read inside the claim script): a caller's value is
-	// ignored.
-	req.Limits.Retiring = false
-	if err := req.Limits.Validate(); err != nil {
-		return spec, err
-	}
-	// lifetime_first's budget for this request, before the policy's
-	// defaults: a claim walks as lifetime_first while its policy's index
-	// is being built
-	req.fallbackScan = req.Limits.MaxScan
-	if req.fallbackScan == 0 {
-		lf, _ := LookupPolicy(string(LifetimeFirst))
-		req.fallbackScan = lf.DefaultMaxScan
-	}
-	if req.Limits.MaxScan == 0 {
-		req.Limits.MaxScan = spec.DefaultMaxScan
-	}
-	if req.ClientLimit < 0 {
-		return spec, fmt.Errorf("client limit %d is negative", req.ClientLimit)
-	}
-	if len(req.Avoid) > MaxAvoid {
-		return spec, fmt.Errorf("%d workers to avoid: at most %d", len(req.Avoid), MaxAvoid)
-	}
-	for _, id := range req.Avoid {
-		if err := checkID(id); err != nil {
-			return spec, fmt.Errorf("worker to avoid: %w", err)
-		}
-	}
-	if req.DrainHold < 0 {
-		return spec, fmt.Errorf("drain hold %s is negative", req.DrainHold)
-	}
-	if req.LeaseTTL < 0 {
-		return spec, fmt.Errorf("lease TTL %s is negative", req.LeaseTTL)
-	}
-	if spec.prepare != nil {
-		if err := spec.prepare(req); err != nil {
-			return spec, err
-		}
-	}
-	if req.LeaseTTL == 0 {
-		req.LeaseTTL = defaultLeaseTTL
-	}
-	if req.Rand == nil {
-		req.Rand = globalRand{}
-	}
-	return spec, nil
+// VnodeOptions are the vnode policy's options (selection.Vnode).
+type VnodeOptions struct {
+	Samples    int
+	SlotJitter int
 }
 
-func bit(b bool) int {
-	if b {
-		return 1
+func (o VnodeOptions) walkArgs(r selection.Rand) []any {
+	d := selection.Vnode{Samples: o.Samples, SlotJitter: o.SlotJitter}.Draw(r)
+	args := []any{len(d.Pivots)}
+	for _, p := range d.Pivots {
+		args = append(args, p.String())
 	}
-	return 0
+	for _, j := range d.Jitter {
+		args = append(args, j)
+	}
+	// Every count of tied candidates (1-8) divides 840: the walk's
+	// tiebreak modulo it picks as selection's does with the whole value.
+	return append(args, d.Tiebreak%840)
 }
 
-// decide runs claim.lua; dry selects without claiming, read-only
-// (FCALL_RO of the no-writes claim_ro: it may run on a replica, and a
-// write inside would fail).
-func (r *Registry) decide(ctx context.Context, req ClaimRequest, dry bool, leaseID string) (outcome, error) {
-	spec, err := r.checkRequest(&req)
-	if err != nil {
-		return outcome{}, err
+// FairShareOptions are fair share's options (selection.FairShare).
+type FairShareOptions struct {
+	Window  int
+	Median  bool
+	Default time.Duration
+}
+
+func (o FairShareOptions) walkArgs(selection.Rand) []any {
+	med := 0
+	if o.Median {
+		med = 1
 	}
-	// A claim frees expired leases first in 1 of claimSweepEvery calls (a
-	// Pick, which writes nothing, never: the script skips it when dry).
-	sweep := r.opts.LeaseSweep
+	return []any{o.Window, med, o.Default.Milliseconds()}
+}
+
+// Limits are a claim's limits. The claim carries them to the agent too,
+// which holds them exactly (docs/design.md).
+type Limits struct {
+	// MaxConcurrent caps a worker's live sessions with its own capacity
+	// (the smaller wins; 0: no cap from this side).
+	MaxConcurrent int
+	// MaxLifetime is the sessions after which a worker retires (0: never).
+	MaxLifetime int
+	// StaggerDrains holds a worker's last session while another worker of
+	// the group retires.
+	StaggerDrains bool
+}
+
+// ClaimRequest is one select-and-claim.
+type ClaimRequest struct {
+	// Group is the pool, or its version group.
+	Group  string
+	Policy Policy
+	// Options are the policy's own (nil for those that have none).
+	Options PolicyOptions
+	Limits  Limits
+	// Session is the new session's ID.
+	Session string
+	// Client is the client's key hash ("" none); ClientLimit its live
+	// sessions at most across the pool (0: no limit).
+	Client      string
+	ClientLimit int
+	// Instance names the Caddy instance; Label the client's label for the
+	// session (both for views).
+	Instance, Label string
+	// Avoid lists workers this request failed on already.
+	Avoid []string
+	// StaleAfter is the heartbeat age past which a worker is skipped.
+	StaleAfter time.Duration
+	// MaxScan bounds the unusable workers a walk passes (0: unbounded).
+	MaxScan int
+}
+
+// Claim is a claimed worker.
+type Claim struct {
+	Session string
+	Group   string
+	Worker  Record
+	// Lifetime is the worker's lifetime with this claim; Last says it
+	// reached the claim's MaxLifetime.
+	Lifetime int
+	Last     bool
+}
+
+// ClaimInfo is what a claim saw, claimed or not.
+type ClaimInfo struct {
+	// Scanned counts the index entries examined.
+	Scanned int
+	// Stale lists the stale or missing workers walked past.
+	Stale []string
+	// Workers counts the group's registered workers.
+	Workers int
+}
+
+// Claim selects a worker of req.Group and claims it for req.Session in one
+// atomic call: ErrNoWorker when none may take it now, ErrClientLimit when
+// the client holds its limit. A record that does not parse or decode is an
+// error naming the worker; the claim is given back.
+func (r *Registry) Claim(ctx context.Context, req ClaimRequest) (Claim, ClaimInfo, error) {
+	return r.claim(ctx, req, false)
+}
+
+// Pick is Claim without the claim: the worker a claim would take now.
+func (r *Registry) Pick(ctx context.Context, req ClaimRequest) (Claim, ClaimInfo, error) {
+	return r.claim(ctx, req, true)
+}
+
+func (r *Registry) claim(ctx context.Context, req ClaimRequest, dry bool) (Claim, ClaimInfo, error) {
+	if err := CheckPool(req.Group); err != nil {
+		return Claim{}, ClaimInfo{}, err
+	}
 	if !dry {
-		sweep = r.sweep.size(sweep)
+		if err := CheckID(req.Session); err != nil {
+			return Claim{}, ClaimInfo{}, fmt.Errorf("session %w", err)
+		}
 	}
-	args, err := r.claimArgv(&req, spec, dry, leaseID, sweep)
+	_, version := SplitGroup(req.Group)
+	args := []any{
+		string(req.Policy), flag(dry), orDash(req.Session), orDash(version), orDash(req.Client), req.ClientLimit,
+		orDash(req.Instance), req.Label, req.Limits.MaxConcurrent, req.Limits.MaxLifetime,
+		flag(req.Limits.StaggerDrains), req.StaleAfter.Milliseconds(), req.MaxScan, strings.Join(req.Avoid, " "),
+	}
+	if req.Options != nil {
+		args = append(args, req.Options.walkArgs(r.rand)...)
+	}
+	fn := "claim"
+	if dry {
+		fn = "pick"
+	}
+	res, err := r.fcall(ctx, fn, req.Group, dry, args...)
 	if err != nil {
-		return outcome{}, err
+		return Claim{}, ClaimInfo{}, fmt.Errorf("claiming a worker of pool %q: %w", req.Group, err)
 	}
-	res, err := r.claimCall(ctx, req, dry, args)
-	if err == nil && !dry && sweep == 0 && r.sweep.retry(res) {
-		// Refused without sweeping: expired leases may be what fills the
-		// pool or the client's budget. Run once more, sweeping first, with
-		// the same arguments otherwise (the same vnode draw).
-		args[claimArgsLayout.index("lease_sweep")] = r.opts.LeaseSweep
-		res, err = r.claimCall(ctx, req, dry, args)
+	out, _ := res.([]any)
+	if len(out) < 8 {
+		return Claim{}, ClaimInfo{}, fmt.Errorf("claiming a worker of pool %q: reply of %d items", req.Group, len(out))
 	}
-	if err != nil {
-		return outcome{}, err
-	}
-	return r.decodeClaim(req, dry, leaseID, res)
-}
-
-// claimCall runs claim.lua once: a Pick read-only, a claim batched with
-// the pool's other claims in flight (batch.go), one with a clock of its
-// own (tests) alone.
-func (r *Registry) claimCall(ctx context.Context, req ClaimRequest, dry bool, args []any) ([]any, error) {
-	switch {
-	case dry:
-		return r.runRO(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
-	case !req.Now.IsZero():
-		return r.run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
-	}
-	res, err := r.runBatched(ctx, scriptClaim, req.Pool, args...)
-	if err != nil {
-		return nil, err
-	}
-	s, ok := res.([]any)
-	if !ok {
-		return nil, fmt.Errorf("claim.lua replied %T, want an array", res)
-	}
-	return s, nil
-}
-
-// claimArgv is claim.lua's ARGV after the common three, for a checked
-// request: contract.go's claimArgs by name, then the policy's own.
-func (r *Registry) claimArgv(req *ClaimRequest, spec PolicySpec, dry bool, leaseID string, sweep int) ([]any, error) {
-	a := newArgv(claimArgsLayout).
-		set("policy", string(req.Policy)).set("dry", bit(dry)).set("limits_only", 0).
-		set("max_concurrent", req.Limits.MaxConcurrent).set("max_lifetime", req.Limits.MaxLifetime).
-		set("stale_after_ms", ms(req.Limits.StaleAfter)).set("max_scan", req.Limits.MaxScan).
-		set("stagger", bit(req.Limits.StaggerDrains)).set("drain_hold_ms", ms(req.DrainHold)).
-		set("fallback_max_scan", req.fallbackScan).
-		set("fs_window", req.FairShare.Window).set("fs_median", bit(req.FairShare.Median)).
-		set("fs_default_ms", ms(req.FairShare.Default)).
-		set("lease_id", leaseID).set("lease_ttl_ms", ms(req.LeaseTTL)).set("holder", req.Holder).
-		set("command_ttl_ms", ms(r.opts.CommandTTL)).set("durations_kept", r.opts.DurationWindow).
-		set("lease_sweep", sweep).set("config_time_ms", toMS(req.ConfigTime)).
-		set("config_supersedes_ms", toMS(req.Supersedes)).
-		set("epoch_seen", req.Epoch).set("epoch_new", newToken(8)).
-		set("client", ClientHash(req.ClientKey)).set("client_limit", req.ClientLimit).
-		set("avoid", strings.Join(req.Avoid, " ")).set("restore_hold_ms", ms(RestoreHold))
-	args, err := a.list()
-	if err != nil {
-		return nil, err
-	}
-	if spec.args != nil {
-		args = append(args, spec.args(req)...)
-	}
-	return args, nil
-}
-
-// PickScript returns what Pick sends for req, for tools that time the
-// claim script in Redis (cmd/gridbench's redis-profile): the pool's KEYS,
-// the whole ARGV, and claim.lua as it runs after common.lua (its contract
-// prologue and every policy's walk). Run common.lua + body with them
-// read-only.
-func (r *Registry) PickScript(req ClaimRequest) (keys []string, args []any, body string, err error) {
-	spec, err := r.checkRequest(&req)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	own, err := r.claimArgv(&req, spec, true, "", r.opts.LeaseSweep)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	args = append([]any{toMS(req.Now), r.channel(req.Pool), req.Pool}, own...)
-	return r.poolKeys(req.Pool), args, strings.TrimPrefix(claimSource(), luaCommon), nil
-}
-
-// decodeClaim decodes claim.lua's reply (contract.go's claimReply and the
-// coded replies).
-func (r *Registry) decodeClaim(req ClaimRequest, dry bool, leaseID string, res []any) (outcome, error) {
-	if len(res) > 0 {
-		switch x, _ := res[0].(int64); x {
-		case claimCancelled:
-			return outcome{}, fmt.Errorf("lease %q: %w", leaseID, ErrClaimCancelled)
-		case claimReplayed:
-			return decodeReplay(req.Pool, res)
-		case claimEpoch:
-			epoch := ""
-			if len(res) > 1 {
-				epoch, _ = res[1].(string)
+	info := ClaimInfo{Scanned: toInt(out[5]), Workers: toInt(out[7])}
+	if stale, ok := out[6].([]any); ok {
+		for _, s := range stale {
+			if id, ok := s.(string); ok {
+				info.Stale = append(info.Stale, id)
 			}
-			return outcome{}, &EpochError{Seen: req.Epoch, Now: epoch}
-		case claimClientLimit:
-			live := int64(0)
-			if len(res) > 1 {
-				live, _ = res[1].(int64)
-			}
-			return outcome{}, &ClientLimitError{Live: int(live), Limit: req.ClientLimit}
 		}
 	}
-	rep, err := decodeReply(claimReplyLayout, res)
+	switch out[0] {
+	case "client":
+		return Claim{}, info, ErrClientLimit
+	case "none":
+		return Claim{}, info, ErrNoWorker
+	}
+	id, _ := out[1].(string)
+	raw, _ := out[2].(string)
+	c := Claim{Session: req.Session, Group: req.Group, Lifetime: toInt(out[3]), Last: toInt(out[4]) == 1}
+	rec, err := DecodeRecord(id, raw)
 	if err != nil {
-		return outcome{}, err
-	}
-	var o outcome
-	o.decision = selection.Decision{
-		Index:     -1,
-		Scanned:   int(rep.int("scanned")),
-		Wraps:     int(rep.int("wraps")),
-		Effective: int(rep.int("effective")),
-		Dedupes:   int(rep.int("dedupes")),
-		TiedMin:   rep.flag("tied"),
-		Stale:     rep.strs("stale"),
-	}
-	r.badList(req.Pool, rep.get("bad"))
-	o.retiring = rep.flag("retiring")
-	o.overridden = rep.flag("overridden")
-	o.epoch = rep.str("epoch")
-	o.building = rep.flag("building")
-	o.limits = PoolLimits{Limits: req.Limits, Window: int(rep.int("fs_window")), Median: rep.flag("fs_median"),
-		Default: time.Duration(rep.int("fs_default_ms")) * time.Millisecond}
-	o.limits.MaxConcurrent, o.limits.MaxLifetime = int(rep.int("max_concurrent")), int(rep.int("max_lifetime"))
-	o.limits.StaggerDrains = rep.flag("stagger")
-	if r.opts.OnStale != nil && !dry && (len(o.decision.Stale) > 0 || len(rep.strs("retired_stale")) > 0) {
-		r.opts.OnStale(req.Pool)
-	}
-	if !r.opts.NoStaleExpiry && !dry {
-		if len(o.decision.Stale) > 0 {
-			r.expireInBackground(req.Pool, o.decision.Stale, req.Limits.StaleAfter)
+		if !dry {
+			// never dialled: give it back, lifetime too
+			_, _ = r.GiveBack(ctx, req.Group, id, true, BadRecordSuspect, req.Session)
 		}
-		// Dead retiring workers hold nothing back, but every StaggerDrains
-		// claim reads them until they are gone.
-		if ids := rep.strs("retired_stale"); len(ids) > 0 {
-			r.expireInBackground(req.Pool, ids, req.Limits.StaleAfter)
-		}
+		return Claim{}, info, fmt.Errorf("claiming a worker of pool %q: %w", req.Group, err)
 	}
-	if !rep.flag("ok") {
-		return o, &NoWorkerError{Decision: o.decision, Retiring: o.retiring, PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch,
-			IndexBuilding: o.building, Registered: int(rep.int("registered")),
-			Held: time.Duration(rep.int("held")) * time.Millisecond}
-	}
-	o.decision.OK = true
-	o.decision.ID = rep.str("id")
-	o.drain = rep.flag("drain")
-	now := rep.int("now")
-	cmd := ""
-	if o.drain {
-		cmd = string(CommandShutdown) + "|" + fmt.Sprint(now+ms(r.opts.CommandTTL))
-	}
-	raw := rawWorker{id: rep.str("id"), record: rep.str("record"), active: fmt.Sprint(rep.int("active")),
-		lifetime: fmt.Sprint(rep.int("lifetime")), durations: rep.str("durations"), command: cmd, hot: rep.str("hot")}
-	w, err := decodeWorker(req.Pool, raw, now)
-	if err != nil {
-		return o, fmt.Errorf("decoding the chosen worker %q: %w", raw.id, err)
-	}
-	o.worker = w
-	return o, nil
+	c.Worker = rec
+	return c, info, nil
 }
 
-// decodeReplay decodes claim.lua's answer to a lease ID it has seen: the
-// claim that lease made (contract.go's claimReplayReply).
-func decodeReplay(pool string, res []any) (outcome, error) {
-	rep, err := decodeReply(claimReplayLayout, res)
-	if err != nil {
-		return outcome{}, fmt.Errorf("replay: %w", err)
+// BadRecordSuspect is how long every instance skips a worker whose record
+// does not decode.
+const BadRecordSuspect = time.Minute
+
+func flag(b bool) string {
+	if b {
+		return "1"
 	}
-	var o outcome
-	o.drain = rep.flag("drain")
-	raw := rawWorker{id: rep.str("id"), record: rep.str("record"), active: fmt.Sprint(rep.int("active")),
-		lifetime: fmt.Sprint(rep.int("lifetime")), durations: rep.str("durations"), hot: rep.str("hot")}
-	w, err := decodeWorker(pool, raw, rep.int("now"))
-	if err != nil {
-		return o, fmt.Errorf("decoding the claimed worker %q: %w", raw.id, err)
-	}
-	o.worker = w
-	o.decision = selection.Decision{Index: -1, OK: true, ID: w.ID}
-	return o, nil
+	return "0"
 }
 
-func (r *Registry) claim(ctx context.Context, req ClaimRequest) (*Claim, error) {
-	// The lease ID is chosen here, before the script runs, so that a retry
-	// of the same call (go-redis after a dropped connection) resends it and
-	// the script recognises its own claim.
-	lease := req.LeaseID
-	if lease == "" {
-		lease = NewLeaseID()
-	} else if err := checkToken(lease); err != nil {
-		return nil, fmt.Errorf("claiming a worker in pool %q: lease id: %w", req.Pool, err)
+func orDash(s string) string {
+	if s == "" {
+		return "-"
 	}
-	o, err := r.decide(ctx, req, false, lease)
-	if err != nil {
-		return nil, fmt.Errorf("claiming a worker in pool %q: %w", req.Pool, err)
-	}
-	return &Claim{LeaseID: lease, Pool: req.Pool, Worker: o.worker, Gen: o.worker.gen, Drain: o.drain, Decision: o.decision,
-		PoolLimits: o.limits, LimitsOverridden: o.overridden, Epoch: o.epoch, Client: ClientHash(req.ClientKey),
-		IndexBuilding: o.building}, nil
+	return s
 }
 
-func (r *Registry) storeLimits(ctx context.Context, req ClaimRequest) (PoolLimits, bool, error) {
-	req.ClientKey, req.ClientLimit, req.Avoid, req.Epoch = "", 0, nil, ""
-	spec, err := r.checkRequest(&req)
-	if err != nil {
-		return PoolLimits{}, false, fmt.Errorf("storing the limits of pool %q: %w", req.Pool, err)
-	}
-	args, err := r.claimArgv(&req, spec, false, "", 0)
-	if err != nil {
-		return PoolLimits{}, false, err
-	}
-	args[claimArgsLayout.index("limits_only")] = 1
-	res, err := r.run(ctx, scriptClaim, req.Pool, toMS(req.Now), args...).Slice()
-	if err == nil {
-		var o outcome
-		if o, err = r.decodeClaim(req, false, "", res); errors.Is(err, ErrNoWorker) {
-			return o.limits, o.overridden, nil
-		}
-	}
-	if err == nil {
-		err = errors.New("claim.lua claimed a worker when asked to store limits only")
-	}
-	return PoolLimits{}, false, fmt.Errorf("storing the limits of pool %q: %w", req.Pool, err)
+func toInt(x any) int {
+	n, _ := x.(int64)
+	return int(n)
 }
 
-func (r *Registry) pick(ctx context.Context, req ClaimRequest) (WorkerInfo, selection.Decision, error) {
-	o, err := r.decide(ctx, req, true, "")
-	if err != nil {
-		return WorkerInfo{}, o.decision, fmt.Errorf("picking a worker in pool %q: %w", req.Pool, err)
-	}
-	return o.worker, o.decision, nil
-}
+// globalRand is math/rand/v2's global source, safe for concurrent use.
+type globalRand struct{}
 
-// Interface guards.
-var _ selection.Rand = globalRand{}
+func (globalRand) Uint64() uint64 { return rand.Uint64() }
+func (globalRand) IntN(n int) int { return rand.IntN(n) }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
-	"github.com/browsergrid/caddy-browser-grid/selection"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -92,12 +91,9 @@ func TestNewClientWithPasswordAndACLUser(t *testing.T) {
 		defer rdb.Close()
 		r := New(rdb, Options{})
 		register(t, r, "p", "w", 0)
-		c, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: LifetimeFirst, Limits: selection.Limits{MaxConcurrent: 1}})
-		if err != nil {
-			t.Fatalf("claim through %s: %v", RedactURL(tc.url), err)
-		}
-		if err := r.Release(ctx, "p", c.LeaseID); err != nil {
-			t.Fatal(err)
+		c := claim(t, r, ClaimRequest{Group: "p", Policy: LifetimeFirst, Limits: Limits{MaxConcurrent: 1}})
+		if _, err := r.EndServed(ctx, "p", c.Worker.ID, []Ended{{Session: c.Session}}); err != nil {
+			t.Fatalf("end through %s: %v", RedactURL(tc.url), err)
 		}
 		// The keys landed in the URL's database.
 		admin := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "s3cret", DB: int(tc.db[0] - '0')})

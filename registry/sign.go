@@ -8,32 +8,28 @@ import (
 	"errors"
 )
 
-// Signed registrations. With a shared secret, the agent's registration
-// carries an HMAC-SHA256 over what a proxy dials (pool, ID, address,
-// path) and the registration's generation, and the proxy dials only
-// records whose signature verifies: a Redis writer without the secret can
-// neither point a record at another address or path nor move a signature
-// onto another worker's record. The secret itself is never stored.
+// Signed records and claims. With a shared secret, the agent signs what a
+// proxy dials (pool, ID, address, path), and Caddy dials only records
+// whose signature verifies: a Redis writer without the secret can neither
+// point a record at another address nor move a signature onto another
+// worker's record. Caddy signs each claim it sends to an agent the same
+// way, so an agent with the secret serves only Caddy's sessions. The
+// secret itself is never stored.
 
-// Errors of WorkerInfo.CheckSignature.
+// Errors of Record.CheckSignature.
 var (
 	// ErrUnsigned: the record carries no signature.
 	ErrUnsigned = errors.New("record is not signed")
-	// ErrBadSignature: the record's signature does not verify with the
-	// secret (forged, or made with another secret).
+	// ErrBadSignature: the signature does not verify with the secret.
 	ErrBadSignature = errors.New("record signature does not verify")
 )
 
-// signatureLabel separates this use of the secret from any other.
-const signatureLabel = "browser-grid worker record v1"
-
-// signRecord returns the hex HMAC-SHA256, keyed with secret, of the
-// fields a proxy dials and the registration generation. Each field is
-// length-prefixed, so no two different records share a message.
-func signRecord(secret []byte, pool, id, addr, path, gen string) string {
+// Sign returns the hex HMAC-SHA256, keyed with secret, of label and
+// fields, each length-prefixed so that no two lists share a message.
+func Sign(secret []byte, label string, fields ...string) string {
 	m := hmac.New(sha256.New, secret)
 	var n [8]byte
-	for _, f := range []string{signatureLabel, pool, id, addr, path, gen} {
+	for _, f := range append([]string{label}, fields...) {
 		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
 		m.Write(n[:])
 		m.Write([]byte(f))
@@ -41,14 +37,22 @@ func signRecord(secret []byte, pool, id, addr, path, gen string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// CheckSignature verifies the record's signature with secret, in constant
-// time: nil when it verifies, ErrUnsigned or ErrBadSignature otherwise.
-func (w WorkerInfo) CheckSignature(secret []byte) error {
-	if w.sig == "" {
+// SignatureOK compares a signature with the one expected, in constant time.
+func SignatureOK(got, want string) bool { return hmac.Equal([]byte(got), []byte(want)) }
+
+const recordLabel = "browser-grid worker record v1"
+
+func (rec *Record) signature(secret []byte) string {
+	return Sign(secret, recordLabel, rec.Pool, rec.ID, rec.Addr, rec.Path)
+}
+
+// CheckSignature verifies the record's signature with secret: nil, or
+// ErrUnsigned or ErrBadSignature.
+func (rec *Record) CheckSignature(secret []byte) error {
+	if rec.Sig == "" {
 		return ErrUnsigned
 	}
-	want := signRecord(secret, w.Pool, w.ID, w.Addr, w.Path, w.gen)
-	if !hmac.Equal([]byte(want), []byte(w.sig)) {
+	if !SignatureOK(rec.Sig, rec.signature(secret)) {
 		return ErrBadSignature
 	}
 	return nil

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
-	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
 // writeCert writes a self-signed certificate for 127.0.0.1 and its key.
@@ -64,12 +63,9 @@ func TestNewClientTLS(t *testing.T) {
 	defer rdb.Close()
 	r := New(rdb, Options{})
 	register(t, r, "p", "w", 0)
-	c, err := r.Claim(ctx, ClaimRequest{Pool: "p", Policy: Vnode, Limits: selection.Limits{MaxConcurrent: 1}})
-	if err != nil {
-		t.Fatalf("claim over TLS: %v", err)
-	}
-	if err := r.Release(ctx, "p", c.LeaseID); err != nil {
-		t.Fatal(err)
+	c := claim(t, r, ClaimRequest{Group: "p", Policy: Vnode, Options: VnodeOptions{Samples: 2, SlotJitter: 4}, Limits: Limits{MaxConcurrent: 1}})
+	if _, err := r.EndServed(ctx, "p", c.Worker.ID, []Ended{{Session: c.Session}}); err != nil {
+		t.Fatalf("end over TLS: %v", err)
 	}
 	// A plain-text client cannot talk to the TLS port.
 	plain, err := NewClient("redis://:s3cret@127.0.0.1:" + strconv.Itoa(tlsPort) + "/0")

@@ -71,11 +71,13 @@ func (l Limits) Usable(w *Worker, now time.Time) bool {
 	return w.SuspectUntil.IsZero() || ms(now) >= ms(w.SuspectUntil)
 }
 
-// HeldBack reports whether StaggerDrains keeps the worker from its next
-// session now: the pool has a retiring worker (l.Retiring) and that session
-// would bring this one to MaxLifetime too.
+// HeldBack reports whether the worker's next session must wait because it
+// would be its last (it would bring it to MaxLifetime) and a restart is
+// under way: with StaggerDrains another worker of the pool is retiring
+// (l.Retiring), or the worker's own agent still drains its previous
+// browser (w.Hold).
 func (l Limits) HeldBack(w *Worker) bool {
-	return l.StaggerDrains && l.Retiring && l.MaxLifetime > 0 && w.Lifetime+1 >= l.MaxLifetime
+	return l.MaxLifetime > 0 && w.Lifetime+1 >= l.MaxLifetime && (w.Hold || l.StaggerDrains && l.Retiring)
 }
 
 // IsRetiring reports whether the worker is on its way out: fresh, and
@@ -86,7 +88,7 @@ func (l Limits) IsRetiring(w *Worker, now time.Time) bool {
 	if !l.Fresh(w, now) {
 		return false
 	}
-	return w.Status == Draining || (l.MaxLifetime > 0 && w.Lifetime >= l.MaxLifetime)
+	return w.Status == Draining || (w.Status == Available && l.MaxLifetime > 0 && w.Lifetime >= l.MaxLifetime)
 }
 
 // AnyRetiring reports whether some worker of ws IsRetiring at now.

@@ -22,8 +22,12 @@ type Status string
 const (
 	// Available workers take new sessions.
 	Available Status = "available"
-	// Draining workers finish their sessions and take no new ones.
+	// Draining workers finish their sessions and take no new ones; they
+	// count as retiring (StaggerDrains).
 	Draining Status = "draining"
+	// Replaced workers drain too, but their replacement already serves:
+	// they do not count as retiring.
+	Replaced Status = "replaced"
 )
 
 // Worker is one worker's figures at the instant of a decision.
@@ -53,6 +57,9 @@ type Worker struct {
 	Durations []time.Duration
 	// PredictedEnd is fair share's predicted end of the worker's queue.
 	PredictedEnd time.Time
+	// Hold keeps the worker from its last session: its agent still runs
+	// the browser it replaced, and runs at most two.
+	Hold bool
 }
 
 // Limits are the pool-wide rules every policy applies to decide whether a

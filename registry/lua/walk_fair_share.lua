@@ -1,78 +1,97 @@
--- walk_fair_share.lua: the fair-share walk (selection.FairShare), part of
--- walk.lua. A merge of idx:fair_idle (key now + estimate) and
--- idx:fair_busy (key predicted end + estimate), key ASC then id ASC.
--- Busy workers whose predicted end has passed are idle: a claim moves up
--- to 64 of them first (fs_migrate); a Pick, which writes nothing, reads the
--- same 64 and walks them as idle entries instead.
--- Complexity: O(log N + S) for S entries walked, plus O(log N) amortised.
+-- walk_fair_share.lua: fair share (selection.FairShare), part of claim.lua.
+-- A worker's key is max(now, predicted end) + its estimate; the earliest
+-- key wins, ties by id. idx:fair_idle holds the workers whose predicted
+-- end has passed, by estimate; idx:fair_busy the others, by predicted end
+-- + estimate. An entry of idx:fair_busy whose predicted end has passed is
+-- found only at the head of what is left of it (its key is larger than its
+-- score, so it sorts no earlier than it is met), and moves to idx:fair_idle.
+-- Arguments: window, median (0/1), default estimate (ms).
+-- Complexity: O(log N + S) for S entries walked.
 
--- fs_due_less orders a Pick's due entries as idx:fair_idle would: by
--- estimate, then id.
-local function fs_due_less(a, b)
-  if a.est ~= b.est then return a.est < b.est end
-  return bytes_less(a.id, b.id)
+local function zstream(key)
+  return { key = key, buf = {}, i = 1, off = 0, cnt = FIRST, done = false }
 end
 
--- fs_due returns what fs_migrate would move (a Pick's view): the due
--- entries, sorted, and their ids as a set (passed over in idx:fair_busy).
-local function fs_due(now)
-  local moved, due = {}, {}
-  local ids = redis.call('ZRANGEBYSCORE', K_FSP, '-inf', fmt(now), 'WITHSCORES', 'LIMIT', 0, 64)
-  for i = 1, #ids, 2 do
-    local id, pend = ids[i], tonumber(ids[i + 1])
-    local key = tonumber(redis.call('ZSCORE', K_FSB, id)) or pend
-    moved[id] = true
-    due[#due + 1] = { id = id, est = key - pend }
+local function zpeek(z)
+  if z.i > #z.buf then
+    if z.done then return nil end
+    z.buf = redis.call('ZRANGEBYSCORE', z.key, '-inf', '+inf', 'WITHSCORES', 'LIMIT', z.off, z.cnt)
+    z.i, z.off = 1, z.off + #z.buf / 2
+    if #z.buf < 2 * z.cnt then z.done = true end
+    z.cnt = BATCH
+    if #z.buf == 0 then return nil end
   end
-  table.sort(due, fs_due_less)
-  return due, moved
+  return z.buf[z.i], tonumber(z.buf[z.i + 1])
 end
 
-WALK_INDEX.fair_share = 'fair'
+local function before(k1, id1, k2, id2)
+  if not k2 then return true end
+  return k1 < k2 or (k1 == k2 and id1 < id2)
+end
 
 WALKS.fair_share = function(s)
-  local now = s.now
-  local due, moved
-  if not s.dry then
-    fs_migrate(now)
-  else
-    due, moved = fs_due(now)
+  local K, now = s.K, s.now
+  local window, median, default = tonumber(s.args[15]), s.args[16] == '1', tonumber(s.args[17])
+  local idle, busy, late, moved = zstream(K.idle), zstream(K.busy), {}, {}
+  local function state(id)
+    local w = s.cache[id]
+    if w == nil then
+      w = get_state(K, id) or false
+      s.cache[id] = w
+    end
+    return w
   end
-  -- idle: idx:fair_idle merged with the due entries, by estimate then id
-  local idle, di = zstream(K_FSI, nil), 1
-  local iid, iest = zs_next(idle)
-  -- busy: read first only as far as the idle side's head key (usually
-  -- nothing there: an idle worker's key is now + estimate, a busy one's
-  -- later), and on without a bound once the walk goes past that key
-  local busy, bid, bkey
+  local pick_id, pick_w
   while true do
-    -- the idle side's head
-    local id0, est0, fromdue = iid, iest, false
-    local d = due and due[di]
-    if d and (not iid or d.est < iest or (d.est == iest and bytes_less(d.id, iid))) then
-      id0, est0, fromdue = d.id, d.est, true
+    local bid, bkey
+    while true do
+      local id, score = zpeek(busy)
+      if not id then break end
+      local w = state(id)
+      if w and w.pe <= now then
+        late[#late + 1] = { id = id, key = now + w.est }
+        moved[#moved + 1] = { id = id, est = w.est }
+        busy.i = busy.i + 2
+      else
+        bid, bkey = id, score
+        break
+      end
     end
-    local upto
-    if id0 then upto = now + est0 end
-    if not busy then
-      busy = zstream(K_FSB, moved, upto)
-      bid, bkey = zs_next(busy)
-    elseif not bid and busy.upto and (not upto or upto > busy.upto) then
-      zs_unbound(busy)
-      bid, bkey = zs_next(busy)
+    local iid, ikey = zpeek(idle)
+    if iid then ikey = now + ikey end
+    local li
+    for i, e in ipairs(late) do
+      if not li or before(e.key, e.id, late[li].key, late[li].id) then li = i end
     end
-    local id
-    if id0 and (not bid or now + est0 < bkey or (now + est0 == bkey and bytes_less(id0, bid))) then
-      id = id0
-      if fromdue then di = di + 1 else iid, iest = zs_next(idle) end
-    elseif bid then
-      id = bid
-      bid, bkey = zs_next(busy)
-    else
-      return nil
+    local id, key, from = bid, bkey, 'busy'
+    if iid and before(ikey, iid, key, id) then id, key, from = iid, ikey, 'idle' end
+    if li and before(late[li].key, late[li].id, key, id) then id, key, from = late[li].id, late[li].key, 'late' end
+    if not id then break end
+    if from == 'busy' then busy.i = busy.i + 2
+    elseif from == 'idle' then idle.i = idle.i + 2
+    else table.remove(late, li) end
+    local w = examine(s, id, false)
+    if w then
+      pick_id, pick_w = id, w
+      break
     end
-    local w = examine(s, id)
-    if w then return id, w end
-    if exhausted(s) then return nil end
+    if exhausted(s) then break end
   end
+  if not s.dry then
+    for _, m in ipairs(moved) do
+      redis.call('ZREM', K.busy, m.id)
+      redis.call('ZADD', K.idle, m.est, m.id)
+    end
+  end
+  if not pick_id then return nil end
+  s.on_claim = function(id, w)
+    local h = get_history(K, id)
+    if h.window ~= window or h.median ~= median or h.default ~= default then
+      h.window, h.median, h.default = window, median, default
+      put_history(K, id, h)
+    end
+    w.est = estimate(h, window, median, default)
+    w.pe = math.max(now, w.pe) + w.est
+  end
+  return pick_id, pick_w
 end

@@ -1,28 +1,19 @@
--- walk_lifetime_first.lua: the lifetime-first walk (selection.LifetimeFirst),
--- part of walk.lua. idx:lifetime by score (lifetime DESC, active ASC, id
--- ASC): the primary phase above the margin edge, then the fallback phase.
--- It never reaches workers at or past max_lifetime (its fallback range
--- stops at lifetime max_lifetime - 1).
+-- walk_lifetime_first.lua: the lifetime-first rule (selection.LifetimeFirst),
+-- part of claim.lua. It walks idx:lifetime (lifetime descending, active
+-- ascending, id ascending): first the workers below max_lifetime - margin,
+-- then those in the margin, never one at or past max_lifetime.
+-- margin = max(1, floor(max_lifetime / workers)), workers the records.
+-- Arguments: none.
 -- Complexity: O(log N + S) for S entries walked.
 
--- lf_walk walks idx:lifetime between two scores.
-local function lf_walk(s, min, max)
-  return index_walk(s, 'ZRANGEBYSCORE', K_LF, min, max)
-end
-
 WALKS.lifetime_first = function(s)
-  local ml = s.cfg.ml
-  if ml == 0 then
-    return lf_walk(s, '-inf', '+inf')
-  end
-  local total = redis.call('HLEN', K_WORKERS)
-  local margin = 1
-  if total > 0 then margin = math.max(1, math.floor(ml / total)) end
-  local edge = fmt(-(ml - margin - 1) * LF_SCALE)
-  local id, r = lf_walk(s, edge, '+inf')
-  if id then return id, r end
-  if r then return nil end
-  -- Never walk workers at or past max_lifetime (left in the index by a
-  -- lowered limit): lifetime <= ml - 1 means score >= -(ml-1) * 2^21.
-  return lf_walk(s, fmt(-(ml - 1) * LF_SCALE), '(' .. edge)
+  local K, ml = s.K, s.ml
+  if ml == 0 then return walk(s, 'ZRANGEBYSCORE', K.lf, '-inf', '+inf') end
+  local total = redis.call('HLEN', K.workers)
+  local margin = math.max(1, math.floor(ml / math.max(total, 1)))
+  -- lifetime < ml - margin  <=>  score >= -(ml - margin - 1) * LF
+  local edge = n(-(ml - margin - 1) * LF)
+  local id, w = walk(s, 'ZRANGEBYSCORE', K.lf, edge, '+inf')
+  if id or w then return id, w end
+  return walk(s, 'ZRANGEBYSCORE', K.lf, n(-(ml - 1) * LF), '(' .. edge)
 end
