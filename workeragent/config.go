@@ -40,15 +40,15 @@ type Config struct {
 	BrowserType string
 	// Launcher is playwright, cdp, exec or fake. Default: "playwright".
 	Launcher string
-	// Advertise is the host or host:port a proxy dials to reach the
-	// browser (for containers whose bind address is not reachable). A
-	// bare host takes the browser's port. Default: the endpoint the browser
-	// printed (with the machine's hostname when it listens on all
-	// addresses).
+	// Advertise is the host or host:port a proxy dials to reach the agent
+	// (for containers whose bind address is not reachable). A bare host
+	// takes the agent's port. Default: Host:Port (the machine's hostname
+	// when Host is 0.0.0.0).
 	Advertise string
-	// Host is the address the browser server binds. Default: "127.0.0.1".
+	// Host is the address the agent listens on for proxies. The browser
+	// itself listens on loopback only. Default: "127.0.0.1".
 	Host string
-	// Port is the browser server's port. Default: 0 (a free port).
+	// Port is the agent's port. Default: 0 (a free port).
 	Port int
 	// WSPath is the WebSocket path of the playwright and fake launchers
 	// (the cdp launcher registers Chromium's /devtools/browser/<id>).
@@ -66,26 +66,21 @@ type Config struct {
 	// MaxConcurrent, or 1 when that is 0).
 	Weight int
 
-	// HeartbeatInterval is how often the agent renews its record and reads
-	// its command. Default: 10s.
+	// HeartbeatInterval is how often the agent reports its browsers'
+	// sessions and counts. Default: 10s.
 	HeartbeatInterval time.Duration
-	// KeyTTL is the TTL of the worker's record. Default: 30s.
-	KeyTTL time.Duration
-	// StaleThreshold is the reaper's heartbeat age limit (as configured on
-	// the Caddy side); used only to check the timing rules. Default: 30s.
+	// StaleThreshold is Caddy's stale_threshold, the heartbeat age past
+	// which Caddy skips and removes a worker; used only to check the
+	// timing rule. Default: 30s.
 	StaleThreshold time.Duration
-	// CommandTTL is how long a shutdown command lives (as configured on the
-	// Caddy side); used only to check the timing rules. Default: 60s.
-	CommandTTL time.Duration
-	// DrainTimeout bounds the wait for active sessions to end. Default: 30s.
+	// DrainTimeout bounds the wait for a retiring browser's sessions;
+	// those left then are closed. Default: 30s.
 	DrainTimeout time.Duration
-	// LeaseTTL is the proxies' lease TTL (Caddy's lease_ttl). After the
-	// worker's record was lost, Redis may have lost its leases too, and
-	// its live sessions count again only once their proxies re-assert
-	// them, within one lease TTL: until then a drain takes 0 active as
-	// drained only when the browser has no established connection either.
-	// Default: 30s.
-	LeaseTTL time.Duration
+	// ProxyTimeout is how long the agent waits for a proxy's connection
+	// that stopped answering (its host vanished without closing it):
+	// TCP keepalive and TCP_USER_TIMEOUT end it within this, idle or
+	// not, and its session with it. Default: 15s.
+	ProxyTimeout time.Duration
 	// ProbeTimeout bounds each health probe of the browser, run every
 	// heartbeat. 0 disables probes (process exit is still noticed at
 	// once). Default: 5s.
@@ -164,11 +159,9 @@ func Defaults() Config {
 		Host:               "127.0.0.1",
 		WSPath:             "/playwright",
 		HeartbeatInterval:  10 * time.Second,
-		KeyTTL:             30 * time.Second,
 		StaleThreshold:     30 * time.Second,
-		CommandTTL:         60 * time.Second,
 		DrainTimeout:       30 * time.Second,
-		LeaseTTL:           30 * time.Second,
+		ProxyTimeout:       15 * time.Second,
 		ProbeTimeout:       5 * time.Second,
 		ProbeFailures:      3,
 		StartTimeout:       60 * time.Second,
@@ -224,19 +217,17 @@ func bindings() []binding {
 		{Option{"pool", "POOL", "the browser type", "pool to register in"}, str(func(c *Config) *string { return &c.Pool })},
 		{Option{"browser-type", "BROWSER_TYPE", d.BrowserType, "chromium, firefox or webkit"}, str(func(c *Config) *string { return &c.BrowserType })},
 		{Option{"launcher", "LAUNCHER", d.Launcher, "playwright, cdp, exec or fake"}, str(func(c *Config) *string { return &c.Launcher })},
-		{Option{"advertise", "PRIVATE_HOSTNAME", "the browser's endpoint", "host or host:port proxies dial (a bare host takes the browser's port)"}, str(func(c *Config) *string { return &c.Advertise })},
-		{Option{"host", "BROWSER_HOST", d.Host, "address the browser server binds (0.0.0.0 in containers)"}, str(func(c *Config) *string { return &c.Host })},
-		{Option{"port", "BROWSER_PORT", "0", "browser server port (0: a free port)"}, num(func(c *Config) *int { return &c.Port })},
+		{Option{"advertise", "PRIVATE_HOSTNAME", "-host:-port", "host or host:port proxies dial (a bare host takes the agent's port)"}, str(func(c *Config) *string { return &c.Advertise })},
+		{Option{"host", "GRID_WORKER_HOST", d.Host, "address the agent listens on for proxies (0.0.0.0 in containers); the browser listens on loopback only"}, str(func(c *Config) *string { return &c.Host })},
+		{Option{"port", "GRID_WORKER_PORT", "0", "the agent's port (0: a free port)"}, num(func(c *Config) *int { return &c.Port })},
 		{Option{"ws-path", "WS_PATH", d.WSPath, "WebSocket path (playwright and fake launchers)"}, str(func(c *Config) *string { return &c.WSPath })},
 		{Option{"max-concurrent", "MAX_CONCURRENT_SESSIONS", "0", "sessions the worker takes at once, registered as its capacity (0: no limit of its own)"}, num(func(c *Config) *int { return &c.MaxConcurrent })},
 		{Option{"virtual-nodes", "VIRTUAL_NODES", "0", "ring positions for the vnode policy (0: the registry's default, 8)"}, num(func(c *Config) *int { return &c.VirtualNodes })},
 		{Option{"weight", "WORKER_WEIGHT", "0", "turns in each round of the interleaved_weighted_round_robin policy, 0-10000 (0: its -max-concurrent, or 1)"}, num(func(c *Config) *int { return &c.Weight })},
-		{Option{"heartbeat-interval", "HEARTBEAT_INTERVAL", "10s", "how often to heartbeat and read the command"}, dur(func(c *Config) *time.Duration { return &c.HeartbeatInterval })},
-		{Option{"key-ttl", "REDIS_KEY_TTL", "30s", "TTL of the worker's record, renewed by every heartbeat"}, dur(func(c *Config) *time.Duration { return &c.KeyTTL })},
-		{Option{"stale-threshold", "STALE_THRESHOLD", "30s", "the reaper's stale threshold (Caddy side), checked against the heartbeat"}, dur(func(c *Config) *time.Duration { return &c.StaleThreshold })},
-		{Option{"command-ttl", "SHUTDOWN_COMMAND_TTL", "60s", "the shutdown command's TTL (Caddy side), checked against the heartbeat"}, dur(func(c *Config) *time.Duration { return &c.CommandTTL })},
-		{Option{"drain-timeout", "DRAIN_TIMEOUT", "30s", "longest wait for active sessions when draining"}, dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
-		{Option{"lease-ttl", "LEASE_TTL", "30s", "the proxies' lease_ttl (Caddy side): after the record was lost, how long a drain that reads 0 active still waits while the browser has connections"}, dur(func(c *Config) *time.Duration { return &c.LeaseTTL })},
+		{Option{"heartbeat-interval", "HEARTBEAT_INTERVAL", "10s", "how often to report the browsers' sessions and counts"}, dur(func(c *Config) *time.Duration { return &c.HeartbeatInterval })},
+		{Option{"stale-threshold", "STALE_THRESHOLD", "30s", "Caddy's stale_threshold, checked against the heartbeat"}, dur(func(c *Config) *time.Duration { return &c.StaleThreshold })},
+		{Option{"drain-timeout", "DRAIN_TIMEOUT", "30s", "longest wait for a retiring browser's sessions; those left are closed"}, dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
+		{Option{"proxy-timeout", "PROXY_TIMEOUT", "15s", "how long a proxy's connection may stop answering before its session ends (TCP keepalive and user timeout)"}, dur(func(c *Config) *time.Duration { return &c.ProxyTimeout })},
 		{Option{"probe-timeout", "PROBE_TIMEOUT", "5s", "timeout of the browser probe run every heartbeat (0: no probe)"}, dur(func(c *Config) *time.Duration { return &c.ProbeTimeout })},
 		{Option{"probe-failures", "PROBE_FAILURES", "3", "probes in a row that must fail before the browser is restarted with its sessions"}, num(func(c *Config) *int { return &c.ProbeFailures })},
 		{Option{"start-timeout", "START_TIMEOUT", "60s", "longest wait for a launched browser's endpoint"}, dur(func(c *Config) *time.Duration { return &c.StartTimeout })},
@@ -335,7 +326,7 @@ func ParseFlags(args []string, getenv func(string) string, out io.Writer) (Confi
 		fs.Var(flagValue{&c, b}, b.Flag, usage)
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: grid-worker [flags]\n\nLaunches a browser server, registers it in the grid's Redis, heartbeats,\ndrains on the shutdown command or SIGTERM, and exits (or respawns).\nA stop on SIGTERM takes at most -drain-timeout + %s, whatever Redis does:\ngive the supervisor longer than that before it kills the agent.\n\n", StopMargin)
+		fmt.Fprintf(out, "Usage: grid-worker [flags]\n\nLaunches a browser, fronts it (every session's connection passes through\nthe agent), registers it in the grid's Redis, reports its sessions, drains\nit at its lifetime, on an operator's drain or on SIGTERM, and exits (or\nstarts the next browser with -respawn). A stop on SIGTERM takes at most\n-drain-timeout + %s: give the supervisor longer than that.\n\n", StopMargin)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -350,16 +341,6 @@ func ParseFlags(args []string, getenv func(string) string, out io.Writer) (Confi
 	return c, nil
 }
 
-// Warnings names settings that work but defeat a promise of the agent;
-// the agent logs each at start.
-func (c Config) Warnings() []string {
-	var w []string
-	if c.LeaseTTL > c.DrainTimeout {
-		w = append(w, fmt.Sprintf("-lease-ttl %s is above -drain-timeout %s: after the record was lost, a drain ends at its timeout before the proxies have had one lease TTL to re-assert their live sessions, and closes the browser with them", c.LeaseTTL, c.DrainTimeout))
-	}
-	return w
-}
-
 // Validate checks the configuration, the worker lifecycle's timing relationships first;
 // each error names the rule and the values.
 func (c *Config) Validate() error {
@@ -369,7 +350,7 @@ func (c *Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"heartbeat-interval", c.HeartbeatInterval}, {"key-ttl", c.KeyTTL}, {"stale-threshold", c.StaleThreshold}, {"command-ttl", c.CommandTTL}, {"drain-timeout", c.DrainTimeout}, {"lease-ttl", c.LeaseTTL}, {"start-timeout", c.StartTimeout}, {"redis-retry-delay", c.RedisRetryDelay}, {"respawn-max-backoff", c.RespawnMaxBackoff}} {
+	}{{"heartbeat-interval", c.HeartbeatInterval}, {"stale-threshold", c.StaleThreshold}, {"drain-timeout", c.DrainTimeout}, {"proxy-timeout", c.ProxyTimeout}, {"start-timeout", c.StartTimeout}, {"redis-retry-delay", c.RedisRetryDelay}, {"respawn-max-backoff", c.RespawnMaxBackoff}} {
 		if d.v <= 0 {
 			add("-%s must be positive, got %s", d.name, d.v)
 		}
@@ -380,19 +361,13 @@ func (c *Config) Validate() error {
 	if c.ProbeFailures < 1 {
 		add("-probe-failures must be at least 1, got %d", c.ProbeFailures)
 	}
-	if c.HeartbeatInterval > 0 {
+	if c.HeartbeatInterval > 0 && c.StaleThreshold > 0 && c.HeartbeatInterval >= c.StaleThreshold {
 		// The worker lifecycle, "Timing Relationships".
-		if c.KeyTTL > 0 && c.HeartbeatInterval >= c.KeyTTL {
-			add("timing rule 'heartbeat interval < key TTL' broken: heartbeat-interval %s >= key-ttl %s (the record would expire while the worker is healthy)", c.HeartbeatInterval, c.KeyTTL)
-		}
-		if c.StaleThreshold > 0 && c.HeartbeatInterval >= c.StaleThreshold {
-			add("timing rule 'heartbeat interval < stale threshold' broken: heartbeat-interval %s >= stale-threshold %s (the reaper would remove healthy workers)", c.HeartbeatInterval, c.StaleThreshold)
-		}
-		if c.CommandTTL > 0 && c.HeartbeatInterval >= c.CommandTTL {
-			add("timing rule 'heartbeat interval < shutdown command TTL' broken: heartbeat-interval %s >= command-ttl %s (shutdown commands would expire before they are seen)", c.HeartbeatInterval, c.CommandTTL)
-		}
+		add("timing rule 'heartbeat interval < stale threshold' broken: heartbeat-interval %s >= stale-threshold %s (Caddy would skip and remove a healthy worker)", c.HeartbeatInterval, c.StaleThreshold)
 	}
-
+	if c.ProxyTimeout > 0 && c.ProxyTimeout < 3*time.Second {
+		add("-proxy-timeout must be at least 3s (TCP keepalive probes are whole seconds), got %s", c.ProxyTimeout)
+	}
 	switch c.BrowserType {
 	case "chromium", "firefox", "webkit":
 	default:
@@ -426,7 +401,7 @@ func (c *Config) Validate() error {
 	}
 	// The longest ID the agent makes from the prefix (a 7-digit pid)
 	// must be one the registry takes, or every registration would fail.
-	if err := registry.CheckWorkerID(idPrefix(c.IDPrefix) + "-4194304-00000000"); err != nil {
+	if err := registry.CheckID(idPrefix(c.IDPrefix) + "-4194304-00000000"); err != nil {
 		if c.IDPrefix == "" {
 			add("-id-prefix is empty and the hostname %q, used instead, makes worker IDs the registry refuses (%v): set -id-prefix", idPrefix(""), err)
 		} else {
@@ -450,9 +425,6 @@ func (c *Config) Validate() error {
 	}
 	if c.RedisRetryAttempts < 1 {
 		add("-redis-retry-attempts must be at least 1, got %d", c.RedisRetryAttempts)
-	}
-	if c.LeaseTTL > 0 && c.LeaseTTL < time.Second {
-		add("-lease-ttl must be at least 1s, as Caddy's lease_ttl, got %s", c.LeaseTTL)
 	}
 	if c.Advertise != "" {
 		if _, _, err := splitAdvertise(c.Advertise); err != nil {

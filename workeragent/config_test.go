@@ -18,8 +18,8 @@ func TestParseFlagsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Pool != "chromium" || c.HeartbeatInterval != 10*time.Second || c.KeyTTL != 30*time.Second ||
-		c.DrainTimeout != 30*time.Second || c.CommandTTL != time.Minute || c.Launcher != "playwright" || c.Respawn {
+	if c.Pool != "chromium" || c.HeartbeatInterval != 10*time.Second || c.ProxyTimeout != 15*time.Second ||
+		c.DrainTimeout != 30*time.Second || c.Launcher != "playwright" || c.Respawn {
 		t.Fatalf("defaults: %+v", c)
 	}
 }
@@ -33,7 +33,7 @@ func TestEnvironmentAndFlagPrecedence(t *testing.T) {
 		"PRIVATE_HOSTNAME":        "worker-7",
 		"MAX_CONCURRENT_SESSIONS": "4",
 		"HEARTBEAT_INTERVAL":      "5", // seconds, as the seed writes it
-		"REDIS_KEY_TTL":           "20s",
+		"PROXY_TIMEOUT":           "20s",
 		"DRAIN_TIMEOUT":           "45",
 		"RESPAWN":                 "true",
 		"REDIS_RETRY_ATTEMPTS":    "3",
@@ -43,9 +43,9 @@ func TestEnvironmentAndFlagPrecedence(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{RedisURL: "redis://redis:6379/2", Pool: "team-b", Launcher: "fake", Advertise: "worker-7", MaxConcurrent: 6,
-		HeartbeatInterval: 5 * time.Second, KeyTTL: 20 * time.Second, DrainTimeout: 45 * time.Second, Respawn: true, RedisRetryAttempts: 3}
+		HeartbeatInterval: 5 * time.Second, ProxyTimeout: 20 * time.Second, DrainTimeout: 45 * time.Second, Respawn: true, RedisRetryAttempts: 3}
 	if c.RedisURL != want.RedisURL || c.Pool != want.Pool || c.Launcher != want.Launcher || c.Advertise != want.Advertise ||
-		c.MaxConcurrent != want.MaxConcurrent || c.HeartbeatInterval != want.HeartbeatInterval || c.KeyTTL != want.KeyTTL ||
+		c.MaxConcurrent != want.MaxConcurrent || c.HeartbeatInterval != want.HeartbeatInterval || c.ProxyTimeout != want.ProxyTimeout ||
 		c.DrainTimeout != want.DrainTimeout || c.Respawn != want.Respawn || c.RedisRetryAttempts != want.RedisRetryAttempts {
 		t.Fatalf("got %+v", c)
 	}
@@ -63,14 +63,11 @@ func TestBadConfigurationsNameTheProblem(t *testing.T) {
 		env  map[string]string
 		want []string // every piece must appear in the error
 	}{
-		{"heartbeat not below key TTL", []string{"-heartbeat-interval", "30s", "-key-ttl", "30s"}, nil,
-			[]string{"heartbeat interval < key TTL", "heartbeat-interval 30s", "key-ttl 30s"}},
-		{"heartbeat not below stale threshold", []string{"-heartbeat-interval", "20s", "-key-ttl", "60s", "-stale-threshold", "15s"}, nil,
+		{"heartbeat not below stale threshold", []string{"-heartbeat-interval", "20s", "-stale-threshold", "15s"}, nil,
 			[]string{"heartbeat interval < stale threshold", "20s", "stale-threshold 15s"}},
-		{"heartbeat not below command TTL", []string{"-heartbeat-interval", "20s", "-key-ttl", "60s", "-stale-threshold", "60s", "-command-ttl", "10s"}, nil,
-			[]string{"heartbeat interval < shutdown command TTL", "command-ttl 10s"}},
-		{"timing from the environment", nil, map[string]string{"HEARTBEAT_INTERVAL": "40", "REDIS_KEY_TTL": "30"},
-			[]string{"heartbeat interval < key TTL", "heartbeat-interval 40s", "key-ttl 30s"}},
+		{"timing from the environment", nil, map[string]string{"HEARTBEAT_INTERVAL": "40", "STALE_THRESHOLD": "30"},
+			[]string{"heartbeat interval < stale threshold", "heartbeat-interval 40s", "stale-threshold 30s"}},
+		{"proxy timeout too short", []string{"-proxy-timeout", "1s"}, nil, []string{"-proxy-timeout", "3s"}},
 		{"bad env duration", nil, map[string]string{"HEARTBEAT_INTERVAL": "often"}, []string{"HEARTBEAT_INTERVAL", "often", "duration"}},
 		{"bad env number", nil, map[string]string{"MAX_CONCURRENT_SESSIONS": "lots"}, []string{"MAX_CONCURRENT_SESSIONS", "whole number"}},
 		{"bad env bool", nil, map[string]string{"RESPAWN": "sometimes"}, []string{"RESPAWN", "boolean"}},
@@ -130,8 +127,8 @@ func TestOptionsHaveFlagsAndEnvVars(t *testing.T) {
 		}
 		seen[o.Flag], seen[o.Env] = true, true
 	}
-	// The names.
-	for _, env := range []string{"REDIS_URL", "POOL", "BROWSER_TYPE", "LAUNCHER", "PRIVATE_HOSTNAME", "MAX_CONCURRENT_SESSIONS", "HEARTBEAT_INTERVAL", "REDIS_KEY_TTL", "DRAIN_TIMEOUT", "RESPAWN", "REDIS_RETRY_ATTEMPTS"} {
+	// The worker lifecycle's names (a record has no TTL: Caddy's stale_threshold is its bound).
+	for _, env := range []string{"REDIS_URL", "POOL", "BROWSER_TYPE", "LAUNCHER", "PRIVATE_HOSTNAME", "MAX_CONCURRENT_SESSIONS", "HEARTBEAT_INTERVAL", "STALE_THRESHOLD", "DRAIN_TIMEOUT", "RESPAWN", "REDIS_RETRY_ATTEMPTS"} {
 		if !seen[env] {
 			t.Errorf("no option reads %s", env)
 		}
@@ -173,20 +170,3 @@ func TestOperationsDocListsEveryFlag(t *testing.T) {
 
 // A lease TTL above the drain timeout is allowed but warned about: after
 // a record loss the drain would end before the proxies re-assert.
-func TestLeaseTTLAboveDrainTimeoutWarns(t *testing.T) {
-	c, err := ParseFlags(nil, func(string) string { return "" }, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w := c.Warnings(); len(w) != 0 {
-		t.Fatalf("the defaults warn: %q", w)
-	}
-	c, err = ParseFlags([]string{"-lease-ttl", "45s", "-drain-timeout", "30s"}, func(string) string { return "" }, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := c.Warnings()
-	if len(w) != 1 || !strings.Contains(w[0], "-lease-ttl 45s") || !strings.Contains(w[0], "-drain-timeout 30s") {
-		t.Fatalf("warnings %q, want one naming -lease-ttl 45s and -drain-timeout 30s", w)
-	}
-}

@@ -38,6 +38,9 @@ type LaunchFunc func(ctx context.Context) (*Browser, error)
 // the files it needs (node script, fakebrowser, Chromium) now, so a missing
 // part is reported before anything starts.
 func NewLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
+	// The browser listens on loopback only: every session reaches it
+	// through the agent.
+	cfg.Host, cfg.Port = "127.0.0.1", 0
 	switch cfg.Launcher {
 	case LauncherPlaywright:
 		return playwrightLauncher(cfg, log)
@@ -168,13 +171,17 @@ func cdpLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 
 func execLauncher(cfg Config, log *zap.Logger) LaunchFunc {
 	return func(ctx context.Context) (*Browser, error) {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
 		return startProcess(ctx, log, startOptions{
 			name: "/bin/sh",
 			args: []string{"-c", cfg.Exec},
 			env: []string{
 				"BROWSER_TYPE=" + cfg.BrowserType,
 				"BROWSER_HOST=" + cfg.Host,
-				"BROWSER_PORT=" + strconv.Itoa(cfg.Port),
+				"BROWSER_PORT=" + strconv.Itoa(port),
 				"WS_PATH=" + cfg.WSPath,
 				"BROWSER_EXECUTABLE=" + cfg.Executable,
 			},
@@ -217,4 +224,15 @@ func fakeLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 			probe:   func(u *url.URL) probe { return probe{httpURL: "http://" + dialAddr(u) + "/health"} },
 		})
 	}, nil
+}
+
+// freePort asks the kernel for a free loopback port, for a command that
+// needs its port named.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port for the browser: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }

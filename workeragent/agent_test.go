@@ -1,0 +1,284 @@
+package workeragent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"go.uber.org/zap"
+
+	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// testAgent is an agent running fakebrowser on a Redis of its own, and a
+// registry to claim its workers as Caddy would.
+type testAgent struct {
+	*Agent
+	reg  *registry.Registry
+	srv  *testenv.Redis
+	done chan error
+	stop context.CancelFunc
+}
+
+func startAgent(t *testing.T, tweak func(*Config)) *testAgent {
+	t.Helper()
+	srv := testenv.StartRedis(t)
+	cfg := Defaults()
+	cfg.RedisURL = srv.URL()
+	cfg.Launcher = LauncherFake
+	cfg.Fakebrowser = testenv.Bin(t, "fakebrowser")
+	cfg.HeartbeatInterval = 200 * time.Millisecond
+	cfg.StaleThreshold = time.Second
+	cfg.DrainTimeout = 2 * time.Second
+	cfg.IDPrefix = "t"
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	a, err := New(cfg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb, err := registry.NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ta := &testAgent{Agent: a, reg: registry.New(rdb, registry.Options{}), srv: srv, done: make(chan error, 1), stop: cancel}
+	go func() { ta.done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		a.Abort()
+		select {
+		case <-ta.done:
+		case <-time.After(20 * time.Second):
+			t.Error("the agent did not stop")
+		}
+		rdb.Close()
+	})
+	testenv.Eventually(t, 10*time.Second, "the worker registers", func() bool { return len(ta.workersIn()) == 1 })
+	return ta
+}
+
+// workersIn reads the pool's workers from Redis.
+func (ta *testAgent) workersIn() []registry.WorkerInfo {
+	info, err := ta.reg.Inspect(context.Background(), "chromium")
+	if err != nil {
+		return nil
+	}
+	return info.Workers
+}
+
+func (ta *testAgent) worker(t *testing.T, id string) registry.WorkerInfo {
+	t.Helper()
+	for _, w := range ta.workersIn() {
+		if w.ID == id {
+			return w
+		}
+	}
+	t.Fatalf("worker %s not registered", id)
+	return registry.WorkerInfo{}
+}
+
+var seq atomic.Int64
+
+// claim claims a worker as Caddy would and returns the ticket to present.
+func (ta *testAgent) claim(t *testing.T, l registry.Limits) (registry.Claim, registry.Ticket) {
+	t.Helper()
+	c, _, err := ta.reg.Claim(context.Background(), registry.ClaimRequest{
+		Group: "chromium", Policy: registry.LifetimeFirst, Limits: l, Session: fmt.Sprintf("s%d", seq.Add(1)), StaleAfter: time.Minute,
+	})
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	return c, registry.Ticket{Session: c.Session, Group: c.Group, Worker: c.Worker.ID, Limits: l}.Signed(ta.secret)
+}
+
+// dial opens a session at the agent with ticket.
+func dial(ctx context.Context, c registry.Claim, tk registry.Ticket) (*websocket.Conn, *http.Response, error) {
+	h := http.Header{}
+	h.Set(registry.HeaderClaim, tk.String())
+	return websocket.Dial(ctx, "ws://"+c.Worker.Addr+c.Worker.Path, &websocket.DialOptions{HTTPHeader: h})
+}
+
+func open(t *testing.T, ta *testAgent, l registry.Limits) (*websocket.Conn, registry.Claim) {
+	t.Helper()
+	c, tk := ta.claim(t, l)
+	ws, _, err := dial(context.Background(), c, tk)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() { ws.CloseNow() })
+	echo(t, ws)
+	return ws, c
+}
+
+func echo(t *testing.T, ws *websocket.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := ws.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if _, b, err := ws.Read(ctx); err != nil || string(b) != "ping" {
+		t.Fatalf("echo: %q %v", b, err)
+	}
+}
+
+func TestTheAgentRelaysASessionAndEndsItInRedis(t *testing.T) {
+	ta := startAgent(t, nil)
+	ws, c := open(t, ta, registry.Limits{})
+	testenv.Eventually(t, 5*time.Second, "the heartbeat reports the session live", func() bool {
+		s, ok, _ := ta.reg.GetSession(context.Background(), "chromium", c.Session)
+		return ok && s.State == "live"
+	})
+	ws.Close(websocket.StatusNormalClosure, "")
+	testenv.Eventually(t, 5*time.Second, "the end is written", func() bool {
+		w := ta.worker(t, c.Worker.ID)
+		_, ok, _ := ta.reg.GetSession(context.Background(), "chromium", c.Session)
+		return w.Active == 0 && w.Lifetime == 1 && !ok
+	})
+}
+
+func TestTheAgentRefusesWhatTheClaimsLimitsForbid(t *testing.T) {
+	ta := startAgent(t, func(c *Config) { c.MaxConcurrent = 4 })
+	l := registry.Limits{MaxConcurrent: 1}
+	_, first := open(t, ta, l)
+	// Redis loses the session's count (as a restore from an older
+	// snapshot would): the next claim reaches the agent, which refuses it.
+	ta.reg.GiveBack(context.Background(), "chromium", first.Worker.ID, false, 0, first.Session)
+	c, tk := ta.claim(t, l)
+	_, resp, err := dial(context.Background(), c, tk)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get(registry.HeaderRefused) != registry.RefusedFull {
+		t.Fatalf("second session at max_concurrent 1: %v %+v", err, resp)
+	}
+	testenv.Eventually(t, 5*time.Second, "the refused claim is given back", func() bool {
+		w := ta.worker(t, c.Worker.ID)
+		return w.Active == 1 && w.Lifetime == 1
+	})
+}
+
+func TestAClaimWithoutATicketIsRefused(t *testing.T) {
+	ta := startAgent(t, nil)
+	w := ta.workersIn()[0]
+	for _, h := range []string{"", "v=1;session=x", "v=9;session=x;group=chromium;worker=" + w.ID + ";max-concurrent=0;max-lifetime=0;max-session=0;idle-timeout=0"} {
+		hd := http.Header{}
+		if h != "" {
+			hd.Set(registry.HeaderClaim, h)
+		}
+		_, resp, err := websocket.Dial(context.Background(), "ws://"+w.Addr+w.Path, &websocket.DialOptions{HTTPHeader: hd})
+		if err == nil || resp == nil || resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("claim %q: %v %+v", h, err, resp)
+		}
+	}
+}
+
+func TestAWorkerAtItsLifetimeIsReplacedBeforeItDrains(t *testing.T) {
+	ta := startAgent(t, func(c *Config) { c.Respawn = true })
+	l := registry.Limits{MaxLifetime: 2}
+	open(t, ta, l)
+	ws, c := open(t, ta, l)
+	if !c.Last {
+		t.Fatal("the second claim is not the worker's last")
+	}
+	// The replacement serves while the old browser still holds a session.
+	testenv.Eventually(t, 10*time.Second, "a replacement registers", func() bool {
+		ws := ta.workersIn()
+		return len(ws) == 2 && slices.ContainsFunc(ws, func(w registry.WorkerInfo) bool { return w.ID != c.Worker.ID && w.Status == "available" })
+	})
+	if st := ta.worker(t, c.Worker.ID).Status; st != "replaced" {
+		t.Fatalf("old worker %s", st)
+	}
+	next, nc := open(t, ta, l)
+	if nc.Worker.ID == c.Worker.ID {
+		t.Fatal("a session went to the retiring worker")
+	}
+	ws.Close(websocket.StatusNormalClosure, "")
+	testenv.Eventually(t, 10*time.Second, "the old worker goes once drained", func() bool { return len(ta.workersIn()) == 1 })
+	echo(t, next)
+}
+
+func TestTheAgentEndsASessionWithAReason(t *testing.T) {
+	ta := startAgent(t, nil)
+	for _, tc := range []struct {
+		name   string
+		ticket func(*registry.Ticket)
+		act    func(c registry.Claim)
+		reason string
+	}{
+		{"max_session", func(t *registry.Ticket) { t.MaxSession = 300 * time.Millisecond }, nil, "max_session"},
+		{"idle_timeout", func(t *registry.Ticket) { t.IdleTimeout = 300 * time.Millisecond }, nil, "idle_timeout"},
+		{"operator", nil, func(c registry.Claim) {
+			testenv.Eventually(t, 5*time.Second, "the session is live", func() bool {
+				s, _, _ := ta.reg.GetSession(context.Background(), "chromium", c.Session)
+				return s.State == "live"
+			})
+			ta.reg.EndSession(context.Background(), "chromium", c.Session, CloseNormal, "ended by the operator")
+		}, "ended by the operator"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, tk := ta.claim(t, registry.Limits{})
+			if tc.ticket != nil {
+				tc.ticket(&tk)
+				tk = tk.Signed(nil)
+			}
+			ws, _, err := dial(context.Background(), c, tk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ws.CloseNow()
+			if tc.act != nil {
+				tc.act(c)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, _, err = ws.Read(ctx)
+			var ce websocket.CloseError
+			if !errors.As(err, &ce) || !strings.Contains(ce.Reason, tc.reason) {
+				t.Fatalf("read: %v, want a close frame naming %q", err, tc.reason)
+			}
+		})
+	}
+}
+
+func TestAfterRedisLostItsDataTheAgentRegistersItsSessionsAgain(t *testing.T) {
+	ta := startAgent(t, nil)
+	_, c := open(t, ta, registry.Limits{})
+	ta.srv.Restart()
+	testenv.Eventually(t, 10*time.Second, "the worker is back with its session", func() bool {
+		ws := ta.workersIn()
+		if len(ws) != 1 || ws[0].Active != 1 || ws[0].Lifetime != 1 {
+			return false
+		}
+		_, ok, _ := ta.reg.GetSession(context.Background(), "chromium", c.Session)
+		return ok
+	})
+}
+
+func TestAnOperatorsDrainReachesTheAgentAtOnce(t *testing.T) {
+	ta := startAgent(t, func(c *Config) { c.HeartbeatInterval = 5 * time.Second; c.StaleThreshold = 15 * time.Second })
+	id := ta.workersIn()[0].ID
+	start := time.Now()
+	if ok, err := ta.reg.Drain(context.Background(), "chromium", id); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	select {
+	case err := <-ta.done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(4 * time.Second):
+		t.Fatal("the agent did not drain and exit before its next heartbeat")
+	}
+	ta.done <- nil
+	if len(ta.workersIn()) != 0 || time.Since(start) > 4*time.Second {
+		t.Fatalf("after the drain: %+v in %s", ta.workersIn(), time.Since(start))
+	}
+}

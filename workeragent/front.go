@@ -1,0 +1,254 @@
+package workeragent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
+)
+
+// The front is the agent's one listener: every session's connection comes
+// through it on its way to a browser, which listens on loopback only. It
+// also serves /metrics, /ready and /status.
+
+// upgradeTimeout bounds the browser's answer to a forwarded upgrade.
+const upgradeTimeout = 30 * time.Second
+
+// maxAnswerBody bounds the body of a browser's non-101 answer the agent
+// passes on.
+const maxAnswerBody = 64 << 10
+
+type front struct {
+	a   *Agent
+	srv *http.Server
+	ln  net.Listener
+}
+
+func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.Header.Get(registry.HeaderClaim) != "":
+		f.session(w, r)
+	case r.URL.Path == "/metrics":
+		promhttp.HandlerFor(f.a.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+	case r.URL.Path == "/ready":
+		if f.a.ready() {
+			fmt.Fprintln(w, "ready")
+			return
+		}
+		http.Error(w, "not ready: no browser is registered and serving", http.StatusServiceUnavailable)
+	case r.URL.Path == "/status":
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(f.a.status())
+	default:
+		http.Error(w, "this is a browser grid worker: connect through the grid's Caddy, which sends the Grid-Claim header", http.StatusBadRequest)
+	}
+}
+
+// refuse answers a claim the agent will not take, in the form Caddy tells
+// from a failure (503 with Grid-Refused), with the agent's counts, and
+// gives the claim back in Redis.
+func (f *front) refuse(w http.ResponseWriter, t registry.Ticket, wk *worker, reason string) {
+	f.a.metrics.refusals.WithLabelValues(reason).Inc()
+	h := w.Header()
+	h.Set(registry.HeaderRefused, reason)
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	group := ""
+	if wk != nil {
+		active, served := wk.counts()
+		h.Set("Grid-Active", strconv.Itoa(active))
+		h.Set("Grid-Lifetime", strconv.Itoa(served))
+		group = wk.rec.Group()
+	}
+	w.WriteHeader(http.StatusServiceUnavailable)
+	fmt.Fprintf(w, "worker %s refused the session: %s\n", t.Worker, refusalText[reason])
+	f.a.reports.giveBack(wk, group, t)
+}
+
+var refusalText = map[string]string{
+	registry.RefusedFull:     "it holds as many sessions as it may at once",
+	registry.RefusedSpent:    "it has served its max_lifetime of sessions",
+	registry.RefusedDraining: "it is draining",
+	registry.RefusedHeld:     "its last session waits until the browser it replaced has drained",
+	registry.RefusedGone:     "no such browser runs behind this agent",
+}
+
+// session takes one session: the agent's checks, then the upgrade
+// forwarded to the browser, then the relay until it ends.
+func (f *front) session(w http.ResponseWriter, r *http.Request) {
+	a := f.a
+	t, err := registry.ParseTicket(r.Header.Get(registry.HeaderClaim), a.secret)
+	if err != nil {
+		a.metrics.refusals.WithLabelValues("bad_claim").Inc()
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	wk, held := a.find(t.Worker)
+	if wk == nil {
+		f.refuse(w, t, nil, registry.RefusedGone)
+		return
+	}
+	adm := wk.admit(t, held)
+	if adm.refused != "" {
+		f.refuse(w, t, wk, adm.refused)
+		return
+	}
+	begun := time.Now()
+	if adm.last {
+		a.retiring(wk, "it took its last session (max_lifetime)")
+	}
+	served := false
+	defer func() {
+		if !served {
+			wk.unadmit(t.Session, adm.last)
+			a.reports.giveBack(wk, wk.rec.Group(), t)
+		}
+	}()
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		a.log.Warn("taking over the proxy's connection", zap.Error(err))
+		return
+	}
+	defer func() {
+		if !served {
+			conn.Close()
+		}
+	}()
+	bconn, err := net.DialTimeout("tcp", wk.backend, 5*time.Second)
+	if err != nil {
+		a.log.Warn("dialing the browser", zap.String("worker_id", wk.rec.ID), zap.Error(err))
+		writeStatus(conn, http.StatusBadGateway, "the worker's browser does not answer")
+		return
+	}
+	out := &http.Request{Method: http.MethodGet, URL: r.URL, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: r.Header.Clone(), Host: wk.backend}
+	out.Header.Del(registry.HeaderClaim)
+	_ = bconn.SetDeadline(time.Now().Add(upgradeTimeout))
+	if err := out.Write(bconn); err != nil {
+		bconn.Close()
+		writeStatus(conn, http.StatusBadGateway, "the worker's browser does not answer")
+		return
+	}
+	br := bufio.NewReaderSize(bconn, relayBuffer)
+	resp, err := http.ReadResponse(br, out)
+	if err != nil {
+		bconn.Close()
+		writeStatus(conn, http.StatusBadGateway, "the worker's browser did not answer the upgrade")
+		return
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		passAnswer(conn, resp)
+		bconn.Close()
+		return
+	}
+	_ = bconn.SetDeadline(time.Time{})
+	resp.Header.Set(registry.HeaderSession, t.Session)
+	var head bytes.Buffer
+	head.WriteString("HTTP/1.1 101 Switching Protocols\r\n")
+	_ = resp.Header.Write(&head)
+	head.WriteString("\r\n")
+	if _, err := conn.Write(head.Bytes()); err != nil {
+		bconn.Close()
+		return
+	}
+	served = true
+	a.metrics.sessions.Inc()
+	a.metrics.live.Inc()
+	defer a.metrics.live.Dec()
+	// What the proxy sent after its request is in brw's buffer.
+	pending, _ := brw.Reader.Peek(brw.Reader.Buffered())
+	proxyR := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(pending)), conn), relayBuffer)
+	rl := newRelay(conn, proxyR, bconn, br)
+	wk.started(t.Session, rl)
+	stop := make(chan struct{})
+	go enforce(rl, t, stop)
+	rl.run()
+	close(stop)
+	wk.ended(t.Session)
+	why := "closed"
+	if p := rl.why.Load(); p != nil {
+		why = *p
+	}
+	a.metrics.ends.WithLabelValues(why).Inc()
+	a.metrics.bytes.WithLabelValues("to_client").Add(float64(rl.toProxy.Load()))
+	a.metrics.bytes.WithLabelValues("to_browser").Add(float64(rl.toBrowser.Load()))
+	a.reports.ended(wk, registry.Ended{Session: t.Session, Duration: time.Since(begun)})
+}
+
+// enforce ends the session at its max_session, or once it was idle for
+// its idle_timeout (no data frame either way), with a close frame that
+// says which.
+func enforce(rl *relay, t registry.Ticket, stop <-chan struct{}) {
+	var deadline <-chan time.Time
+	if t.MaxSession > 0 {
+		tm := time.NewTimer(t.MaxSession)
+		defer tm.Stop()
+		deadline = tm.C
+	}
+	var tick <-chan time.Time
+	if t.IdleTimeout > 0 {
+		tk := time.NewTicker(min(time.Second, max(t.IdleTimeout/4, 10*time.Millisecond)))
+		defer tk.Stop()
+		tick = tk.C
+	}
+	for {
+		select {
+		case <-stop:
+			return
+		case <-deadline:
+			rl.end(ClosePolicy, "max_session", fmt.Sprintf("the session reached the grid's max_session of %s", t.MaxSession))
+			return
+		case <-tick:
+			if rl.idle() >= t.IdleTimeout {
+				rl.end(ClosePolicy, "idle_timeout", fmt.Sprintf("the session was idle for the grid's idle_timeout of %s", t.IdleTimeout))
+				return
+			}
+		}
+	}
+}
+
+// writeStatus answers on a taken-over connection and closes it.
+func writeStatus(conn net.Conn, code int, msg string) {
+	body := msg + "\n"
+	fmt.Fprintf(conn, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		code, http.StatusText(code), len(body), body)
+	conn.Close()
+}
+
+// passAnswer passes the browser's refusal (a 428 for a client of another
+// Playwright version, a 400 for bad launch options) on to the proxy, its
+// body cut to maxAnswerBody, and closes the connection.
+func passAnswer(conn net.Conn, resp *http.Response) {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody))
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.TransferEncoding = nil
+	resp.Header.Del("Transfer-Encoding")
+	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	resp.Close = true
+	_ = conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_ = resp.Write(conn)
+	conn.Close()
+}
+
+// serve runs the front until ctx ends.
+func (f *front) serve(ctx context.Context) {
+	go func() {
+		<-ctx.Done()
+		_ = f.srv.Close()
+	}()
+	if err := f.srv.Serve(f.ln); err != nil && err != http.ErrServerClosed {
+		f.a.log.Error("the agent's listener failed", zap.Error(err))
+	}
+}
