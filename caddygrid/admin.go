@@ -6,14 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
-	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
 func init() {
@@ -25,20 +25,20 @@ const adminTimeout = 5 * time.Second
 
 // AdminAPI serves the grid's routes on Caddy's admin endpoint:
 //
-//	GET  /grid/pools                          every pool with its totals
-//	GET  /grid/pools/{pool}                   every worker of a pool
-//	POST /grid/pools/{pool}/workers/{id}/drain  set a worker's shutdown command
-//	GET  /grid/pools/{pool}/pick[?policy=…]   what a claim would choose now (claims nothing)
+//	GET    /grid/pools                           every pool with its totals
+//	GET    /grid/pools/{pool}                    a pool's workers and configured limits
+//	POST   /grid/pools/{pool}/workers/{id}/drain drain a worker
+//	GET    /grid/pools/{pool}/pick[?version=]    what a claim would take now (claims nothing)
+//	GET    /grid/sessions[?pool=][&cursor=]      live sessions, every instance's, a page at a time
+//	GET    /grid/sessions/{id}                   one session
+//	DELETE /grid/sessions/{id}                   end a session
 //
 // Errors are caddy.APIError JSON ({"error": "…"}).
 type AdminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
 func (AdminAPI) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "admin.api.grid",
-		New: func() caddy.Module { return new(AdminAPI) },
-	}
+	return caddy.ModuleInfo{ID: "admin.api.grid", New: func() caddy.Module { return new(AdminAPI) }}
 }
 
 // Routes returns the admin routes of the grid.
@@ -49,374 +49,478 @@ func (AdminAPI) Routes() []caddy.AdminRoute {
 // PoolSummary is one pool in GET /grid/pools.
 type PoolSummary struct {
 	Pool string `json:"pool"`
-	// Workers registered, and how many of them are available or draining
-	// (status draining, or told to shut down: either takes no session).
+	// Workers registered; Available take sessions; Retiring are on their
+	// way out (at their max_lifetime, draining, or replaced).
 	Workers   int `json:"workers"`
 	Available int `json:"available"`
-	Draining  int `json:"draining"`
-	// Active is the sum of the workers' live sessions.
-	Active int `json:"active"`
-	// Capacity is the sum of the available workers' caps (the smaller of
-	// max_concurrent and the worker's capacity); Uncapped counts
-	// available workers without any cap (not in Capacity).
+	Retiring  int `json:"retiring"`
+	// Active is the live and pending sessions Redis counts; Capacity the
+	// sum of the available workers' caps (Uncapped: those without one).
+	Active   int `json:"active"`
 	Capacity int `json:"capacity"`
 	Uncapped int `json:"uncapped,omitempty"`
-	// Leases is the number of live leases in Redis (all Caddy instances).
-	Leases int `json:"leases"`
-	// QueueDepth is the number of requests waiting in this instance.
-	QueueDepth int `json:"queue_depth"`
-	// LocalSessions is the number of live sessions this instance holds.
+	// QueueDepth and LocalSessions are this instance's.
+	QueueDepth    int `json:"queue_depth"`
 	LocalSessions int `json:"local_sessions"`
-	// Versions are the Playwright versions (major.minor) the pool's
-	// workers serve, oldest first; none for a pool of CDP or exec workers.
+	// Versions are the Playwright versions its workers serve, oldest
+	// first.
 	Versions []string `json:"versions,omitempty"`
 }
 
 // WorkerStatus is one worker in GET /grid/pools/{pool}.
 type WorkerStatus struct {
-	ID       string `json:"id"`
-	Endpoint string `json:"endpoint"`
+	ID string `json:"id"`
+	// Version is the Playwright major.minor it serves ("": any client).
+	Version  string `json:"version,omitempty"`
 	Addr     string `json:"addr"`
 	Path     string `json:"path"`
+	Launcher string `json:"launcher,omitempty"`
+	// Status: available, retiring (the claim of its last session is on
+	// its way), draining, replaced (draining, its replacement serving),
+	// stale (no heartbeat within stale_threshold).
 	Status   string `json:"status"`
 	Active   int    `json:"active"`
 	Lifetime int    `json:"lifetime"`
-	// Capacity is the worker's own registered capacity (0: none).
-	Capacity int `json:"capacity"`
-	// HeartbeatAge is the time since the last heartbeat, e.g. "1.2s";
-	// HeartbeatAgeMS the same in milliseconds.
+	// Capacity is its own (0: none).
+	Capacity       int    `json:"capacity"`
 	HeartbeatAge   string `json:"heartbeat_age"`
 	HeartbeatAgeMS int64  `json:"heartbeat_age_ms"`
 	SuspectUntil   string `json:"suspect_until,omitempty"`
-	Command        string `json:"command,omitempty"`
-	// PlaywrightVersion is the major.minor of the Playwright browser
-	// server the worker runs ("" for CDP and exec workers).
-	PlaywrightVersion string `json:"playwright_version,omitempty"`
+	// Held: its last session waits until its agent's previous browser has
+	// drained.
+	Held       bool      `json:"held,omitempty"`
+	Video      bool      `json:"video,omitempty"`
+	Registered time.Time `json:"registered"`
+}
+
+// Configured is what this instance's config brings to a pool.
+type Configured struct {
+	Policy         string `json:"policy"`
+	MaxConcurrent  int    `json:"max_concurrent"`
+	MaxLifetime    int    `json:"max_lifetime"`
+	StaggerDrains  bool   `json:"stagger_drains"`
+	MaxSession     string `json:"max_session,omitempty"`
+	IdleTimeout    string `json:"idle_timeout,omitempty"`
+	ClientLimit    int    `json:"client_limit,omitempty"`
+	SelectTimeout  string `json:"select_timeout"`
+	VersionRouting bool   `json:"version_routing"`
 }
 
 // PoolDetail is GET /grid/pools/{pool}.
 type PoolDetail struct {
 	PoolSummary
-	MaxConcurrent  int            `json:"max_concurrent"`
-	MaxLifetime    int            `json:"max_lifetime"`
-	WorkerStatuses []WorkerStatus `json:"workers"`
-	BadRecords     []BadRecordOut `json:"bad_records,omitempty"`
-	// Indexes are the optional indexes the pool and its version groups
-	// keep (docs/redis.md, "Kept indexes").
-	Indexes []IndexOut `json:"indexes,omitempty"`
+	// Configured is nil for a pool this instance's config does not name.
+	Configured *Configured     `json:"configured,omitempty"`
+	Workers    []WorkerStatus  `json:"workers"`
+	BadRecords []BadRecordOut  `json:"bad_records,omitempty"`
+	Margin     int             `json:"margin,omitempty"`
+	Groups     []GroupRetiring `json:"groups,omitempty"`
 }
 
-// IndexOut is one optional index a pool keeps: its pool or version
-// group, name, the policy that walks it, its state ("complete",
-// "building": that policy's claims choose as lifetime_first until it is
-// complete, "kept": no claim of this version settled the pool yet) and
-// when a claim last walked it (RFC 3339, noted every 15 minutes at most).
-type IndexOut struct {
-	Pool       string `json:"pool"`
-	Name       string `json:"name"`
-	Policy     string `json:"policy"`
-	State      string `json:"state"`
-	LastWalked string `json:"last_walked,omitempty"`
+// GroupRetiring lists the workers of a version group that count as
+// retiring for stagger_drains.
+type GroupRetiring struct {
+	Version  string   `json:"version,omitempty"`
+	Retiring []string `json:"retiring"`
 }
 
-// BadRecordOut is a worker record that does not parse.
+// BadRecordOut is a worker record that does not parse, or that the dial
+// policy refuses.
 type BadRecordOut struct {
 	ID    string `json:"id"`
 	Error string `json:"error"`
 }
 
-// PickResult is GET /grid/pools/{pool}/pick.
-type PickResult struct {
-	Pool   string `json:"pool"`
-	Policy string `json:"policy"`
-	// Version is the Playwright version group the pick was made in
-	// (absent: the pool's workers without a version).
-	Version string        `json:"version,omitempty"`
-	Worker  *WorkerStatus `json:"worker"`
-	// Scanned, Stale: what the decision walked past.
-	Scanned int      `json:"scanned"`
-	Stale   []string `json:"stale,omitempty"`
+// SessionOut is one session in GET /grid/sessions.
+type SessionOut struct {
+	ID      string `json:"id"`
+	Pool    string `json:"pool"`
+	Version string `json:"version,omitempty"`
+	Worker  string `json:"worker"`
+	// State: pending (claimed, not yet seen by its agent), live, ending.
+	State string `json:"state"`
+	// Instance is the Caddy that claimed it ("": its agent reported it
+	// after Redis lost its record).
+	Instance string    `json:"instance,omitempty"`
+	Client   string    `json:"client_hash,omitempty"`
+	Label    string    `json:"label,omitempty"`
+	Started  time.Time `json:"started"`
+	AgeMS    int64     `json:"age_ms"`
 }
 
-func apiError(code int, err error) error {
-	return caddy.APIError{HTTPStatus: code, Err: err}
+// SessionsPage is GET /grid/sessions.
+type SessionsPage struct {
+	Sessions []SessionOut `json:"sessions"`
+	// Next is the cursor of the next page, "" after the last.
+	Next string `json:"next,omitempty"`
 }
 
 func serveAdmin(w http.ResponseWriter, r *http.Request) error {
-	a := running.current()
-	var b *backend
-	if a != nil {
-		b = a.liveBackend()
+	app := currentApp()
+	if app == nil {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: errors.New("no grid app is running")}
 	}
-	if b == nil {
-		return apiError(http.StatusServiceUnavailable, errors.New("no grid app is running"))
-	}
-	// Hold the backend for the request: a reload may clean the app up
-	// meanwhile.
-	b, err := b.retain()
-	if err != nil {
-		return apiError(http.StatusServiceUnavailable, errors.New("no grid app is running"))
-	}
-	defer b.drop()
-	parts := strings.Split(strings.Trim(strings.TrimPrefix(r.URL.Path, "/grid/"), "/"), "/")
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
+	parts := strings.Split(strings.Trim(strings.TrimPrefix(r.URL.Path, "/grid/"), "/"), "/")
+	method := r.Method
+	var out any
+	var err error
 	switch {
-	case len(parts) == 1 && parts[0] == "pools":
-		if r.Method != http.MethodGet {
-			return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use GET", r.Method))
-		}
-		return a.adminPools(ctx, b, w)
-	case len(parts) >= 2 && parts[0] == "pools":
-		pool := parts[1]
-		if !validPoolName(pool) {
-			return apiError(http.StatusBadRequest, fmt.Errorf("invalid pool name %q", pool))
-		}
-		switch {
-		case len(parts) == 2:
-			if r.Method != http.MethodGet {
-				return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use GET", r.Method))
-			}
-			return a.adminPool(ctx, b, w, pool)
-		case len(parts) == 3 && parts[2] == "pick":
-			if r.Method != http.MethodGet {
-				return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use GET", r.Method))
-			}
-			return a.adminPick(ctx, b, w, pool, r.URL.Query().Get("policy"), r.URL.Query().Get("version"))
-		case len(parts) == 5 && parts[2] == "workers" && parts[4] == "drain":
-			if r.Method != http.MethodPost {
-				return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed: use POST", r.Method))
-			}
-			return a.adminDrain(ctx, b, w, pool, parts[3])
-		}
+	case parts[0] == "pools" && len(parts) == 1 && method == http.MethodGet:
+		out, err = app.pools(ctx)
+	case parts[0] == "pools" && len(parts) == 2 && method == http.MethodGet:
+		out, err = app.pool(ctx, parts[1])
+	case parts[0] == "pools" && len(parts) == 3 && parts[2] == "pick" && method == http.MethodGet:
+		out, err = app.pick(ctx, parts[1], r.URL.Query().Get("version"))
+	case parts[0] == "pools" && len(parts) == 5 && parts[2] == "workers" && parts[4] == "drain" && method == http.MethodPost:
+		out, err = app.drain(ctx, parts[1], parts[3])
+	case parts[0] == "sessions" && len(parts) == 1 && method == http.MethodGet:
+		out, err = app.sessionsPage(ctx, r.URL.Query().Get("pool"), r.URL.Query().Get("cursor"))
+	case parts[0] == "sessions" && len(parts) == 2 && method == http.MethodGet:
+		out, err = app.session(ctx, parts[1])
+	case parts[0] == "sessions" && len(parts) == 2 && method == http.MethodDelete:
+		out, err = app.endSession(ctx, parts[1])
+	default:
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no grid route %s %s", method, r.URL.Path)}
 	}
-	return apiError(http.StatusNotFound, fmt.Errorf("no grid admin route %s %s", r.Method, r.URL.Path))
-}
-
-func writeJSON(w http.ResponseWriter, v any) error {
+	if err != nil {
+		var ae caddy.APIError
+		if errors.As(err, &ae) {
+			return ae
+		}
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	return enc.Encode(out)
 }
 
-func redisError(what string, err error) error {
-	metrics.redisErrors.WithLabelValues("admin").Inc()
-	return apiError(http.StatusServiceUnavailable, fmt.Errorf("%s: %w", what, err))
+func notFound(format string, args ...any) error {
+	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf(format, args...)}
 }
 
-// summarize totals a pool (with its version groups: inspectPool).
-func (a *App) summarize(b *backend, info registry.PoolInfo, versions, groups []string) PoolSummary {
-	s := PoolSummary{Pool: info.Pool, Workers: len(info.Workers), Leases: info.Leases, Versions: versions}
-	live := b.liveLeases()
-	for _, g := range groups {
-		s.QueueDepth += b.queueDepth(g)
-		s.LocalSessions += live[g]
+func badRequest(err error) error { return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err} }
+
+// groupInfos reads every version group of a pool.
+func (a *App) groupInfos(ctx context.Context, pool string) ([]registry.GroupInfo, registry.PoolVersions, error) {
+	b := a.backend
+	vs, err := b.reg.Versions(ctx, pool)
+	if err != nil {
+		return nil, vs, err
 	}
-	for _, w := range info.Workers {
-		s.Active += w.Active
-		switch {
-		case w.Status == selection.Draining || w.Command == registry.CommandShutdown:
-			// told to shut down, its agent not draining yet: it takes no
-			// session either
-			s.Draining++
-		case w.Status == selection.Available:
+	groups := []string{pool}
+	for _, v := range vs.Versions {
+		groups = append(groups, registry.GroupPool(pool, v))
+	}
+	var out []registry.GroupInfo
+	for _, g := range groups {
+		gi, err := b.reg.Inspect(ctx, g)
+		if err != nil {
+			return nil, vs, err
+		}
+		out = append(out, gi)
+	}
+	return out, vs, nil
+}
+
+func (a *App) summary(ctx context.Context, pool string) (PoolSummary, []registry.GroupInfo, error) {
+	infos, vs, err := a.groupInfos(ctx, pool)
+	if err != nil {
+		return PoolSummary{}, nil, err
+	}
+	s := PoolSummary{Pool: pool, Versions: vs.Versions, QueueDepth: a.backend.queue(pool).depth(),
+		LocalSessions: a.backend.sessions.count(pool)}
+	conf := a.configured(pool)
+	for _, gi := range infos {
+		for _, w := range gi.Workers {
+			s.Workers++
+			s.Active += w.Active
+			if workerStatus(w, gi.Now, time.Duration(a.StaleThreshold)) != "available" {
+				if w.Status != "available" {
+					s.Retiring++
+				}
+				continue
+			}
 			s.Available++
-			snap := w.Snapshot()
-			if c := info.Limits.Cap(&snap); c > 0 {
+			mc := 0
+			if conf != nil {
+				mc = conf.MaxConcurrent
+			}
+			if c := effectiveCap(w.Record.Capacity, mc); c > 0 {
 				s.Capacity += c
 			} else {
 				s.Uncapped++
 			}
 		}
 	}
-	return s
+	return s, infos, nil
 }
 
-func (a *App) adminPools(ctx context.Context, b *backend, w http.ResponseWriter) error {
-	pools, err := b.reg.Pools(ctx)
-	if err != nil {
-		return redisError("listing pools", err)
+// effectiveCap is the smaller of a worker's capacity and max_concurrent,
+// ignoring either when 0.
+func effectiveCap(capacity, mc int) int {
+	switch {
+	case capacity > 0 && mc > 0:
+		return min(capacity, mc)
+	case capacity > 0:
+		return capacity
 	}
-	pools = basePools(pools)
-	out := make([]PoolSummary, 0, len(pools))
+	return mc
+}
+
+func workerStatus(w registry.WorkerInfo, now time.Time, stale time.Duration) string {
+	if stale > 0 && now.Sub(w.LastHeartbeat) > stale {
+		return "stale"
+	}
+	return w.Status
+}
+
+// knownPools are the directory's pools and those this config names.
+func (a *App) knownPools(ctx context.Context) ([]string, error) {
+	pools, err := a.backend.reg.Pools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	for p := range a.routes {
+		if !slices.Contains(pools, p) {
+			pools = append(pools, p)
+		}
+	}
+	a.mu.Unlock()
+	slices.Sort(pools)
+	return pools, nil
+}
+
+func (a *App) pools(ctx context.Context) ([]PoolSummary, error) {
+	pools, err := a.knownPools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []PoolSummary{}
 	for _, p := range pools {
-		info, versions, groups, err := inspectPool(ctx, b, p)
+		s, _, err := a.summary(ctx, p)
 		if err != nil {
-			return redisError(fmt.Sprintf("reading pool %q", p), err)
+			return nil, err
 		}
-		out = append(out, a.summarize(b, info, versions, groups))
+		out = append(out, s)
 	}
-	return writeJSON(w, out)
+	return out, nil
 }
 
-func workerStatus(wi registry.WorkerInfo, now time.Time) WorkerStatus {
-	age := now.Sub(wi.LastHeartbeat)
-	if wi.LastHeartbeat.IsZero() || age < 0 {
-		age = 0
+func (a *App) pool(ctx context.Context, pool string) (*PoolDetail, error) {
+	if err := registry.CheckPool(pool); err != nil || strings.Contains(pool, "@") {
+		return nil, badRequest(fmt.Errorf("invalid pool name %q", pool))
 	}
-	ws := WorkerStatus{
-		ID: wi.ID, Addr: wi.Addr, Path: wi.Path, Endpoint: "ws://" + wi.Addr + wi.Path,
-		Status: string(wi.Status), Active: wi.Active, Lifetime: wi.Lifetime, Capacity: wi.Capacity,
-		HeartbeatAge: age.Round(time.Millisecond).String(), HeartbeatAgeMS: age.Milliseconds(),
-		Command: string(wi.Command), PlaywrightVersion: wi.PlaywrightVersion,
-	}
-	if wi.SuspectUntil.After(now) {
-		ws.SuspectUntil = wi.SuspectUntil.UTC().Format(time.RFC3339Nano)
-	}
-	return ws
-}
-
-func (a *App) adminPool(ctx context.Context, b *backend, w http.ResponseWriter, pool string) error {
-	info, versions, groups, err := inspectPool(ctx, b, pool)
+	s, infos, err := a.summary(ctx, pool)
 	if err != nil {
-		return redisError(fmt.Sprintf("reading pool %q", pool), err)
+		return nil, err
 	}
-	if len(info.Workers) == 0 && len(info.BadRecords) == 0 {
-		pools, err := b.reg.Pools(ctx)
-		if err != nil {
-			return redisError("listing pools", err)
+	d := &PoolDetail{PoolSummary: s, Configured: a.configured(pool), Workers: []WorkerStatus{}}
+	if s.Workers == 0 && d.Configured == nil {
+		return nil, notFound("pool %q has no workers and this configuration does not name it", pool)
+	}
+	for _, gi := range infos {
+		_, v := registry.SplitGroup(gi.Group)
+		d.Groups = append(d.Groups, GroupRetiring{Version: v, Retiring: append([]string{}, gi.Retiring...)})
+		for _, b := range gi.BadRecords {
+			d.BadRecords = append(d.BadRecords, BadRecordOut{ID: b.ID, Error: b.Error})
 		}
-		known := false
-		for _, p := range basePools(pools) {
-			known = known || p == pool
-		}
-		if !known {
-			return apiError(http.StatusNotFound, fmt.Errorf("pool %q has no workers and never had any", pool))
-		}
-	}
-	now := info.Now // Redis' clock, as the heartbeats it shows
-	if now.IsZero() {
-		now = time.Now()
-	}
-	d := PoolDetail{
-		PoolSummary:    a.summarize(b, info, versions, groups),
-		MaxConcurrent:  info.Limits.MaxConcurrent,
-		MaxLifetime:    info.Limits.MaxLifetime,
-		WorkerStatuses: make([]WorkerStatus, 0, len(info.Workers)),
-	}
-	for _, ix := range info.Indexes {
-		out := IndexOut{Pool: ix.Pool, Name: ix.Name, Policy: string(ix.Policy), State: ix.State}
-		if !ix.LastWalked.IsZero() {
-			out.LastWalked = ix.LastWalked.UTC().Format(time.RFC3339)
-		}
-		d.Indexes = append(d.Indexes, out)
-	}
-	for _, wi := range info.Workers {
-		d.WorkerStatuses = append(d.WorkerStatuses, workerStatus(wi, now))
-	}
-	for _, b := range info.BadRecords {
-		d.BadRecords = append(d.BadRecords, BadRecordOut{ID: b.ID, Error: b.Err})
-	}
-	d.BadRecords = append(d.BadRecords, a.refusedRecords(ctx, info)...)
-	return writeJSON(w, d)
-}
-
-func (a *App) adminDrain(ctx context.Context, b *backend, w http.ResponseWriter, pool, id string) error {
-	err := b.reg.Drain(ctx, pool, id)
-	if errors.Is(err, registry.ErrNotRegistered) {
-		// the worker may be in one of the pool's version groups
-		vs, verr := b.reg.Versions(ctx, pool)
-		if verr != nil {
-			return redisError(fmt.Sprintf("reading the versions of pool %q", pool), verr)
-		}
-		for v := range vs.Workers {
-			if v != "" && errors.Is(err, registry.ErrNotRegistered) {
-				err = b.reg.Drain(ctx, registry.GroupPool(pool, v), id)
+		for _, w := range gi.Workers {
+			d.Workers = append(d.Workers, workerOut(w, gi.Now, time.Duration(a.StaleThreshold)))
+			if _, r := a.dial.check(ctx, &w.Record); r != nil {
+				d.BadRecords = append(d.BadRecords, BadRecordOut{ID: w.ID, Error: r.reason + ": " + r.err.Error()})
 			}
 		}
 	}
-	if err != nil {
-		if errors.Is(err, registry.ErrNotRegistered) {
-			return apiError(http.StatusNotFound, fmt.Errorf("worker %q is not registered in pool %q", id, pool))
-		}
-		return redisError(fmt.Sprintf("draining worker %q of pool %q", id, pool), err)
+	if d.Configured != nil && d.Configured.MaxLifetime > 0 && len(d.Workers) > 0 {
+		d.Margin = max(1, d.Configured.MaxLifetime/len(d.Workers))
 	}
-	a.logger.Info("worker told to drain through the admin API",
-		zap.String("pool", pool), zap.String("worker_id", id))
-	return writeJSON(w, map[string]string{"pool": pool, "worker_id": id, "command": string(registry.CommandShutdown)})
+	return d, nil
 }
 
-// adminPick asks the registry what a claim would choose now. With
-// version, a Playwright client of that version: its version's group only.
-// Without, a client that sends none: the pool's groups in the order such
-// a claim tries them (registry.PoolVersions.Groups), up to the first that
-// has a worker to give. In each group the request is this instance's
-// last claim there (its policy and limits), or lifetime_first with the
-// group's stored limits.
-func (a *App) adminPick(ctx context.Context, b *backend, w http.ResponseWriter, pool, policy, version string) error {
-	if policy != "" {
-		if _, ok := registry.LookupPolicy(policy); !ok {
-			return apiError(http.StatusBadRequest, &registry.UnknownPolicyError{Name: policy})
-		}
+func workerOut(w registry.WorkerInfo, now time.Time, stale time.Duration) WorkerStatus {
+	age := now.Sub(w.LastHeartbeat)
+	out := WorkerStatus{
+		ID: w.ID, Version: w.Version, Addr: w.Addr, Path: w.Path, Launcher: w.Launcher,
+		Status: workerStatus(w, now, stale), Active: w.Active, Lifetime: w.Lifetime, Capacity: w.Record.Capacity,
+		HeartbeatAge: age.Round(time.Millisecond).String(), HeartbeatAgeMS: age.Milliseconds(),
+		Held: w.Hold, Video: w.Video, Registered: time.UnixMilli(w.Registered),
 	}
-	groups := []string{pool}
+	if w.SuspectUntil.After(now) {
+		out.SuspectUntil = w.SuspectUntil.Format(time.RFC3339Nano)
+	}
+	return out
+}
+
+// PickResult is GET /grid/pools/{pool}/pick.
+type PickResult struct {
+	Pool    string        `json:"pool"`
+	Policy  string        `json:"policy"`
+	Version string        `json:"version,omitempty"`
+	Worker  *WorkerStatus `json:"worker"`
+	Scanned int           `json:"scanned"`
+	Stale   []string      `json:"stale,omitempty"`
+}
+
+func (a *App) pick(ctx context.Context, pool, version string) (*PickResult, error) {
+	if err := registry.CheckPool(pool); err != nil {
+		return nil, badRequest(err)
+	}
+	conf := a.route(pool)
+	res := &PickResult{Pool: pool, Policy: string(conf.policy)}
+	vs, err := a.backend.reg.Versions(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	groups := vs.Groups(pool)
 	if version != "" {
 		if err := registry.CheckVersion(version); err != nil {
-			return apiError(http.StatusBadRequest, err)
+			return nil, badRequest(err)
 		}
-		// as a client's User-Agent is read: "01.065" is 1.65
-		major, minor, _ := strings.Cut(version, ".")
-		groups = []string{registry.GroupPool(pool, majorMinor(major, minor))}
-	} else {
-		vs, err := b.reg.Versions(ctx, pool)
-		if err != nil {
-			return redisError(fmt.Sprintf("reading the versions of pool %q", pool), err)
-		}
-		if gs := vs.Groups(pool); len(gs) > 0 {
-			groups = gs
-		}
+		groups = []string{registry.GroupPool(pool, version)}
 	}
-	out := PickResult{Pool: pool}
-	for i, group := range groups {
-		req, err := a.pickRequest(ctx, b, group, policy)
+	for _, g := range groups {
+		c, info, err := a.backend.reg.Pick(ctx, registry.ClaimRequest{
+			Group: g, Policy: conf.policy, Options: conf.options, Limits: conf.limits.Limits,
+			StaleAfter: time.Duration(a.StaleThreshold), MaxScan: DefaultMaxScan,
+		})
+		res.Scanned += info.Scanned
+		res.Stale = append(res.Stale, info.Stale...)
+		if errors.Is(err, registry.ErrNoWorker) {
+			continue
+		}
 		if err != nil {
-			return err
+			return nil, err
 		}
-		wi, dec, err := b.reg.Pick(ctx, req)
-		out.Scanned += dec.Scanned
-		out.Stale = append(out.Stale, dec.Stale...)
-		if i == 0 || err == nil {
-			_, out.Version = registry.SplitGroup(group)
-			out.Policy = string(req.Policy)
+		gi, err := a.backend.reg.Inspect(ctx, g)
+		if err != nil {
+			return nil, err
 		}
-		switch {
-		case err == nil:
-			ws := workerStatus(wi, time.Now())
-			out.Worker = &ws
-			return writeJSON(w, out)
-		case errors.Is(err, registry.ErrNoWorker):
-		default:
-			return redisError(fmt.Sprintf("picking in pool %q", group), err)
+		for _, w := range gi.Workers {
+			if w.ID == c.Worker.ID {
+				ws := workerOut(w, gi.Now, time.Duration(a.StaleThreshold))
+				res.Worker = &ws
+			}
 		}
+		_, res.Version = registry.SplitGroup(g)
+		return res, nil
 	}
-	return writeJSON(w, out)
+	return res, nil
 }
 
-// pickRequest is the claim request adminPick asks about in group: this
-// instance's last there, or lifetime_first with the group's stored limits;
-// with policy, that policy with its parameters at their defaults.
-func (a *App) pickRequest(ctx context.Context, b *backend, group, policy string) (registry.ClaimRequest, error) {
-	b.mu.Lock()
-	last, ok := b.lastPick[group]
-	b.mu.Unlock()
-	req := last.req
+func (a *App) drain(ctx context.Context, pool, id string) (map[string]string, error) {
+	vs, err := a.backend.reg.Versions(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	groups := append([]string{pool}, vs.Groups(pool)...)
+	for _, g := range groups {
+		ok, err := a.backend.reg.Drain(ctx, g, id)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return map[string]string{"pool": pool, "worker_id": id, "status": "draining"}, nil
+		}
+	}
+	return nil, notFound("worker %q is not registered in pool %q", id, pool)
+}
+
+func sessionOut(s registry.Session, now time.Time) SessionOut {
+	return SessionOut{ID: s.ID, Pool: s.Pool, Version: s.Version, Worker: s.Worker, State: s.State, Instance: s.Instance,
+		Client: s.Client, Label: s.Label, Started: s.Claimed, AgeMS: now.Sub(s.Claimed).Milliseconds()}
+}
+
+// sessionsPage lists sessions a page at a time. The cursor is
+// "<pool index>.<Redis cursor>" over the pools in order.
+func (a *App) sessionsPage(ctx context.Context, pool, cursor string) (*SessionsPage, error) {
+	pools := []string{pool}
+	if pool == "" {
+		var err error
+		if pools, err = a.knownPools(ctx); err != nil {
+			return nil, err
+		}
+	} else if err := registry.CheckPool(pool); err != nil {
+		return nil, badRequest(err)
+	}
+	pi, rc := 0, uint64(0)
+	if cursor != "" {
+		p, c, ok := strings.Cut(cursor, ".")
+		var err1, err2 error
+		pi, err1 = strconv.Atoi(p)
+		rc, err2 = strconv.ParseUint(c, 10, 64)
+		if !ok || err1 != nil || err2 != nil || pi < 0 || pi >= len(pools) {
+			return nil, badRequest(fmt.Errorf("invalid cursor %q", cursor))
+		}
+	}
+	out := &SessionsPage{Sessions: []SessionOut{}}
+	now := time.Now()
+	for pi < len(pools) && len(out.Sessions) < 100 {
+		ss, next, err := a.backend.reg.Sessions(ctx, pools[pi], rc, 100)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range ss {
+			out.Sessions = append(out.Sessions, sessionOut(s, now))
+		}
+		if next == 0 {
+			pi, rc = pi+1, 0
+		} else {
+			rc = next
+		}
+	}
+	if pi < len(pools) {
+		out.Next = strconv.Itoa(pi) + "." + strconv.FormatUint(rc, 10)
+	}
+	return out, nil
+}
+
+// findSession looks a session up in every pool.
+func (a *App) findSession(ctx context.Context, id string) (registry.Session, error) {
+	if registry.CheckID(id) != nil {
+		return registry.Session{}, notFound("no session %q", id)
+	}
+	pools, err := a.knownPools(ctx)
+	if err != nil {
+		return registry.Session{}, err
+	}
+	for _, p := range pools {
+		s, ok, err := a.backend.reg.GetSession(ctx, p, id)
+		if err != nil {
+			return registry.Session{}, err
+		}
+		if ok {
+			return s, nil
+		}
+	}
+	return registry.Session{}, notFound("no session %q", id)
+}
+
+func (a *App) session(ctx context.Context, id string) (*SessionOut, error) {
+	s, err := a.findSession(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := sessionOut(s, time.Now())
+	return &out, nil
+}
+
+// endSession ends a session wherever it runs: its agent closes it with a
+// close frame, "ended by the operator".
+func (a *App) endSession(ctx context.Context, id string) (map[string]string, error) {
+	s, err := a.findSession(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	ok, err := a.backend.reg.EndSession(ctx, s.Pool, id, 1000, "ended by the operator")
+	if err != nil {
+		return nil, err
+	}
 	if !ok {
-		info, err := b.reg.Inspect(ctx, group)
-		if err != nil {
-			return req, redisError(fmt.Sprintf("reading pool %q", group), err)
-		}
-		req = registry.ClaimRequest{Pool: group, Policy: registry.LifetimeFirst, Limits: info.Limits}
-		req.Limits.StaleAfter = time.Duration(a.StaleThreshold)
+		return nil, notFound("no session %q", id)
 	}
-	if policy != "" && registry.Policy(policy) != req.Policy {
-		// Another policy than the last claim's: its own parameters at
-		// their defaults (the registry fills zero fields).
-		req.Policy = registry.Policy(policy)
-		req.Vnode, req.FairShare = selection.Vnode{}, selection.FairShare{}
-	}
-	return req, nil
+	return map[string]string{"session": id, "pool": s.Pool, "worker": s.Worker, "status": "ending"}, nil
 }
-
-// Interface guards
-var _ caddy.AdminRouter = (*AdminAPI)(nil)

@@ -24,8 +24,8 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "grid",
-		Usage: "status [--pool <pool>] [--watch] | drain <pool> <worker>",
-		Short: "Shows the browser grid's pools and workers, or drains a worker",
+		Usage: "status [--pool <pool>] [--watch] | drain <pool> <worker> | sessions [--pool <pool>] | end <session>",
+		Short: "Shows the browser grid's pools, workers and sessions; drains a worker; ends a session",
 		Long: `
 Reads the grid through Caddy's admin API.
 
@@ -36,9 +36,13 @@ wait) and the sawtooth (that worker restarting and starting again from
 zero) can be watched in a terminal. --watch redraws every --interval until
 Ctrl-C.
 
-'caddy grid drain <pool> <worker>' sets the worker's shutdown command: it
-takes no new session from then on, and its agent drains it (the live
-sessions finish) and restarts it.
+'caddy grid drain <pool> <worker>' drains a worker: it takes no new
+session from then on, and its agent drains it (the live sessions finish)
+and restarts it.
+
+'caddy grid sessions' lists the live sessions of every Caddy instance
+sharing the Redis; 'caddy grid end <session>' ends one: its agent closes
+it with a close frame, "ended by the operator".
 
 The admin address comes from --address, else from --config, else Caddy's
 default (localhost:2019).
@@ -56,7 +60,7 @@ default (localhost:2019).
 			status.Flags().Duration("interval", time.Second, "How often --watch redraws")
 			drain := &cobra.Command{
 				Use:   "drain <pool> <worker>",
-				Short: "Sets a worker's shutdown command so that it drains and restarts",
+				Short: "Drains a worker so that it restarts",
 				Args:  cobra.ExactArgs(2),
 				RunE: func(c *cobra.Command, args []string) error {
 					return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
@@ -65,7 +69,26 @@ default (localhost:2019).
 				},
 			}
 			addAdminFlags(drain)
-			cmd.AddCommand(status, drain)
+			sessions := &cobra.Command{
+				Use:   "sessions [--pool <pool>]",
+				Short: "Lists the live sessions",
+				Args:  cobra.NoArgs,
+				RunE:  caddycmd.WrapCommandFuncForCobra(cmdGridSessions),
+			}
+			addAdminFlags(sessions)
+			sessions.Flags().String("pool", "", "Show only this pool")
+			end := &cobra.Command{
+				Use:   "end <session>",
+				Short: "Ends a session with a close frame, wherever it runs",
+				Args:  cobra.ExactArgs(1),
+				RunE: func(c *cobra.Command, args []string) error {
+					return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+						return cmdGridEnd(fl, args[0])
+					})(c, args)
+				},
+			}
+			addAdminFlags(end)
+			cmd.AddCommand(status, drain, sessions, end)
 		},
 	})
 }
@@ -184,7 +207,61 @@ func cmdGridDrain(fl caddycmd.Flags, pool, worker string) (int, error) {
 		return caddy.ExitCodeFailedStartup, err
 	}
 	resp.Body.Close()
-	fmt.Printf("worker %s of pool %s will drain and restart\n", worker, pool)
+	fmt.Printf("worker %s of pool %s drains and restarts\n", worker, pool)
+	return caddy.ExitCodeSuccess, nil
+}
+
+func cmdGridSessions(fl caddycmd.Flags) (int, error) {
+	addr, err := adminAddress(fl)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	q := url.Values{}
+	if p := fl.String("pool"); p != "" {
+		q.Set("pool", p)
+	}
+	var all []SessionOut
+	for {
+		var page SessionsPage
+		if err := adminGet(addr, "/grid/sessions?"+q.Encode(), &page); err != nil {
+			return caddy.ExitCodeFailedStartup, err
+		}
+		all = append(all, page.Sessions...)
+		if page.Next == "" {
+			break
+		}
+		q.Set("cursor", page.Next)
+	}
+	fmt.Print(renderSessions(all))
+	return caddy.ExitCodeSuccess, nil
+}
+
+// renderSessions draws the sessions as a table, oldest first.
+func renderSessions(ss []SessionOut) string {
+	if len(ss) == 0 {
+		return "no live sessions\n"
+	}
+	sort.Slice(ss, func(i, j int) bool { return ss[i].Started.Before(ss[j].Started) })
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "%-26s  %-10s  %-8s  %-7s  %-24s  %-8s  %s\n", "SESSION", "POOL", "VERSION", "STATE", "WORKER", "AGE", "LABEL")
+	for _, s := range ss {
+		fmt.Fprintf(&b, "%-26s  %-10s  %-8s  %-7s  %-24s  %-8s  %s\n", printable(s.ID), printable(s.Pool), printable(s.Version),
+			s.State, printable(s.Worker), (time.Duration(s.AgeMS) * time.Millisecond).Round(time.Second), printable(s.Label))
+	}
+	return b.String()
+}
+
+func cmdGridEnd(fl caddycmd.Flags, session string) (int, error) {
+	addr, err := adminAddress(fl)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	resp, err := caddycmd.AdminAPIRequest(addr, http.MethodDelete, "/grid/sessions/"+url.PathEscape(session), nil, nil)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	resp.Body.Close()
+	fmt.Printf("session %s ends\n", session)
 	return caddy.ExitCodeSuccess, nil
 }
 
@@ -204,17 +281,25 @@ func renderStatus(pools []PoolDetail, now time.Time) string {
 		if i > 0 {
 			b.WriteByte('\n')
 		}
-		limit := "none"
-		if p.MaxLifetime > 0 {
-			limit = fmt.Sprint(p.MaxLifetime)
+		limit, mc := "none", 0
+		if c := p.Configured; c != nil {
+			if c.MaxLifetime > 0 {
+				limit = fmt.Sprint(c.MaxLifetime)
+			}
+			mc = c.MaxConcurrent
 		}
-		fmt.Fprintf(&b, "pool %s: %d workers (%d available, %d draining), %d active, %d leases, %d queued here, max_lifetime %s",
-			printable(p.Pool), len(p.WorkerStatuses), p.Available, p.Draining, p.Active, p.Leases, p.QueueDepth, limit)
+		fmt.Fprintf(&b, "pool %s: %d workers (%d available, %d retiring), %d sessions, %d queued here, max_lifetime %s",
+			printable(p.Pool), len(p.Workers), p.Available, p.Retiring, p.Active, p.QueueDepth, limit)
+		if p.Configured == nil {
+			b.WriteString(" (this configuration does not name the pool)")
+		} else if p.Margin > 0 {
+			fmt.Fprintf(&b, ", margin %d", p.Margin)
+		}
 		if len(p.Versions) > 0 {
 			fmt.Fprintf(&b, ", Playwright %s", printable(strings.Join(p.Versions, ", ")))
 		}
 		b.WriteByte('\n')
-		ws := append([]WorkerStatus(nil), p.WorkerStatuses...)
+		ws := append([]WorkerStatus(nil), p.Workers...)
 		sort.SliceStable(ws, func(i, j int) bool {
 			if ws[i].Lifetime != ws[j].Lifetime {
 				return ws[i].Lifetime > ws[j].Lifetime
@@ -227,12 +312,18 @@ func renderStatus(pools []PoolDetail, now time.Time) string {
 			idWidth = max(idWidth, len(ws[i].ID))
 		}
 		fmt.Fprintf(&b, "  %-*s  %-9s  %-*s  %-14s  %s\n", idWidth, "WORKER", "STATUS", barWidth+8, "LIFETIME", "ACTIVE", "HEARTBEAT")
+		ml := 0
+		if p.Configured != nil {
+			ml = p.Configured.MaxLifetime
+		}
 		for _, w := range ws {
-			cap := effectiveCap(p.MaxConcurrent, w.Capacity)
 			fmt.Fprintf(&b, "  %-*s  %-9s  %s  %s  %s", idWidth, w.ID, w.Status,
-				lifetimeBar(w.Lifetime, p.MaxLifetime), activeBar(w.Active, cap), w.HeartbeatAge)
-			if w.PlaywrightVersion != "" {
-				fmt.Fprintf(&b, "  Playwright %s", printable(w.PlaywrightVersion))
+				lifetimeBar(w.Lifetime, ml), activeBar(w.Active, effectiveCap(w.Capacity, mc)), w.HeartbeatAge)
+			if w.Version != "" {
+				fmt.Fprintf(&b, "  Playwright %s", printable(w.Version))
+			}
+			if w.Held {
+				b.WriteString("  (last session held: its previous browser drains)")
 			}
 			b.WriteByte('\n')
 		}
@@ -253,17 +344,6 @@ func printable(s string) string {
 		}
 	}
 	return s
-}
-
-func effectiveCap(maxConcurrent, capacity int) int {
-	switch {
-	case maxConcurrent > 0 && capacity > 0:
-		return min(maxConcurrent, capacity)
-	case maxConcurrent > 0:
-		return maxConcurrent
-	default:
-		return capacity
-	}
 }
 
 // lifetimeBar draws lifetime against the limit in barWidth cells (against

@@ -12,9 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
+		"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
@@ -22,11 +20,11 @@ import (
 // The dial policy: Caddy dials only the worker records it allows. Anyone
 // who can write to the grid's Redis (every worker host holds those
 // credentials) can write a record; without this check such a record could
-// make Caddy dial any address it can reach (a unix socket, a cloud
-// metadata service, an internal admin endpoint) on behalf of an anonymous
-// client. A refused record is never dialed: its claim is given back, the
-// worker is marked suspect for refusedSuspectFor, the refusal is reported
-// (log, caddy_grid_bad_records_total, the admin API's bad_records) and the
+// make Caddy dial any address it can reach (a cloud metadata service, an
+// internal admin endpoint) on behalf of an anonymous client. A refused
+// record is never dialed: its claim is given back, the worker is skipped
+// by every instance for suspectFor, the refusal is reported (log,
+// caddy_grid_bad_records_total, the admin API's bad_records) and the
 // session claims another worker.
 
 // DefaultWorkerNetworks are the networks a worker's address may be in when
@@ -41,20 +39,9 @@ var DefaultWorkerNetworks = []string{
 }
 
 const (
-	// refusedSuspectFor is how long a worker whose record the policy
-	// refused is skipped by every Caddy instance (a rewritten record
-	// clears it, and is checked again at its next claim): as long as a
-	// failed dial. The refusal follows this instance's config, which
-	// another instance, or this one after a reload, may not share: a
-	// minute, as it was, kept a rotated worker_secret's workers from
-	// every instance for 55 s after the rotation, and a pool served
-	// nothing for 58 s after a worker_networks narrowed by mistake for
-	// 2 s was rolled back (an operator red team). A rogue record costs
-	// the grid one claim per this period.
-	refusedSuspectFor = suspectFor
-	// maxRefusals bounds how many refused records one request walks past
-	// before it gives up (503, as when no worker is free in time).
-	maxRefusals = 16
+	// maxRefusedRecords bounds how many refused records one request walks
+	// past before it gives up (503, as when no worker is free in time).
+	maxRefusedRecords = 16
 	// resolveTimeout bounds the lookup of a worker's host name (only with
 	// allow_worker_hostnames).
 	resolveTimeout = 2 * time.Second
@@ -64,7 +51,6 @@ const (
 // caddy_grid_bad_records_total (a fixed set) and of the log line.
 const (
 	reasonUnparsable      = "unparsable"
-	reasonUnix            = "unix_socket"
 	reasonNotTCP          = "not_host_port"
 	reasonHostname        = "hostname"
 	reasonResolve         = "resolve_failed"
@@ -74,20 +60,15 @@ const (
 	reasonBadSignature    = "bad_signature"
 )
 
-// poolOther labels bad records of a pool this instance has not claimed
-// in (backend.badRecord): a name no pool can have (registry.CheckPool).
-const poolOther = "(other)"
-
 // badRecords counts the worker records this instance skipped or refused.
 var badRecords = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Namespace: "caddy", Subsystem: "grid", Name: "bad_records_total",
-	Help: "Worker records this instance skipped or refused to dial, by reason: unparsable, unix_socket, not_host_port, hostname, resolve_failed, outside_worker_networks, bad_path, unsigned, bad_signature.",
+	Help: "Worker records this instance skipped or refused to dial, by reason: unparsable, not_host_port, hostname, resolve_failed, outside_worker_networks, bad_path, unsigned, bad_signature.",
 }, []string{"pool", "reason"})
 
 // dialPolicy is what a worker record must satisfy to be dialed.
 type dialPolicy struct {
 	networks  []netip.Prefix
-	allowUnix bool
 	hostnames bool
 	secret    []byte
 	resolver  *net.Resolver
@@ -146,7 +127,7 @@ func (a *App) newDialPolicy() (*dialPolicy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("grid: %w", err)
 	}
-	p := &dialPolicy{networks: prefixes, allowUnix: a.AllowUnixWorkers, hostnames: a.AllowWorkerHostnames, resolver: net.DefaultResolver}
+	p := &dialPolicy{networks: prefixes, hostnames: a.AllowWorkerHostnames, resolver: net.DefaultResolver}
 	if a.WorkerSecret != "" {
 		secret := caddy.NewReplacer().ReplaceAll(a.WorkerSecret, "")
 		if strings.TrimSpace(secret) == "" {
@@ -172,7 +153,7 @@ func (p *dialPolicy) allowedIP(ip netip.Addr) bool {
 // check decides whether w may be dialed, and returns the address to dial:
 // the record's, or with allow_worker_hostnames the checked IP its name
 // resolved to (so a second lookup at dial time cannot answer otherwise).
-func (p *dialPolicy) check(ctx context.Context, w *registry.WorkerInfo) (string, *refusal) {
+func (p *dialPolicy) check(ctx context.Context, w *registry.Record) (string, *refusal) {
 	if p.secret != nil {
 		switch err := w.CheckSignature(p.secret); {
 		case errors.Is(err, registry.ErrUnsigned):
@@ -188,12 +169,6 @@ func (p *dialPolicy) check(ctx context.Context, w *registry.WorkerInfo) (string,
 }
 
 func (p *dialPolicy) checkAddr(ctx context.Context, addr string) (string, *refusal) {
-	if strings.HasPrefix(addr, "unix/") || strings.HasPrefix(addr, "unixgram/") || strings.HasPrefix(addr, "unixpacket/") {
-		if p.allowUnix && strings.HasPrefix(addr, "unix/") && len(addr) > len("unix/") {
-			return addr, nil
-		}
-		return "", refuse(reasonUnix, "address %q is a unix socket and allow_unix_workers is off", addr)
-	}
 	if ap, err := netip.ParseAddrPort(addr); err == nil {
 		if ap.Port() == 0 {
 			return "", refuse(reasonNotTCP, "address %q has port 0", addr)
@@ -260,122 +235,3 @@ func checkWorkerPath(p string) *refusal {
 	return nil
 }
 
-// claimAllowed claims a worker as backend.acquire does, and gives back
-// (undo, suspect for refusedSuspectFor) every claim whose record the dial
-// policy refuses, claiming again, at most maxRefusals times. The claim it
-// returns points at the address to dial.
-func (c *policyCore) claimAllowed(ctx context.Context, b *backend, req registry.ClaimRequest, route *versionRoute, samples, queueSize int, deadline time.Time) (*registry.Claim, outcome, error) {
-	p := c.app.dial
-	for range maxRefusals {
-		claim, o, err := b.acquireRouted(ctx, req, route, samples, queueSize, deadline)
-		if claim == nil || p == nil {
-			return claim, o, err
-		}
-		addr, r := p.check(ctx, &claim.Worker)
-		if r == nil {
-			claim.Worker.Addr = addr
-			return claim, outcomeNone, nil
-		}
-		b.refuseRecord(claim, r)
-	}
-	return nil, outcomeTimeout, registry.ErrNoWorker
-}
-
-// refuseRecord reports a refused record and gives its claim back. It
-// keeps the same books as backend.finish (settle), with a longer suspect
-// mark.
-func (b *backend) refuseRecord(c *registry.Claim, r *refusal) {
-	badRecords.WithLabelValues(c.Pool, r.reason).Inc()
-	if b.firstReport("refused", c.Pool, c.Worker.ID) {
-		b.logger.Warn("refusing to dial a worker record outside the dial policy; trying another worker",
-			zap.String("pool", c.Pool), zap.String("worker_id", c.Worker.ID),
-			zap.String("reason", r.reason), zap.Error(r.err))
-	}
-	err := b.settle(c, "undone", func(ctx context.Context) error {
-		return b.reg.Undo(ctx, c.Pool, c.LeaseID, refusedSuspectFor)
-	})
-	if err != nil {
-		metrics.redisErrors.WithLabelValues("undo").Inc()
-		b.logger.Error("could not give back the claim of a refused record; its lease expires by itself",
-			zap.String("pool", c.Pool), zap.String("worker_id", c.Worker.ID),
-			zap.Duration("lease_ttl", time.Duration(b.leaseTTL.Load())), zap.Error(err))
-	}
-}
-
-// firstReport rate-limits reports to one a minute per kind and worker.
-func (b *backend) firstReport(kind, pool, id string) bool {
-	k := kind + "\x00" + pool + "\x00" + id
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	now := time.Now()
-	if last, seen := b.recent[k]; seen && now.Sub(last) < time.Minute {
-		return false
-	}
-	if len(b.recent) > 10000 {
-		clear(b.recent)
-	}
-	b.recent[k] = now
-	return true
-}
-
-// refusedRecords lists the workers of a pool the dial policy refuses, for
-// the admin API's bad_records.
-func (a *App) refusedRecords(ctx context.Context, info registry.PoolInfo) []BadRecordOut {
-	if a.dial == nil {
-		return nil
-	}
-	var out []BadRecordOut
-	for i := range info.Workers {
-		w := &info.Workers[i]
-		if _, r := a.dial.check(ctx, w); r != nil {
-			out = append(out, BadRecordOut{ID: w.ID, Error: r.reason + ": " + r.err.Error()})
-		}
-	}
-	return out
-}
-
-// unmarshalDialOption parses the grid options of the dial policy; ok
-// reports whether name is one of them.
-//
-//	worker_networks        <cidr...>
-//	allow_unix_workers
-//	allow_worker_hostnames
-//	worker_secret          <secret>
-func (a *App) unmarshalDialOption(d *caddyfile.Dispenser, name string) (bool, error) {
-	switch name {
-	case "worker_networks":
-		args := d.RemainingArgs()
-		if len(args) == 0 {
-			return true, d.ArgErr()
-		}
-		for _, s := range args {
-			if _, err := parseWorkerNetwork(s); err != nil {
-				return true, d.Errf("invalid worker_networks '%s': %v", s, err)
-			}
-		}
-		a.WorkerNetworks = args
-	case "allow_unix_workers", "allow_worker_hostnames":
-		if d.NextArg() {
-			return true, d.ArgErr()
-		}
-		if name == "allow_unix_workers" {
-			a.AllowUnixWorkers = true
-		} else {
-			a.AllowWorkerHostnames = true
-		}
-	case "worker_secret":
-		if !d.NextArg() {
-			return true, d.ArgErr()
-		}
-		a.WorkerSecret = d.Val()
-		if d.NextArg() {
-			return true, d.ArgErr()
-		}
-		if a.WorkerSecret == "" {
-			return true, d.Err("invalid worker_secret: empty")
-		}
-	default:
-		return false, nil
-	}
-	return true, nil
-}

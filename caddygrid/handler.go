@@ -1,10 +1,8 @@
 package caddygrid
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -17,7 +15,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -33,100 +30,55 @@ func init() {
 
 // Defaults of the browser_grid handler.
 const (
-	// DefaultDialRetries is how many other workers a session tries after a
-	// dial or upgrade failure.
+	// DefaultDialRetries is how many other workers a session tries after
+	// a worker failed it.
 	DefaultDialRetries = 2
-	// DefaultUpgradeTimeout is how long a worker may take to answer the
-	// WebSocket upgrade.
-	DefaultUpgradeTimeout = 10 * time.Second
 	// DefaultStreamCloseDelay is how long live sessions of a replaced
-	// config keep running after a reload, when max_session is not set.
+	// config go on after a reload, without max_session.
 	DefaultStreamCloseDelay = time.Hour
-	// dialTimeout bounds the TCP connect to a worker.
-	dialTimeout = 3 * time.Second
-	// retryMatchExpr makes every answer to the upgrade but 101 and 428 a
-	// retryable response for reverse_proxy, so the session moves to
-	// another worker instead of failing; dial errors are always retried,
-	// and a transport error (no status at all, e.g. no answer within
-	// upgrade_timeout) matches the first clause. One refused on the
-	// worker's side (5xx; 404: the worker does not serve that path; an
-	// answer below 400 but 101: no WebSocket server there) blames the
-	// worker at once (workerRefused). Another 4xx may be the client's
-	// doing (the handler refuses malformed handshakes before, but a
-	// browser may refuse an Origin, a token, launch options) or the
-	// worker's (a broken or hostile server refusing every client): the
-	// worker is avoided, and blamed only when another accepts the same
-	// request (session.held). 428 (a Playwright client whose version the
-	// server does not speak) goes back to the client at once: its body
-	// says which version to use.
-	retryMatchExpr = "type({http.reverse_proxy.status_code}) != int || ({http.reverse_proxy.status_code} != 101 && {http.reverse_proxy.status_code} != 428)"
 )
 
-// Handler is the browser_grid HTTP handler: the one-line form of the grid.
-// It answers what is not a WebSocket upgrade with 426 and an unknown pool
-// with 400, then runs Caddy's own reverse_proxy, which it configures
-// itself: the browser_grid upstream source, the chosen grid policy (one
-// atomic select-and-claim in Redis), dial_retries retries that also cover
-// a refused upgrade, the worker's own Host, max_session as the stream
-// timeout, and a stream_close_delay so a config reload does not cut live
-// sessions. When no worker was claimed it answers 429 (queue full, or the
-// client holds its client_limit of live sessions) or 503
-// (none free within select_timeout, or Redis unreachable) with
-// Retry-After. The claim is released when the socket closes.
+// Handler is the browser_grid handler, the request path's front: it
+// answers what is no WebSocket upgrade with 426 and a pool it does not
+// serve with 400, then runs Caddy's own reverse_proxy, which it sets up
+// with the grid's upstream source, policy and transport. When no worker
+// takes the session it answers 428 (a Playwright version no worker
+// serves), 429 (queue full, client at its client_limit), 502 (every
+// worker tried failed) or 503 (none free within select_timeout, Redis
+// unreachable) with one sentence a Playwright user reads in their error.
 type Handler struct {
-	// Pool names the pool of workers; placeholders are expanded per
-	// request, e.g. "{http.request.uri.query.browser}". Default: the
-	// ?browser= query parameter, else the last path segment
-	// (wss://host/playwright/chromium → chromium).
+	// Pool names the pool; placeholders are expanded per request.
+	// Default: the ?browser= query parameter, else the last path segment.
 	Pool string `json:"pool,omitempty"`
 	// Browsers lists the pools a request may name when the pool comes
-	// from the request; another name gets 400. Default: chromium, firefox,
-	// webkit (or just Pool when it is a fixed name).
+	// from the request. Default: chromium, firefox, webkit (or just Pool).
 	Browsers []string `json:"browsers,omitempty"`
-	// PolicyRaw is the grid selection policy, with its own options: a
-	// policy of the registry's table (lifetime_first, vnode, fair_share,
-	// interleaved_weighted_round_robin; docs/policies.md). Default:
+	// PolicyRaw is the selection policy with its options. Default:
 	// lifetime_first.
 	PolicyRaw json.RawMessage `json:"policy,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
-
-	// ClaimOptions (max_concurrent, max_lifetime, select_timeout,
-	// queue_size, stagger_drains) apply to the policy unless its own
-	// block sets them.
-	ClaimOptions
-
-	// MaxSession is the longest a session may live; the socket is closed
-	// then. 0: no limit. Default: 0.
-	MaxSession caddy.Duration `json:"max_session,omitempty"`
-	// DialRetries is how many other workers a session tries after the
-	// chosen one could not be dialed or refused the upgrade; each failed
-	// claim is given back (lifetime too) and the worker is skipped for
-	// 5s. Default: 2.
+	// DialRetries is how many other workers a session tries after a worker
+	// failed it (an agent's refusal does not count), 0-10. Default: 2.
 	DialRetries *int `json:"dial_retries,omitempty"`
-	// UpgradeTimeout is how long a worker may take to answer the
-	// WebSocket upgrade before the attempt counts as failed. Default: 10s.
+	// UpgradeTimeout is how long a worker may take to answer the upgrade.
+	// Default: 10s.
 	UpgradeTimeout caddy.Duration `json:"upgrade_timeout,omitempty"`
 	// StreamCloseDelay is how long the live sessions of a replaced config
-	// keep running after a reload before they are closed (each one's
-	// claim is released then, exactly once). Default: max_session, or 1h
-	// when max_session is 0.
+	// go on after a reload; a second before it runs out, their agents end
+	// them with a close frame that says so. Default: max_session, or 1h.
 	StreamCloseDelay caddy.Duration `json:"stream_close_delay,omitempty"`
 
 	spec          poolSpec
-	policyName    string
-	selectTimeout time.Duration
 	proxy         *reverseproxy.Handler
+	selectTimeout time.Duration
 	logger        *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.handlers.browser_grid",
-		New: func() caddy.Module { return new(Handler) },
-	}
+	return caddy.ModuleInfo{ID: "http.handlers.browser_grid", New: func() caddy.Module { return new(Handler) }}
 }
 
-// Provision fills the defaults and provisions the inner reverse_proxy.
+// Provision fills the defaults and provisions the reverse_proxy it runs.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.spec = poolSpec{pool: h.Pool, browsers: h.Browsers}
@@ -137,45 +89,43 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.UpgradeTimeout == 0 {
 		h.UpgradeTimeout = caddy.Duration(DefaultUpgradeTimeout)
 	}
+	if len(h.PolicyRaw) == 0 {
+		h.PolicyRaw = json.RawMessage(`{"policy":"lifetime_first"}`)
+	}
+	var shared ClaimOptions
+	if err := json.Unmarshal(h.PolicyRaw, &shared); err != nil {
+		return fmt.Errorf("browser_grid: decoding the policy: %w", err)
+	}
 	if h.StreamCloseDelay == 0 {
-		h.StreamCloseDelay = h.MaxSession
+		h.StreamCloseDelay = shared.MaxSession
 		if h.StreamCloseDelay == 0 {
 			h.StreamCloseDelay = caddy.Duration(DefaultStreamCloseDelay)
 		}
 	}
-	if err := h.Validate(); err != nil {
-		return err
-	}
-	policy, err := h.loadPolicy()
-	if err != nil {
-		return err
-	}
-	h.selectTimeout = time.Duration(policy.claimOptions().SelectTimeout)
+	h.selectTimeout = time.Duration(shared.SelectTimeout)
 	if h.selectTimeout == 0 {
 		h.selectTimeout = DefaultSelectTimeout
 	}
-
-	upstreams := &UpstreamSource{Pool: h.Pool, Browsers: h.Browsers}
-	transport := &reverseproxy.HTTPTransport{
-		DialTimeout:           caddy.Duration(dialTimeout),
-		ResponseHeaderTimeout: h.UpgradeTimeout,
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	transport := &Transport{UpgradeTimeout: h.UpgradeTimeout, CloseDelay: h.StreamCloseDelay}
+	var stream caddy.Duration
+	if shared.MaxSession > 0 {
+		// the agent closes at max_session with a close frame; this only
+		// backs it up
+		stream = shared.MaxSession + caddy.Duration(10*time.Second)
 	}
 	inner := reverseproxy.Handler{
-		TransportRaw:        caddyconfig.JSONModuleObject(transport, "protocol", "http", nil),
-		DynamicUpstreamsRaw: caddyconfig.JSONModuleObject(upstreams, "source", "browser_grid", nil),
+		TransportRaw:        caddyconfig.JSONModuleObject(transport, "protocol", "browser_grid", nil),
+		DynamicUpstreamsRaw: caddyconfig.JSONModuleObject(&UpstreamSource{Pool: h.Pool, Browsers: h.Browsers}, "source", "browser_grid", nil),
 		LoadBalancing: &reverseproxy.LoadBalancing{
-			SelectionPolicyRaw: caddyconfig.JSONModuleObject(policy, "policy", h.policyName, nil),
-			Retries:            *h.DialRetries,
-			RetryMatchRaw: caddyhttp.RawMatcherSets{
-				caddy.ModuleMap{"expression": caddyconfig.JSON(retryMatchExpr, nil)},
-			},
+			SelectionPolicyRaw: h.PolicyRaw,
+			// failures are bounded by dial_retries, refusals by
+			// maxRefusals: the policy stops before this
+			Retries: *h.DialRetries + maxRefusals + 1,
 		},
-		// Browsers' debugging endpoints accept only an IP or localhost
-		// as Host (DNS rebinding protection), so send the worker's own.
-		Headers: &headers.Handler{Request: &headers.HeaderOps{
-			Set: http.Header{"Host": []string{"{http.reverse_proxy.upstream.hostport}"}},
-		}},
-		StreamTimeout:    h.MaxSession,
+		StreamTimeout:    stream,
 		StreamCloseDelay: h.StreamCloseDelay,
 	}
 	raw, err := json.Marshal(inner)
@@ -184,59 +134,23 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	mod, err := ctx.LoadModuleByID("http.handlers.reverse_proxy", raw)
 	if err != nil {
-		return fmt.Errorf("browser_grid: loading reverse_proxy: %w", err)
+		return fmt.Errorf("browser_grid: %w", err)
 	}
 	h.proxy = mod.(*reverseproxy.Handler)
+	if p, ok := h.proxy.LoadBalancing.SelectionPolicy.(interface{ claimerOf() *claimer }); ok {
+		p.claimerOf().app.addRoute(h.spec.allowed(), p.claimerOf())
+	}
 	return nil
 }
 
-// loadPolicy decodes the configured policy (lifetime_first by default)
-// and gives it the handler's shared options it does not set itself.
-func (h *Handler) loadPolicy() (gridPolicy, error) {
-	name := policyLifetimeFirst
-	var fields map[string]json.RawMessage
-	if len(h.PolicyRaw) > 0 {
-		if err := json.Unmarshal(h.PolicyRaw, &fields); err != nil {
-			return nil, fmt.Errorf("browser_grid: decoding policy: %w", err)
-		}
-		if v, ok := fields["policy"]; ok {
-			if err := json.Unmarshal(v, &name); err != nil {
-				return nil, fmt.Errorf("browser_grid: decoding policy name: %w", err)
-			}
-			delete(fields, "policy")
-		}
-	}
-	policy, err := newGridPolicy(name)
-	if err != nil {
-		return nil, fmt.Errorf("browser_grid: %w", err)
-	}
-	if len(fields) > 0 {
-		rest, _ := json.Marshal(fields)
-		dec := json.NewDecoder(bytes.NewReader(rest))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(policy); err != nil {
-			return nil, fmt.Errorf("browser_grid: policy %s: %w", name, err)
-		}
-	}
-	policy.claimOptions().merge(h.ClaimOptions)
-	h.policyName = name
-	return policy, nil
-}
-
-// Validate checks the handler's own options (the policy checks its own
-// when the inner reverse_proxy provisions it).
+// Validate checks the handler's own options (the policy checks its own).
 func (h *Handler) Validate() error {
 	if err := h.spec.validate(); err != nil {
-		return fmt.Errorf("browser_grid: %w", err)
-	}
-	if err := h.ClaimOptions.validate(); err != nil {
 		return fmt.Errorf("browser_grid: %w", err)
 	}
 	switch {
 	case h.DialRetries != nil && (*h.DialRetries < 0 || *h.DialRetries > 10):
 		return fmt.Errorf("browser_grid: dial_retries %d: must be 0-10", *h.DialRetries)
-	case h.MaxSession < 0:
-		return fmt.Errorf("browser_grid: max_session %s: must be 0 (no limit) or more", time.Duration(h.MaxSession))
 	case h.UpgradeTimeout < 0:
 		return fmt.Errorf("browser_grid: upgrade_timeout %s: must be more than 0", time.Duration(h.UpgradeTimeout))
 	case h.StreamCloseDelay < 0:
@@ -246,7 +160,7 @@ func (h *Handler) Validate() error {
 }
 
 // ServeHTTP checks the request, proxies it to a claimed worker, and
-// releases the claim when the socket closes.
+// answers itself when no worker takes it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !isWebSocket(r) {
 		w.Header().Set("Upgrade", "websocket")
@@ -255,22 +169,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"this endpoint serves browser sessions over WebSocket only: connect with a WebSocket client, e.g. Playwright's connect()")
 	}
 	if r.ProtoMajor == 1 && (r.ContentLength != 0 || len(r.TransferEncoding) > 0) {
-		// A WebSocket handshake has no body (RFC 6455 4.1). One that
-		// comes with a body the client may never finish would fail the
-		// upgrade on the client's side: refuse it before claiming.
-		return h.reject(w, r, http.StatusBadRequest, "",
-			"a WebSocket upgrade request must not have a body")
+		return h.reject(w, r, http.StatusBadRequest, "", "a WebSocket upgrade request must not have a body")
 	}
 	pool, err := h.spec.resolve(r)
 	if err != nil {
 		return h.reject(w, r, http.StatusBadRequest, "", err.Error())
 	}
-	// The check changes the headers as reverse_proxy would (so that what
-	// is checked is what is sent), on a copy: the request Caddy's
-	// placeholders read (client_key, the access log) keeps what the client
-	// sent, a header it named in Connection included. Else a client naming
-	// the header client_key is built from (one forward_auth set) was
-	// counted by its address instead: a budget per address.
+	// The check changes the headers as reverse_proxy would, on a copy:
+	// what Caddy's placeholders read (client_key, the access log) keeps
+	// what the client sent.
 	r = r.Clone(r.Context())
 	if code, msg := checkHandshake(r); code != 0 {
 		if code == http.StatusUpgradeRequired {
@@ -278,62 +185,58 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return h.reject(w, r, code, "", msg)
 	}
-	s := newSession(r, pool)
-	uw := &upgradeWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, s: s}
-	proxyErr := h.proxy.ServeHTTP(uw, r, next)
-	// The socket is closed (or the session never started): end the claim
-	// now. A cancelled request context means the client went away.
-	s.finish(r.Context().Err() != nil)
-
-	o, retry := s.getOutcome()
+	a := newAttempt(r, pool, *h.DialRetries)
+	proxyErr := h.proxy.ServeHTTP(w, r, next)
+	a.mu.Lock()
+	if a.claim != nil && !a.sent {
+		// claimed, but reverse_proxy never sent it
+		stale := *a.claim
+		a.mu.Unlock()
+		giveBack(currentBackend(), &stale, false)
+		a.settle(false, false)
+	} else {
+		a.mu.Unlock()
+	}
+	o, msg := a.result()
+	a.mu.Lock()
+	served, passed := a.served, a.passed
+	a.mu.Unlock()
+	if served || passed != 0 {
+		return proxyErr
+	}
+	retry := strconv.Itoa(max(1, int(h.selectTimeout/time.Second)))
 	switch o {
 	case outcomeQueueFull:
-		w.Header().Set("Retry-After", retryAfterSeconds(retry))
-		return h.reject(w, r, http.StatusTooManyRequests, pool,
-			fmt.Sprintf("too many clients waiting for a %s browser; retry later", pool))
-	case outcomeTimeout:
-		w.Header().Set("Retry-After", retryAfterSeconds(retry))
-		return h.reject(w, r, http.StatusServiceUnavailable, pool,
-			fmt.Sprintf("no %s browser became free within %s; retry later", pool, h.selectTimeout))
-	case outcomeRedis:
-		w.Header().Set("Retry-After", retryAfterSeconds(retry))
-		return h.reject(w, r, http.StatusServiceUnavailable, pool,
-			"the grid's registry is unreachable; retry later")
-	case outcomeStopped:
-		w.Header().Set("Retry-After", retryAfterSeconds(retry))
-		return h.reject(w, r, http.StatusServiceUnavailable, pool,
-			"the grid's configuration was replaced while this request waited; retry")
+		w.Header().Set("Retry-After", retry)
+		return h.reject(w, r, http.StatusTooManyRequests, pool, fmt.Sprintf("too many clients wait for a %s browser; retry later", pool))
 	case outcomeClientLimited:
-		w.Header().Set("Retry-After", retryAfterSeconds(retry))
-		return h.reject(w, r, http.StatusTooManyRequests, pool, s.limitedMessage())
-	case outcomeNoSource:
-		return h.reject(w, r, http.StatusServiceUnavailable, pool, "the grid is misconfigured")
+		w.Header().Set("Retry-After", retry)
+		return h.reject(w, r, http.StatusTooManyRequests, pool, msg)
+	case outcomeTimeout:
+		w.Header().Set("Retry-After", retry)
+		return h.reject(w, r, http.StatusServiceUnavailable, pool, fmt.Sprintf("no %s browser became free within %s; retry later", pool, h.selectTimeout))
+	case outcomeRedis:
+		w.Header().Set("Retry-After", "1")
+		return h.reject(w, r, http.StatusServiceUnavailable, pool, "the grid's registry is unreachable; retry later")
 	case outcomeUnknownVersion:
-		return h.reject(w, r, http.StatusPreconditionRequired, pool, s.refusalMessage())
-	case outcomeRefused:
-		status := s.refusedStatus()
-		if status == 0 {
-			status = http.StatusBadRequest
-		}
-		return h.reject(w, r, status, pool,
-			fmt.Sprintf("the %s browsers tried refused this WebSocket upgrade with %d; check the request", pool, status))
+		return h.reject(w, r, http.StatusPreconditionRequired, pool, msg)
+	case outcomeFailed:
+		return h.reject(w, r, http.StatusBadGateway, pool, msg)
+	case outcomeMisconfigured:
+		return h.reject(w, r, http.StatusServiceUnavailable, pool, msg)
 	case outcomeCanceled:
-		// The client left while waiting; 499 for the access log, as
-		// reverse_proxy records a client that went away.
-		w.WriteHeader(499)
+		w.WriteHeader(499) // the client left; for the access log
 		return nil
 	}
-	var he caddyhttp.HandlerError
-	if !uw.once && errors.As(proxyErr, &he) && he.StatusCode < 400 {
-		// Every worker tried answered with another status than 101
-		// below 400 (something else than a browser serves that address,
-		// each blamed): no handshake, and not the client's doing. Caddy
-		// would answer that status with an empty body (a 200 the client
-		// cannot tell from success).
-		return h.reject(w, r, http.StatusBadGateway, pool,
-			fmt.Sprintf("the %s browsers tried did not answer the WebSocket upgrade; retry later", pool))
-	}
 	return proxyErr
+}
+
+// currentBackend is the running config's backend.
+func currentBackend() *backend {
+	if a := currentApp(); a != nil {
+		return a.backend
+	}
+	return nil
 }
 
 // reject answers the request itself with a one-line plain-text reason.
@@ -514,32 +417,15 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	browser_grid [<pool>] {
-//	    policy lifetime_first
-//	    policy vnode {
-//	        virtual_nodes <1-64>
-//	        samples       <1-8>
-//	        max_scan      <1-256>
-//	        slot_jitter   <0-64>
-//	    }
-//	    policy fair_share {
-//	        window           <1-1000>
-//	        median
-//	        default_estimate <duration>
-//	    }
-//	    policy interleaved_weighted_round_robin
+//	    policy <lifetime_first|vnode|fair_share|interleaved_weighted_round_robin>
 //	    browsers           <pool...>
-//	    max_concurrent     <n>
-//	    max_lifetime       <n>
-//	    select_timeout     <duration>
-//	    queue_size         <n>
-//	    stagger_drains     [on|off]
-//	    client_limit       <n>
-//	    client_key         <placeholder>
-//	    version_routing    [on|off]
-//	    max_session        <duration>
 //	    dial_retries       <0-10>
 //	    upgrade_timeout    <duration>
 //	    stream_close_delay <duration>
+//	    # and every option of the policy (see Policy.UnmarshalCaddyfile):
+//	    max_concurrent <n>
+//	    max_lifetime   <n>
+//	    ...
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
@@ -552,18 +438,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("invalid pool name '%s': use 1-%d letters, digits, '-', '_' or '.'", h.Pool, maxPoolName)
 		}
 	}
+	policy := registry.LifetimeFirst
+	var opts policyBlock
 	seen := map[string]bool{}
-	keyAt := checkClientKey(d)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
-		if name == "max_scan" {
-			return d.Err("max_scan is an option of the vnode policy: policy vnode { max_scan <n> }")
-		}
-		keyAt.see(d)
-		if ok, err := unmarshalClaimOption(d, &h.ClaimOptions, seen); ok {
-			if err != nil {
-				return err
-			}
+		if ok, err := opts.parse(d); err != nil {
+			return err
+		} else if ok {
 			continue
 		}
 		if seen[name] {
@@ -572,21 +454,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		seen[name] = true
 		switch name {
 		case "policy":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			pname := d.Val()
-			policy, err := newGridPolicy(pname)
+			v, err := oneArg(d)
 			if err != nil {
-				return d.Errf("unrecognized policy '%s': use %s", pname, registry.PolicyNames())
-			}
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			if err := policy.unmarshalOwn(d, false); err != nil {
 				return err
 			}
-			h.PolicyRaw = caddyconfig.JSONModuleObject(policy, "policy", pname, nil)
+			if !slices.Contains(registry.Policies(), registry.Policy(v)) {
+				return d.Errf("unrecognized policy '%s': use one of %v", v, registry.Policies())
+			}
+			policy = registry.Policy(v)
 		case "browsers":
 			h.Browsers = d.RemainingArgs()
 			if len(h.Browsers) == 0 {
@@ -606,34 +481,35 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.DialRetries = &n
-		case "max_session", "upgrade_timeout", "stream_close_delay":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			val := d.Val()
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			dur, err := positiveDuration(d, name, val)
+		case "upgrade_timeout", "stream_close_delay":
+			dur, err := durationArg(d, name)
 			if err != nil {
 				return err
 			}
-			switch name {
-			case "max_session":
-				h.MaxSession = caddy.Duration(dur)
-			case "upgrade_timeout":
+			if name == "upgrade_timeout" {
 				h.UpgradeTimeout = caddy.Duration(dur)
-			default:
+			} else {
 				h.StreamCloseDelay = caddy.Duration(dur)
 			}
 		default:
 			return d.Errf("unrecognized subdirective '%s'", name)
 		}
 	}
-	return keyAt.check(h.ClaimOptions)
+	mod, err := caddy.GetModule("http.reverse_proxy.selection_policies." + string(policy))
+	if err != nil {
+		return d.Errf("policy %s: %v", policy, err)
+	}
+	if err := opts.check(mod.New().(interface{ kind() policyKind }).kind()); err != nil {
+		return err
+	}
+	h.PolicyRaw = caddyconfig.JSONModuleObject(struct {
+		ClaimOptions
+		PolicyOptions
+	}{opts.ClaimOptions, opts.PolicyOptions}, "policy", string(policy), nil)
+	return nil
 }
 
-// Interface guards
+// Interface guards.
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.Validator             = (*Handler)(nil)

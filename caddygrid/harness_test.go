@@ -6,35 +6,29 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
-	"github.com/browsergrid/caddy-browser-grid/cmd/fakebrowser/fake"
-	"github.com/browsergrid/caddy-browser-grid/internal/sockets"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/registry"
-	"github.com/browsergrid/caddy-browser-grid/selection"
+	"github.com/browsergrid/caddy-browser-grid/workeragent"
 )
 
-// The tests of this file's package drive a real bin/caddy (make build), a
-// real redis-server, and fakebrowser servers registered in Redis through
-// the registry package, as a worker agent would register them.
+// The tests of this package drive a real bin/caddy (make build), a real
+// redis-server and real agents (the workeragent package, in this test
+// process) running fakebrowser, as grid-worker does.
 
 // grid is one test's Redis with its registry.
 type grid struct {
 	t     *testing.T
 	redis *testenv.Redis
-	rdb   redis.UniversalClient
 	reg   *registry.Registry
 }
 
@@ -46,52 +40,91 @@ func newGrid(t *testing.T) *grid {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rdb.Close() })
-	return &grid{t: t, redis: r, rdb: rdb, reg: registry.New(rdb, registry.Options{})}
+	return &grid{t: t, redis: r, reg: registry.New(rdb, registry.Options{})}
 }
 
-// workerTTL keeps registered records alive for the whole test (there is no
-// agent heartbeating them).
-const workerTTL = 10 * time.Minute
+// agent is one worker agent of the test.
+type agent struct {
+	*workeragent.Agent
+	done chan error
+	stop context.CancelFunc
+}
 
-// worker starts a fakebrowser server and registers it in pool as id.
-func (g *grid) worker(pool, id string, b fake.Behavior) *fake.Server {
+// agent starts an agent with the fake launcher in pool and waits until
+// its browser is registered.
+func (g *grid) agent(pool string, tweak func(*workeragent.Config)) *agent {
 	g.t.Helper()
-	srv, ep, err := fake.Start("127.0.0.1:0", fake.Options{Path: "/playwright", Behavior: b})
+	cfg := workeragent.Defaults()
+	cfg.RedisURL = g.redis.URL()
+	cfg.Pool = pool
+	cfg.Launcher = workeragent.LauncherFake
+	cfg.Fakebrowser = testenv.Bin(g.t, "fakebrowser")
+	cfg.HeartbeatInterval = 500 * time.Millisecond
+	cfg.StaleThreshold = 3 * time.Second
+	cfg.DrainTimeout = 3 * time.Second
+	cfg.IDPrefix = "w"
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	a, err := workeragent.New(cfg, zap.NewNop())
 	if err != nil {
 		g.t.Fatal(err)
 	}
-	g.t.Cleanup(func() { srv.Close() })
-	u, err := url.Parse(ep)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	err = g.reg.Register(context.Background(), registry.Registration{
-		Pool: pool, ID: id, BrowserType: pool, Addr: u.Host, Path: u.Path, TTL: workerTTL,
+	ctx, cancel := context.WithCancel(context.Background())
+	ag := &agent{Agent: a, done: make(chan error, 1), stop: cancel}
+	before := len(g.workers(pool))
+	go func() { ag.done <- a.Run(ctx) }()
+	g.t.Cleanup(func() {
+		cancel()
+		a.Abort()
+		select {
+		case <-ag.done:
+		case <-time.After(20 * time.Second):
+			g.t.Error("an agent did not stop")
+		}
 	})
-	if err != nil {
-		g.t.Fatalf("registering worker %s: %v", id, err)
-	}
-	return srv
+	testenv.Eventually(g.t, 15*time.Second, "the agent's browser registers", func() bool { return len(g.workers(pool)) > before })
+	return ag
 }
 
-// info reads one worker's record.
-func (g *grid) info(pool, id string) registry.WorkerInfo {
-	g.t.Helper()
-	w, err := g.reg.Worker(context.Background(), pool, id)
+// workers reads a pool's workers, every version group's.
+func (g *grid) workers(pool string) []registry.WorkerInfo {
+	ctx := context.Background()
+	vs, err := g.reg.Versions(ctx, pool)
 	if err != nil {
-		g.t.Fatalf("reading worker %s: %v", id, err)
+		return nil
 	}
-	return w
+	var out []registry.WorkerInfo
+	for _, grp := range append([]string{pool}, vs.Groups(pool)...) {
+		info, err := g.reg.Inspect(ctx, grp)
+		if err != nil {
+			continue
+		}
+		for _, w := range info.Workers {
+			if !containsWorker(out, w.ID) {
+				out = append(out, w)
+			}
+		}
+	}
+	return out
 }
 
-// limits reads the limits a pool runs under (the last a claim stored).
-func (g *grid) limits(pool string) selection.Limits {
-	g.t.Helper()
-	info, err := g.reg.Inspect(context.Background(), pool)
-	if err != nil {
-		g.t.Fatalf("inspecting pool %s: %v", pool, err)
+func containsWorker(ws []registry.WorkerInfo, id string) bool {
+	for _, w := range ws {
+		if w.ID == id {
+			return true
+		}
 	}
-	return info.Limits
+	return false
+}
+
+// active sums the pool's active counts in Redis.
+func (g *grid) active(pool string) int {
+	n := 0
+	for _, w := range g.workers(pool) {
+		n += w.Active
+	}
+	return n
 }
 
 // caddy is a running bin/caddy.
@@ -102,7 +135,7 @@ type caddy struct {
 	config    string
 	adminPort int
 	httpPort  int
-	plainPort int // HTTP port when the site is HTTPS
+	plainPort int
 	tls       bool
 	env       []string
 }
@@ -112,24 +145,16 @@ type caddyOpts struct {
 	redisURL string
 	// global goes inside the grid { } global option after redis.
 	global string
-	// extraGlobal goes into the global options block.
-	extraGlobal string
-	// site is the body of the site block: http://127.0.0.1:<port>, or
-	// with tls, https://localhost:<port> with Caddy's internal CA.
+	// site is the body of the site block.
 	site string
 	tls  bool
-	// sites goes after the site block (more site blocks).
+	// sites goes after the site block.
 	sites string
 }
 
 func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) string {
 	https := "auto_https off"
 	httpPort := port
-	global := o.global
-	if !strings.Contains(global, "stale_threshold") {
-		// The test's workers never heartbeat.
-		global = "stale_threshold 10m\n\t\t" + global
-	}
 	address := fmt.Sprintf("http://127.0.0.1:%d", port)
 	if o.tls {
 		https = fmt.Sprintf("https_port %d\n\tlocal_certs\n\tskip_install_trust", port)
@@ -143,9 +168,9 @@ func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) str
 	%s
 	persist_config off
 	storage file_system %s
-	%s
 	grid {
 		redis %s
+		stale_threshold 3s
 		%s
 	}
 }
@@ -154,22 +179,9 @@ func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) str
 %s
 }
 %s
-`, adminPort, httpPort, https, storage, o.extraGlobal, o.redisURL, global, address, o.site, o.sites)
+`, adminPort, httpPort, https, storage, o.redisURL, o.global, address, o.site, o.sites)
 }
 
-// caddyBin is bin/caddy, or the binary named by CADDYGRID_TEST_CADDY (for
-// example one built with -race: the tests then also fail on a data race
-// reported by Caddy).
-func caddyBin(t *testing.T) string {
-	if p := os.Getenv("CADDYGRID_TEST_CADDY"); p != "" {
-		return p
-	}
-	return testenv.Bin(t, "caddy")
-}
-
-// startCaddy runs bin/caddy with the generated config on free ports. A
-// port taken between the pick and Caddy's bind (by a test of another
-// package) costs a start on other ports, not a failed test.
 func startCaddy(t *testing.T, o caddyOpts) *caddy {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
@@ -185,25 +197,19 @@ func startCaddy(t *testing.T, o caddyOpts) *caddy {
 
 func tryStartCaddy(t *testing.T, o caddyOpts) (*caddy, error) {
 	t.Helper()
-	bin := caddyBin(t)
+	bin := testenv.Bin(t, "caddy")
 	ports := testenv.PickPorts(t, 3)
 	c := &caddy{t: t, dir: t.TempDir(), adminPort: ports[0], httpPort: ports[1], plainPort: ports[2], tls: o.tls}
 	c.config = filepath.Join(c.dir, "Caddyfile")
 	c.write(o)
-	c.env = []string{
-		"HOME=" + c.dir,
-		"XDG_DATA_HOME=" + filepath.Join(c.dir, "data"),
-		"XDG_CONFIG_HOME=" + filepath.Join(c.dir, "config"),
-	}
+	c.env = []string{"HOME=" + c.dir, "XDG_DATA_HOME=" + filepath.Join(c.dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(c.dir, "config")}
 	c.proc = testenv.Start(t, c.env, bin, "run", "--config", c.config, "--adapter", "caddyfile")
 	t.Cleanup(func() {
 		c.proc.Stop()
-		if strings.Contains(c.proc.Output(), "DATA RACE") {
-			t.Errorf("caddy reported a data race:\n%s", c.proc.Output())
+		if strings.Contains(c.proc.Output(), "panic") {
+			t.Errorf("caddy panicked:\n%s", c.proc.Output())
 		}
 	})
-	// Caddy's own log line, not a listener on the port (which could be
-	// another process's): it is logged once every listener is bound.
 	deadline := time.Now().Add(20 * time.Second)
 	for !strings.Contains(c.proc.Output(), "serving initial configuration") {
 		select {
@@ -216,7 +222,7 @@ func tryStartCaddy(t *testing.T, o caddyOpts) (*caddy, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := testenv.WaitTCP(c.addr(), 5*time.Second); err != nil {
+	if err := testenv.WaitTCP(fmt.Sprintf("127.0.0.1:%d", c.httpPort), 5*time.Second); err != nil {
 		return nil, fmt.Errorf("%w\n%s", err, c.proc.Output())
 	}
 	return c, nil
@@ -230,45 +236,28 @@ func (c *caddy) write(o caddyOpts) {
 	}
 }
 
-func (c *caddy) addr() string { return fmt.Sprintf("127.0.0.1:%d", c.httpPort) }
-
 // url is a ws:// (or wss://) URL on the site.
 func (c *caddy) url(path string) string {
 	if c.tls {
 		return fmt.Sprintf("wss://localhost:%d%s", c.httpPort, path)
 	}
-	return "ws://" + c.addr() + path
+	return fmt.Sprintf("ws://127.0.0.1:%d%s", c.httpPort, path)
 }
 
-// rootCA is the path of Caddy's local root certificate.
-func (c *caddy) rootCA() string {
-	return filepath.Join(c.dir, "storage", "pki", "authorities", "local", "root.crt")
-}
+func (c *caddy) httpURL(path string) string { return fmt.Sprintf("http://127.0.0.1:%d%s", c.httpPort, path) }
 
 // reload writes a new config and applies it with 'caddy reload'.
 func (c *caddy) reload(o caddyOpts) {
 	c.t.Helper()
-	if code, out := c.tryReload(o); code != 0 {
-		c.t.Fatalf("caddy reload: exit %d\n%s", code, out)
-	}
-}
-
-// tryReload writes a new config, runs 'caddy reload' and returns its exit
-// code and output, for reloads that are meant to fail.
-func (c *caddy) tryReload(o caddyOpts) (int, string) {
-	c.t.Helper()
 	c.write(o)
-	p := testenv.Start(c.t, c.env, caddyBin(c.t), "reload", "--config", c.config, "--adapter", "caddyfile",
+	p := testenv.Start(c.t, c.env, testenv.Bin(c.t, "caddy"), "reload", "--config", c.config, "--adapter", "caddyfile",
 		"--address", fmt.Sprintf("127.0.0.1:%d", c.adminPort), "--force")
-	code, err := p.ExitCode(context.Background())
-	if err != nil {
-		c.t.Fatalf("caddy reload: %v\n%s", err, p.Output())
+	if code, err := p.ExitCode(context.Background()); err != nil || code != 0 {
+		c.t.Fatalf("caddy reload: %d %v\n%s", code, err, p.Output())
 	}
-	c.replacedListenersClosed()
-	return code, p.Output()
 }
 
-// admin GETs (or POSTs) an admin path and returns status and body.
+// admin calls an admin route and returns the status and body.
 func (c *caddy) admin(method, path string) (int, []byte) {
 	c.t.Helper()
 	req, err := http.NewRequest(method, fmt.Sprintf("http://127.0.0.1:%d%s", c.adminPort, path), nil)
@@ -284,9 +273,8 @@ func (c *caddy) admin(method, path string) (int, []byte) {
 	return resp.StatusCode, body
 }
 
-// metric returns the value of one sample of Caddy's /metrics, e.g.
-// metric(`caddy_grid_selections_total{policy="lifetime_first",pool="chromium"}`);
-// a missing sample is 0.
+// metric returns the value of one sample of Caddy's /metrics; 0 when it
+// is missing.
 func (c *caddy) metric(sample string) float64 {
 	c.t.Helper()
 	code, body := c.admin(http.MethodGet, "/metrics")
@@ -295,10 +283,7 @@ func (c *caddy) metric(sample string) float64 {
 	}
 	for _, line := range strings.Split(string(body), "\n") {
 		if strings.HasPrefix(line, sample+" ") {
-			v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, sample)), 64)
-			if err != nil {
-				c.t.Fatalf("metric %s: %v", line, err)
-			}
+			v, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, sample)), 64)
 			return v
 		}
 	}
@@ -308,30 +293,33 @@ func (c *caddy) metric(sample string) float64 {
 // session is one client WebSocket through Caddy.
 type session struct {
 	conn *websocket.Conn
+	resp *http.Response
 }
 
-// refused is a handshake answered with an HTTP status other than 101.
+// refused is a handshake answered with another status than 101.
 type refused struct {
 	StatusCode int
 	Header     http.Header
-	// Body is the start of the answer's body (the WebSocket library keeps
-	// its first KiB).
-	Body []byte
-	err  error
+	Body       []byte
+	err        error
 }
 
 func (r *refused) Error() string { return fmt.Sprintf("%v: %s", r.err, r.Body) }
 func (r *refused) Unwrap() error { return r.err }
 
-// dial opens a session and checks that it reaches a worker (an echo). A
-// refused handshake is a *refused (see refusal).
-func dial(ctx context.Context, u string) (*session, error) {
-	return dialHeader(ctx, u, nil)
+func refusal(err error) *refused {
+	var r *refused
+	if errors.As(err, &r) {
+		return r
+	}
+	return nil
 }
 
-// dialHeader is dial with the handshake's request headers.
+func dial(ctx context.Context, u string) (*session, error) { return dialHeader(ctx, u, nil) }
+
+// dialHeader opens a session with the request headers h and checks that it
+// reaches a worker (an echo).
 func dialHeader(ctx context.Context, u string, h http.Header) (*session, error) {
-	// The timeout bounds the handshake only: the session outlives it.
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	c, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: h})
@@ -342,7 +330,7 @@ func dialHeader(ctx context.Context, u string, h http.Header) (*session, error) 
 		}
 		return nil, err
 	}
-	s := &session{conn: c}
+	s := &session{conn: c, resp: resp}
 	if err := s.echo("hello"); err != nil {
 		c.CloseNow()
 		return nil, err
@@ -351,7 +339,6 @@ func dialHeader(ctx context.Context, u string, h http.Header) (*session, error) 
 }
 
 func (s *session) echo(msg string) error {
-	// A read that runs out of time closes the session.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.conn.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
@@ -367,14 +354,11 @@ func (s *session) echo(msg string) error {
 	return nil
 }
 
-// close runs the close handshake, dropping the connection when the peer
-// has not answered within 2 s (the library alone waits up to 5 s).
+// close runs the close handshake, at most 2 s.
 func (s *session) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	go s.conn.Close(websocket.StatusNormalClosure, "")
-	// The peer's answering close frame ends this read; a read that runs
-	// out of time drops the connection, which ends Close as well.
 	for {
 		if _, _, err := s.conn.Read(ctx); err != nil {
 			return
@@ -382,65 +366,17 @@ func (s *session) close() {
 	}
 }
 
-// refusal returns the refused handshake behind err, or nil.
-func refusal(err error) *refused {
-	var r *refused
-	if errors.As(err, &r) {
-		return r
-	}
-	return nil
-}
-
-// mustDial opens a session or fails the test.
 func mustDial(t *testing.T, u string) *session {
 	t.Helper()
 	s, err := dial(context.Background(), u)
 	if err != nil {
 		t.Fatalf("session through %s: %v", u, err)
 	}
+	t.Cleanup(func() { s.conn.CloseNow() })
 	return s
 }
 
-// replacedListenersClosed waits until the site's port has at most one
-// listener again, the running config's. A reload binds the new config's
-// listeners beside the old ones (Caddy sets SO_REUSEPORT, and the kernel
-// hands each new connection to one of a port's listeners), then stops
-// the replaced config's servers, or the failed config's, in goroutines
-// whose end it does not wait for. Go's HTTP server closes unanswered a
-// connection whose request it reads once its shutdown has begun, and
-// Linux resets the connections still queued on a listener that closes:
-// a session dialled before then can be cut by Caddy, never having
-// reached the grid. A listener still open after 10 s is a leak.
-func (c *caddy) replacedListenersClosed() {
-	c.t.Helper()
-	testenv.Eventually(c.t, 10*time.Second, "the replaced configs' listeners closed, the running one's left", func() bool {
-		n, err := sockets.Listening(c.httpPort)
-		if err != nil {
-			c.t.Fatal(err)
-		}
-		return n <= 1
-	})
-}
-
-// heldServer is an HTTP server that holds every request until release is
-// called, then answers status: an auth check or a config loader that a
-// test keeps waiting. asked gets a value when a request first arrives
-// (later arrivals while it is full are not announced). release is safe
-// to call twice; the test's cleanup calls it too.
-func heldServer(t *testing.T, status int) (addr string, asked <-chan struct{}, release func()) {
-	t.Helper()
-	ask, answer := make(chan struct{}, 1), make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		select {
-		case ask <- struct{}{}:
-		default:
-		}
-		<-answer
-		rw.WriteHeader(status)
-	}))
-	var once sync.Once
-	release = func() { once.Do(func() { close(answer) }) }
-	t.Cleanup(srv.Close)
-	t.Cleanup(release) // runs first: the server's Close waits for its held requests
-	return srv.Listener.Addr().String(), ask, release
+// site is the usual site block: one browser_grid route with options.
+func site(options string) string {
+	return "\troute /playwright/* {\n\t\tbrowser_grid {\n" + options + "\n\t\t}\n\t}"
 }

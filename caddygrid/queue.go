@@ -25,17 +25,18 @@ type waiter struct {
 	wake chan struct{}
 	// client is the request's client key (client_limit; "" none).
 	client string
-	// avoids names the workers the waiter's claims walk past (a retry
-	// past a 4xx: their IDs, sorted and joined; "" none), set by avoid.
-	avoids string
+	// key names what the waiter's claims can take: its version groups
+	// and the workers it avoids. A waiter that found nothing passes its
+	// wake-up to one that may take something else (wakeNext).
+	key string
 }
 
-// avoid records the workers w's claims walk past (see wakeNext).
-func (q *waitQueue) avoid(w *waiter, ids []string) {
-	key := strings.Join(slices.Sorted(slices.Values(ids)), " ")
+// setKey records what w's claims can take (see wakeNext).
+func (q *waitQueue) setKey(w *waiter, groups, avoid []string) {
+	key := strings.Join(groups, " ") + "|" + strings.Join(slices.Sorted(slices.Values(avoid)), " ")
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	w.avoids = key
+	w.key = key
 }
 
 // join appends a waiter unless the queue already holds limit waiters.
@@ -113,14 +114,12 @@ func (q *waitQueue) wakeHead() {
 	}
 }
 
-// wakeNext passes on a wake-up w could not use: a waiter that avoids
-// some workers (a retry past a 4xx) and found nothing, when the slot freed
-// may be on a worker it avoids, which waiters behind it can take. The
-// wake-up goes to the first waiter behind w that avoids other workers than
-// w (an ordinary waiter avoids none): one that avoids the same would walk
-// past the same slot, so a line of such retries (a client sending what
-// every worker refuses, many times over) costs one claim more per freed
-// slot, not one per waiter. A no-op when there is none, or w is not queued.
+// wakeNext passes on a wake-up w could not use: the slot freed may be in
+// another version group, or on a worker w avoids, which waiters behind it
+// can take. The wake-up goes to the first waiter behind w whose claims can
+// take something else (another key): one with the same would find nothing
+// too, so a line of them costs one claim more per freed slot, not one per
+// waiter. A no-op when there is none, or w is not queued.
 func (q *waitQueue) wakeNext(w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -129,7 +128,7 @@ func (q *waitQueue) wakeNext(w *waiter) {
 		return
 	}
 	for _, x := range q.waiters[i+1:] {
-		if x.avoids != w.avoids {
+		if x.key != w.key {
 			select {
 			case x.wake <- struct{}{}:
 			default:

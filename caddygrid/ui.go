@@ -19,8 +19,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-
-	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 func init() {
@@ -201,29 +199,30 @@ func (h *UIHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhtt
 	return nil
 }
 
-// uiWorker is one row of the staircase: the admin API's worker status (so
-// a field added there, such as the Playwright version, reaches the page)
-// and the worker's effective cap.
+// uiWorker is one row of the staircase: the admin API's worker status and
+// its effective cap.
 type uiWorker struct {
 	WorkerStatus
-	// Cap is the worker's concurrency cap: the smaller of the pool's
-	// max_concurrent and the worker's capacity; 0 is none.
+	// Cap is the smaller of max_concurrent and the worker's capacity; 0
+	// is none.
 	Cap int `json:"cap"`
 }
 
-// uiPool is one pool on the page. As in the admin API's PoolDetail,
-// "workers" is the list of workers (the page counts it).
+// uiPool is one pool on the page.
 type uiPool struct {
 	PoolSummary
 	MaxConcurrent int        `json:"max_concurrent"`
 	MaxLifetime   int        `json:"max_lifetime"`
 	Workers       []uiWorker `json:"workers"`
-	// BadRecords counts the worker records that do not parse (the admin
-	// API lists them).
+	// BadRecords counts the worker records skipped (the admin API lists
+	// them).
 	BadRecords int `json:"bad_records,omitempty"`
-	// WorkersHidden counts the workers past uiMaxRows, left out of
-	// Workers (the admin API lists every one).
+	// WorkersHidden counts the workers past uiMaxRows.
 	WorkersHidden int `json:"workers_hidden,omitempty"`
+	// Sessions are the pool's live sessions, the oldest first, at most
+	// uiMaxRows; SessionsHidden counts the rest.
+	Sessions       []SessionOut `json:"sessions"`
+	SessionsHidden int          `json:"sessions_hidden,omitempty"`
 	poolHistoryOut
 }
 
@@ -235,11 +234,8 @@ type uiData struct {
 	SampledAt  int64 `json:"sampled_at"`
 	IntervalMS int64 `json:"interval_ms"`
 	WindowMS   int64 `json:"window_ms"`
-	// Error says why the last sample failed, if it did. Pools are then
-	// the last sample that succeeded, taken at PoolsSampledAt (Unix
-	// milliseconds; 0: none succeeded yet, and Pools is empty): an
-	// operator looking at the page during a Redis outage still sees the
-	// grid as it was, and how old that is.
+	// Error says why the last sample failed. Pools are then the last
+	// sample that succeeded, taken at PoolsSampledAt (0: none yet).
 	Error          string   `json:"error,omitempty"`
 	PoolsSampledAt int64    `json:"pools_sampled_at,omitempty"`
 	Pools          []uiPool `json:"pools"`
@@ -346,66 +342,44 @@ func (s *uiSampler) sample(ctx context.Context) error {
 	return err
 }
 
-// readPools reads every pool from the running grid app's Redis, bounded
-// by the sampling interval.
+// readPools reads every pool through the running grid app, as the admin
+// API does, bounded by the sampling interval.
 func readPools(ctx context.Context, interval time.Duration) ([]uiPool, []poolObservation, int, error) {
-	a := running.current()
-	var b *backend
-	if a != nil {
-		b = a.liveBackend()
-	}
-	if b == nil {
+	a := currentApp()
+	if a == nil {
 		return nil, nil, 0, errNoGridApp
 	}
-	b, err := b.retain()
-	if err != nil {
-		return nil, nil, 0, errNoGridApp
-	}
-	defer b.drop()
 	ctx, cancel := context.WithTimeout(ctx, max(interval, adminTimeout))
 	defer cancel()
-	names, err := b.reg.Pools(ctx)
+	names, err := a.knownPools(ctx)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("listing pools: %w", err)
 	}
-	names = basePools(names)
-	// The pools this config serves first, then the others by name: made-up
-	// names that sort first must not push a served pool off the page.
-	served := make(map[string]bool, len(names))
-	for _, n := range names {
-		served[n] = a.limits.servesPool(n)
-	}
-	sort.Slice(names, func(i, j int) bool {
-		if served[names[i]] != served[names[j]] {
-			return served[names[i]]
-		}
-		return names[i] < names[j]
-	})
+	// The pools this config names first: made-up names that sort first
+	// must not push a served pool off the page.
+	sort.SliceStable(names, func(i, j int) bool { return a.configured(names[i]) != nil && a.configured(names[j]) == nil })
 	untracked := 0
 	if len(names) > uiMaxPools {
 		untracked = len(names) - uiMaxPools
 		names = names[:uiMaxPools]
 	}
-	now := time.Now()
 	var pools []uiPool
 	var obs []poolObservation
 	for _, name := range names {
-		info, summary, err := a.inspectForPage(ctx, b, name)
+		d, err := a.pool(ctx, name)
 		if err != nil {
-			return nil, nil, 0, fmt.Errorf("reading pool %q: %w", name, err)
+			continue // gone since it was listed
 		}
-		p := uiPool{
-			PoolSummary: summary, MaxConcurrent: info.Limits.MaxConcurrent,
-			MaxLifetime: info.Limits.MaxLifetime, Workers: make([]uiWorker, 0, len(info.Workers)),
-			BadRecords: len(info.BadRecords),
+		p := uiPool{PoolSummary: d.PoolSummary, BadRecords: len(d.BadRecords), Workers: make([]uiWorker, 0, len(d.Workers))}
+		if d.Configured != nil {
+			p.MaxConcurrent, p.MaxLifetime = d.Configured.MaxConcurrent, d.Configured.MaxLifetime
 		}
-		o := poolObservation{Pool: name, QueueDepth: p.QueueDepth, Active: p.Active, Capacity: p.Capacity, Draining: p.Draining}
-		for _, wi := range info.Workers {
-			snap := wi.Snapshot()
-			p.Workers = append(p.Workers, uiWorker{WorkerStatus: workerStatus(wi, now), Cap: info.Limits.Cap(&snap)})
-			o.Workers = append(o.Workers, workerObservation{ID: wi.ID, Lifetime: wi.Lifetime, Registered: wi.RegisteredAt})
+		o := poolObservation{Pool: name, QueueDepth: p.QueueDepth, Active: p.Active, Capacity: p.Capacity, Draining: p.Retiring}
+		for _, w := range d.Workers {
+			p.Workers = append(p.Workers, uiWorker{WorkerStatus: w, Cap: effectiveCap(w.Capacity, p.MaxConcurrent)})
+			o.Workers = append(o.Workers, workerObservation{ID: w.ID, Lifetime: w.Lifetime, Registered: w.Registered})
 		}
-		// The staircase: the oldest first.
+		// The staircase: the highest lifetime first.
 		sort.SliceStable(p.Workers, func(i, j int) bool {
 			if p.Workers[i].Lifetime != p.Workers[j].Lifetime {
 				return p.Workers[i].Lifetime > p.Workers[j].Lifetime
@@ -416,23 +390,18 @@ func readPools(ctx context.Context, interval time.Duration) ([]uiPool, []poolObs
 			p.WorkersHidden = n
 			p.Workers = p.Workers[:uiMaxRows]
 		}
+		if page, err := a.sessionsPage(ctx, name, ""); err == nil {
+			p.Sessions = page.Sessions
+			sort.Slice(p.Sessions, func(i, j int) bool { return p.Sessions[i].Started.Before(p.Sessions[j].Started) })
+			if n := len(p.Sessions) - uiMaxRows; n > 0 {
+				p.SessionsHidden = n
+				p.Sessions = p.Sessions[:uiMaxRows]
+			}
+		}
 		pools = append(pools, p)
 		obs = append(obs, o)
 	}
 	return pools, obs, untracked, nil
-}
-
-// inspectForPage reads one pool and totals it the way the admin API's
-// GET /grid/pools/{pool} does (adminPool): the page's figures are the
-// admin API's. When the admin API changes how it reads a pool, this
-// follows.
-func (a *App) inspectForPage(ctx context.Context, b *backend, pool string) (registry.PoolInfo, PoolSummary, error) {
-	// A pool's version groups are one pool here, as in the admin API.
-	info, versions, groups, err := inspectPool(ctx, b, pool)
-	if err != nil {
-		return info, PoolSummary{}, err
-	}
-	return info, a.summarize(b, info, versions, groups), nil
 }
 
 func parseUICaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {

@@ -28,12 +28,12 @@ type historyLimits struct {
 	MaxPools int
 }
 
-// workerObservation is one worker as one sample saw it.
+// workerObservation is one worker as one sample saw it. A worker is one
+// browser: a restarted browser is a new worker, with a line of its own.
 type workerObservation struct {
 	ID       string
 	Lifetime int
-	// Registered is when the worker's generation registered: it changes
-	// only when a new generation (a restarted browser) registers.
+	// Registered is when the worker registered.
 	Registered time.Time
 }
 
@@ -52,24 +52,16 @@ type poolPoint struct {
 	// previous sample; SessionsPerSec the same per second of the gap.
 	Sessions       int
 	SessionsPerSec float64
-	// Drains is how many worker generations ended since the previous
-	// sample: a worker gone from the pool, registered anew, or whose
-	// lifetime went down.
+	// Drains is how many workers left the pool since the previous
+	// sample (a browser that retired and closed, or one that died).
 	Drains int
 }
 
-// lifePoint is one sample of a worker's lifetime (16 bytes: there may be
-// many): At in Unix milliseconds; Restart marks the first point of a new
-// generation.
+// lifePoint is one sample of a worker's lifetime (12 bytes: there may be
+// many): At in Unix milliseconds.
 type lifePoint struct {
 	At       int64
 	Lifetime int32
-	Restart  bool
-}
-
-type workerMark struct {
-	lifetime   int
-	registered time.Time
 }
 
 type workerHistory struct {
@@ -79,9 +71,9 @@ type workerHistory struct {
 
 type poolHistory struct {
 	points []poolPoint
-	// marks is the previous sample of every worker (not capped: it is the
-	// size of the pool's record in Redis).
-	marks     map[string]workerMark
+	// marks is the previous lifetime of every worker (not capped: it is
+	// the size of the pool's records in Redis).
+	marks     map[string]int
 	workers   map[string]*workerHistory
 	untracked map[string]bool
 	lastSeen  time.Time
@@ -126,7 +118,7 @@ func (h *gridHistory) add(now time.Time, pools []poolObservation) {
 				h.untrackedPools[o.Pool] = true
 				continue
 			}
-			p = &poolHistory{marks: map[string]workerMark{}, workers: map[string]*workerHistory{}, untracked: map[string]bool{}}
+			p = &poolHistory{marks: map[string]int{}, workers: map[string]*workerHistory{}, untracked: map[string]bool{}}
 			h.pools[o.Pool] = p
 		}
 		p.add(now, o, h.limits)
@@ -155,12 +147,10 @@ func (p *poolHistory) add(now time.Time, o poolObservation, l historyLimits) {
 		prevAt = p.points[len(p.points)-1].At
 	}
 	pt := poolPoint{At: now, QueueDepth: o.QueueDepth, Active: o.Active, Capacity: o.Capacity, Draining: o.Draining}
-	seen := make(map[string]workerMark, len(o.Workers))
+	seen := make(map[string]int, len(o.Workers))
 	for _, w := range o.Workers {
-		mark := workerMark{lifetime: w.Lifetime, registered: w.Registered}
-		seen[w.ID] = mark
+		seen[w.ID] = w.Lifetime
 		prev, known := p.marks[w.ID]
-		restart := false
 		switch {
 		case first:
 			// Nothing to compare with.
@@ -171,16 +161,10 @@ func (p *poolHistory) add(now time.Time, o poolObservation, l historyLimits) {
 			if w.Registered.After(prevAt) {
 				pt.Sessions += w.Lifetime
 			}
-		case !w.Registered.Equal(prev.registered) || w.Lifetime < prev.lifetime:
-			// A new generation (or a counter that went down): the old one
-			// drained; the new one's lifetime is what it served since.
-			restart = true
-			pt.Drains++
-			pt.Sessions += w.Lifetime
-		default:
-			pt.Sessions += w.Lifetime - prev.lifetime
+		case w.Lifetime > prev:
+			pt.Sessions += w.Lifetime - prev
 		}
-		p.trackWorker(now, w, restart, l)
+		p.trackWorker(now, w, l)
 	}
 	if !first {
 		for id := range p.marks {
@@ -202,7 +186,7 @@ func (p *poolHistory) add(now time.Time, o poolObservation, l historyLimits) {
 	p.lastSeen = now
 }
 
-func (p *poolHistory) trackWorker(now time.Time, w workerObservation, restart bool, l historyLimits) {
+func (p *poolHistory) trackWorker(now time.Time, w workerObservation, l historyLimits) {
 	wh := p.workers[w.ID]
 	if wh == nil {
 		if len(p.workers) >= l.MaxWorkers {
@@ -212,7 +196,7 @@ func (p *poolHistory) trackWorker(now time.Time, w workerObservation, restart bo
 		wh = &workerHistory{}
 		p.workers[w.ID] = wh
 	}
-	wh.points = append(wh.points, lifePoint{At: now.UnixMilli(), Lifetime: int32(min(w.Lifetime, math.MaxInt32)), Restart: restart})
+	wh.points = append(wh.points, lifePoint{At: now.UnixMilli(), Lifetime: int32(min(w.Lifetime, math.MaxInt32))})
 	wh.lastSeen = now
 }
 
@@ -228,13 +212,14 @@ type poolSeries struct {
 	Drains         []int     `json:"drains"`
 }
 
-// workerSeries is one worker's lifetime over time; Restarts lists the
-// indexes of the points that began a new generation.
+// workerSeries is one worker's lifetime over time, from its first sample
+// to its last: a line ends where its worker left.
 type workerSeries struct {
 	ID       string  `json:"id"`
 	T        []int64 `json:"t"`
 	Lifetime []int   `json:"lifetime"`
-	Restarts []int   `json:"restarts,omitempty"`
+	// Gone: the worker left the pool (the line ends at its last point).
+	Gone bool `json:"gone,omitempty"`
 }
 
 // poolHistoryOut is what the page gets of a pool's history.
@@ -269,13 +254,11 @@ func (h *gridHistory) series(pool string) poolHistoryOut {
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		ws := workerSeries{ID: id}
-		for i, x := range p.workers[id].points {
+		_, live := p.marks[id]
+		ws := workerSeries{ID: id, Gone: !live}
+		for _, x := range p.workers[id].points {
 			ws.T = append(ws.T, x.At)
 			ws.Lifetime = append(ws.Lifetime, int(x.Lifetime))
-			if x.Restart {
-				ws.Restarts = append(ws.Restarts, i)
-			}
 		}
 		out.Workers = append(out.Workers, ws)
 	}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -123,11 +122,10 @@ func (p poolSpec) resolve(r *http.Request) (string, error) {
 // UpstreamSource is the dynamic upstream source of the grid
 // (`dynamic browser_grid [<pool>]`). It finds the request's pool and
 // returns a single upstream whose address is a placeholder: the grid
-// selection policy (lifetime_first, vnode or fair_share) claims a worker
-// in Select and fills the placeholder, so a request provisions one
-// upstream however large the pool. Passive health checks must not be
-// used with it: all workers share that one upstream's health record. The
-// grid marks failing workers suspect in Redis instead.
+// policy claims a worker in Select and fills it, so a request provisions
+// one upstream however large the pool. Passive health checks must not be
+// used with it (every worker shares that one upstream's record); the grid
+// marks failing workers suspect in Redis instead.
 type UpstreamSource struct {
 	// Pool names the pool of workers; placeholders are expanded per
 	// request, e.g. "{http.request.uri.query.browser}". Default: the
@@ -162,28 +160,17 @@ func (u *UpstreamSource) Validate() error {
 	return nil
 }
 
-// GetUpstreams resolves the request's pool into its grid session and
-// returns the one upstream that dials the worker Select chooses.
+// dialPlaceholder is the upstream's address: the claimed worker's.
+const dialPlaceholder = "{http.vars." + varDial + "}"
+
+// GetUpstreams resolves the request's pool into its attempt and returns
+// the one upstream that dials the worker Select claims.
 func (u *UpstreamSource) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, error) {
-	s := sessionFrom(r)
-	if s == nil {
-		s = newSession(r, "")
-	}
-	s.mu.Lock()
-	pool := s.pool
-	s.mu.Unlock()
-	if pool == "" {
-		name, err := u.spec.resolve(r)
+	if attemptOf(r) == nil {
+		pool, err := u.spec.resolve(r)
+		a := newAttempt(r, pool, DefaultDialRetries)
 		if err != nil {
-			// Not an error for reverse_proxy (it would log it and fall
-			// back to static upstreams): the session records it and
-			// Select answers no upstream.
-			s.setOutcome(outcomeBadPool, 0)
-		} else {
-			s.mu.Lock()
-			s.pool = name
-			s.mu.Unlock()
-			caddyhttp.SetVar(r.Context(), varPool, name)
+			a.fail(outcomeBadPool, err.Error())
 		}
 	}
 	// A new Upstream per call: reverse_proxy writes to the upstreams it

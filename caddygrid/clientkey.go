@@ -1,7 +1,6 @@
 package caddygrid
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -10,9 +9,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-
-	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 // clientKey expands the client_key placeholder for r. A key that expands
@@ -54,10 +50,6 @@ func forgeableClientIP(r *http.Request) bool {
 	return srv != nil && trusted && srv.TrustedProxiesStrict == 0
 }
 
-// errClientWaiting: the client already has as many requests waiting in
-// the pool's queue (this instance's) as its client_limit; nothing claimed.
-var errClientWaiting = fmt.Errorf("%w: as many of this client's requests wait for a browser as its client_limit allows", registry.ErrClientLimit)
-
 // ipv6ClientBits is how much of an IPv6 address names one client.
 const ipv6ClientBits = 64
 
@@ -71,56 +63,6 @@ func ipClient(key string) string {
 		return key
 	}
 	return netip.PrefixFrom(ip.WithZone(""), ipv6ClientBits).Masked().String()
-}
-
-// clientLimited counts a claim refused by the client limit and logs it at
-// most once a minute per client and pool, naming the client by its hash
-// only.
-func (b *backend) clientLimited(req registry.ClaimRequest, err error) {
-	metrics.clientLimited.WithLabelValues(req.Pool).Inc()
-	h := registry.ClientHash(req.ClientKey)
-	if !b.firstReport("client_limit", req.Pool, h) {
-		return
-	}
-	var le *registry.ClientLimitError
-	live := 0
-	if errors.As(err, &le) {
-		live = le.Live
-	}
-	b.logger.Info("client at its client_limit; refused (logged once a minute per client)",
-		zap.String("pool", req.Pool), zap.String("client_hash", h),
-		zap.Int("live_sessions", live), zap.Int("client_limit", req.ClientLimit))
-}
-
-// setLimited records why the client was refused (a *ClientLimitError in err).
-func (s *session) setLimited(err error) {
-	var le *registry.ClientLimitError
-	if errors.Is(err, errClientWaiting) {
-		s.mu.Lock()
-		s.waiting = true
-		s.mu.Unlock()
-		return
-	}
-	if !errors.As(err, &le) {
-		return
-	}
-	s.mu.Lock()
-	s.limited = le
-	s.mu.Unlock()
-}
-
-// limitedMessage is the body of the 429 for a client over its limit.
-func (s *session) limitedMessage() string {
-	s.mu.Lock()
-	le, waiting := s.limited, s.waiting
-	s.mu.Unlock()
-	if waiting {
-		return "client limit reached: as many requests of this client already wait for a browser as its client_limit allows; retry when one has been served"
-	}
-	if le == nil {
-		return "client limit reached for this client; retry when one of its sessions has ended"
-	}
-	return fmt.Sprintf("client limit reached: %d live sessions of %d allowed for this client; retry when one has ended", le.Live, le.Limit)
 }
 
 // clientKeyLine remembers where client_key was given, so that a
