@@ -52,8 +52,8 @@ type Result struct {
 	// that were on the killed or stalled component.
 	Tried, Served, Errors, Excused int
 	// Leaked is how many slots Redis still held beyond the live sessions
-	// once traffic had stopped and lease_ttl had passed (-1: Redis could
-	// not be read).
+	// once traffic had stopped and two heartbeats had passed (-1: Redis
+	// could not be read).
 	Leaked int
 	// OverAdmissions is the sessions browsers held at once beyond their
 	// max_concurrent (summed over browsers, each at its worst moment).
@@ -150,7 +150,7 @@ func runOne(s Scenario, opts Options, dir string) Result {
 		fmt.Fprintf(opts.Log, "%s %-20s %s\n", time.Now().UTC().Format("15:04:05.000"), s.Name, fmt.Sprintf(format, args...))
 	}
 	logf("starting")
-	r := &run{name: s.Name, short: opts.Short, e: newEnv(opts.Bins, dir, logf), logf: logf, healBound: leaseTTL}
+	r := &run{name: s.Name, short: opts.Short, e: newEnv(opts.Bins, dir, logf), logf: logf, healBound: healBound}
 	defer r.e.close()
 	err := s.run(r)
 	res := r.result()
@@ -197,7 +197,8 @@ type run struct {
 	swaps [][2]time.Time
 	// killedFrontend[i]: when frontend i was killed.
 	killedFrontend map[int]time.Time
-	// workerKills excuse that many sessions broken by a killed worker.
+	// workerKills excuse that many sessions broken by a killed or frozen
+	// worker (an agent relays its browser's sessions: they stop with it).
 	workerKills []workerKill
 	// slowRefusal, when set, is the longest a refused session may take
 	// during an outage.
@@ -215,6 +216,8 @@ type run struct {
 type workerKill struct {
 	at   time.Time
 	live int
+	// until is when a frozen worker resumed (zero: killed).
+	until time.Time
 }
 
 // phase returns the short or the full length of a phase.
@@ -367,8 +370,9 @@ func (r *run) observe() {
 	}
 }
 
-// finish stops the clients, waits up to lease_ttl for Redis to hold no
-// slot beyond the live sessions, and stops sampling.
+// finish stops the clients, waits up to two heartbeats (and the pending
+// grace) for Redis to hold no slot beyond the live sessions, and stops
+// sampling.
 func (r *run) finish() {
 	if r.finished || r.tr == nil {
 		return
@@ -377,7 +381,7 @@ func (r *run) finish() {
 	r.stopped = time.Now()
 	r.tr.stop()
 	stopped := time.Now()
-	_ = poll(leaseTTL+time.Second, 100*time.Millisecond, "no leaked slot", func() (bool, error) {
+	_ = poll(healBound+time.Second, 100*time.Millisecond, "no leaked slot", func() (bool, error) {
 		s := r.smp.latest()
 		return s.at.After(stopped.Add(200*time.Millisecond)) && s.redisOK && s.leak == 0 && s.live == 0, nil
 	})
@@ -404,7 +408,7 @@ func (r *run) phantomLifetime() int {
 	defer r.smp.mu.Unlock()
 	n, lost := 0, 0
 	for _, w := range info.Workers {
-		ep, ok := r.smp.eps[w.Addr]
+		ep, ok := r.smp.eps[w.ID]
 		if !ok || !ep.reachable {
 			continue
 		}
@@ -453,7 +457,11 @@ func (r *run) classify(outs []*outcome) {
 			continue
 		}
 		for i, k := range r.workerKills {
-			if kills[i] < k.live && o.opened.Before(k.at) && !o.end.Before(k.at) && o.end.Before(k.at.Add(5*time.Second)) {
+			last := k.at
+			if k.until.After(last) {
+				last = k.until
+			}
+			if kills[i] < k.live && o.opened.Before(k.at) && !o.end.Before(k.at) && o.end.Before(last.Add(5*time.Second)) {
 				kills[i]++
 				o.excused = true
 				break

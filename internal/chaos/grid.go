@@ -17,13 +17,16 @@ const Pool = "chromium"
 
 // Timings every scenario's grid runs with: short enough that faults heal
 // within a short run, in the ratios an operator would choose (heartbeat
-// well under the stale threshold, lease renewed three times per TTL).
+// well under the stale threshold).
 const (
-	leaseTTL          = 6 * time.Second
 	staleThreshold    = 3 * time.Second
 	reaperInterval    = 2 * time.Second
 	heartbeatInterval = time.Second
-	keyTTL            = 3 * time.Second
+	proxyTimeout      = 3 * time.Second
+	// healBound is what most faults must heal within: the agents' next
+	// heartbeat rewrites the counts, and a claim that never reached its
+	// agent ends a heartbeat plus the pending grace after it was made.
+	healBound = 2 * heartbeatInterval
 )
 
 // env is one scenario's world: its dir, its processes, its Redis, its
@@ -83,7 +86,6 @@ var caddyfileTmpl = template.Must(template.New("Caddyfile").Parse(`{
 	storage file_system {{.Storage}}
 	grid {
 		redis {{.Redis}}
-		lease_ttl {{.LeaseTTL}}
 		stale_threshold {{.Stale}}
 		reaper_interval {{.Reaper}}
 	}
@@ -114,7 +116,7 @@ func (c *caddyInst) write() error {
 	var b bytes.Buffer
 	err := caddyfileTmpl.Execute(&b, map[string]any{
 		"Admin": c.adminPort, "Port": c.port, "Storage": filepath.Join(c.dir, "storage"),
-		"Redis": c.redisURL, "LeaseTTL": leaseTTL.String(), "Stale": staleThreshold.String(),
+		"Redis": c.redisURL, "Stale": staleThreshold.String(),
 		"Reaper": reaper.String(), "Pool": Pool, "Lim": c.lim,
 	})
 	if err != nil {
@@ -178,32 +180,36 @@ func (c *caddyInst) reload(bins string, lim limits) error {
 type workerInst struct {
 	name string
 	p    *proc
+	// args are its flags, to start it again the same way.
+	args []string
 }
 
 // startWorker starts grid-worker number i with capacity maxConcurrent;
-// it respawns its browser after a drain, as in production.
-func (e *env) startWorker(i, maxConcurrent int) (*workerInst, error) {
+// it respawns its browser after a drain, as in production. extra flags go
+// last (they win).
+func (e *env) startWorker(i, maxConcurrent int, extra ...string) (*workerInst, error) {
 	name := fmt.Sprintf("worker-%d", i)
-	p, err := e.procs.start(name, nil, filepath.Join(e.bins, "grid-worker"),
+	args := []string{
 		"--redis", e.topo.url,
 		"--pool", Pool,
 		"--launcher", "fake",
 		"--fakebrowser", filepath.Join(e.bins, "fakebrowser"),
 		"--max-concurrent", strconv.Itoa(maxConcurrent),
 		"--heartbeat-interval", heartbeatInterval.String(),
-		"--key-ttl", keyTTL.String(),
 		"--stale-threshold", staleThreshold.String(),
+		"--proxy-timeout", proxyTimeout.String(),
 		"--drain-timeout", "30s",
-		"--lease-ttl", leaseTTL.String(),
 		"--redis-retry-attempts", "30",
 		"--id-prefix", name,
 		"--log-format", "console",
 		"--respawn",
-	)
+	}
+	args = append(args, extra...)
+	p, err := e.procs.start(name, nil, filepath.Join(e.bins, "grid-worker"), args...)
 	if err != nil {
 		return nil, err
 	}
-	w := &workerInst{name: name, p: p}
+	w := &workerInst{name: name, p: p, args: args}
 	e.workers = append(e.workers, w)
 	return w, nil
 }

@@ -8,27 +8,30 @@ import (
 	"sync"
 	"time"
 
-	"github.com/browsergrid/caddy-browser-grid/registry"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 // The sampler reads, continuously and from outside, what the grid
-// believes (every worker record with its active count, and the lease
-// count, from Redis) and what is true (every worker's browser: its live
-// sessions, its peak and its total since it started, from fakebrowser's
-// /stats). The figures of the table come from comparing the two.
+// believes (every worker with its active count, and the session records,
+// from Redis) and what is true (every browser's live sessions, its peak
+// and its total since it started, from fakebrowser's /stats, found
+// through its agent's /status). The figures of the table come from
+// comparing the two.
 
 // persistFor is how long a worker's Redis count must disagree with its
-// live sessions before the counts are called wrong: a claim is counted in
-// Redis a moment before its browser sees the session (and a release a
-// moment after), so a single sample taken between the two is no error. A
+// browser's live sessions before the counts are called wrong: a claim is
+// counted in Redis a moment before its browser sees the session (and an
+// end a moment after), so a single sample between the two is no error. A
 // real phantom or missing slot lasts until something heals it.
 const persistFor = time.Second
 
-// endpoint is one browser process (a fakebrowser server), found through
-// its worker record. A respawned worker is a new endpoint.
+// endpoint is one browser process (a fakebrowser server). A respawned
+// worker is a new endpoint.
 type endpoint struct {
-	addr  string
+	id    string // its worker ID
+	addr  string // the browser's own address, behind its agent
 	limit int
 	// from the latest successful /stats read
 	live, peak, sessions int64
@@ -52,10 +55,10 @@ type sample struct {
 	// failed.
 	bad bool
 	// leak is the slots Redis holds beyond the live sessions.
-	leak   int
-	stale  int
-	leases int
-	live   int
+	leak     int
+	stale    int
+	sessions int
+	live     int
 }
 
 type sampler struct {
@@ -68,28 +71,22 @@ type sampler struct {
 	// lifetimeAt is the max_lifetime in force at a moment (0: none).
 	lifetimeAt func(time.Time) int
 	// extraBad is the scenario's own check of a sample (nil: none).
-	extraBad func(registry.PoolInfo) bool
+	extraBad func(registry.GroupInfo) bool
 	http     *http.Client
 
 	mu         sync.Mutex
-	eps        map[string]*endpoint
+	eps        map[string]*endpoint // by worker ID
 	samples    []sample
 	overshoots int64
-	// logf reports each overshoot as it is seen (nil: silent).
-	logf   func(string, ...any)
-	prevAt time.Time
-	// inspectTook is how long the last read of the pool took.
-	inspectTook time.Duration
-	stop        chan struct{}
-	done        chan struct{}
+	logf       func(string, ...any)
+	prevAt     time.Time
+	stop       chan struct{}
+	done       chan struct{}
 }
 
 func newSampler(reg *registry.Registry, interval time.Duration, concurrency int, lifetimeAt func(time.Time) int) *sampler {
 	return &sampler{
 		reg: reg, interval: interval, concurrency: concurrency, lifetimeAt: lifetimeAt,
-		// No kept-alive connection: an agent draining after a lost record
-		// counts the browser's connections (workeragent's
-		// drainedAfterLoss), and the sampler is no client of it.
 		http: &http.Client{Timeout: 300 * time.Millisecond, Transport: &http.Transport{DisableKeepAlives: true}},
 		eps:  map[string]*endpoint{}, stop: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -122,53 +119,101 @@ type stats struct {
 	PeakActive int64 `json:"peak_active"`
 }
 
+// getJSON reads a JSON answer of one of the grid's processes.
+func (s *sampler) getJSON(url string, v any) error {
+	resp, err := s.http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
 func (s *sampler) once() {
 	now := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), max(800*time.Millisecond, 2*s.interval))
 	info, err := s.reg.Inspect(ctx, Pool)
-	cancel()
-	smp := sample{at: now, redisOK: err == nil}
-	s.mu.Lock()
-	s.inspectTook = time.Since(now)
-	s.mu.Unlock()
-	active := map[string]int{}
+	sessions := 0
 	if err == nil {
-		smp.leases = info.Leases
-		s.mu.Lock()
+		var n int64
+		n, err = s.reg.Client().HLen(ctx, s.reg.Key(Pool, "sessions")).Result()
+		sessions = int(n)
+	}
+	cancel()
+	smp := sample{at: now, redisOK: err == nil, sessions: sessions}
+	active := map[string]int{}
+	agents := map[string]bool{}
+	if err == nil {
 		for _, w := range info.Workers {
 			if now.Sub(w.LastHeartbeat) > staleThreshold {
 				smp.stale++
 			}
-			active[w.Addr] += w.Active
-			// Only the browsers of the scenario's own agents (IDs
-			// worker-N-…) are read; records written by the scenario
-			// itself (a lost zone) have no browser behind them.
-			if _, ok := s.eps[w.Addr]; ok || now.Sub(w.LastHeartbeat) > staleThreshold || !strings.HasPrefix(w.ID, "worker-") {
-				continue
+			active[w.ID] += w.Active
+			// Only the scenario's own agents (IDs worker-N-…) have a
+			// browser behind them; records the scenario wrote itself (a
+			// lost zone) have none.
+			if strings.HasPrefix(w.ID, "worker-") {
+				agents[w.Addr] = true
 			}
-			limit := s.concurrency
-			if w.Capacity > 0 && w.Capacity < limit {
-				limit = w.Capacity
-			}
-			s.eps[w.Addr] = &endpoint{addr: w.Addr, limit: limit, lastSeen: now}
 		}
-		s.mu.Unlock()
 		if s.extraBad != nil && s.extraBad(info) {
 			smp.bad = true
 		}
 	} else {
 		smp.bad = true
 		// The harness's own Cluster client learns a failover the plain
-		// go-redis way (a MOVED reply, or its periodic refresh): ask it
-		// to reload the slot map after a failed read, as the grid's
-		// client does, so the observer does not lag the grid.
+		// go-redis way: reload the slot map after a failed read, as the
+		// grid's client does, so that the observer does not lag the grid.
 		if cc, ok := s.reg.Client().(*redis.ClusterClient); ok {
 			cc.ReloadState(context.Background())
 		}
 	}
-
-	// Read every known browser at once.
+	// The agents say which browser is behind each worker.
 	s.mu.Lock()
+	for _, ep := range s.eps {
+		if now.Sub(ep.lastSeen) < 5*time.Second {
+			agents[ep.agent()] = true
+		}
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	var amu sync.Mutex
+	found := map[string]string{} // worker ID -> browser address
+	for addr := range agents {
+		if addr == "" {
+			continue
+		}
+		wg.Go(func() {
+			var st struct {
+				Browsers []struct {
+					ID      string `json:"id"`
+					Backend string `json:"backend"`
+				} `json:"browsers"`
+			}
+			if s.getJSON("http://"+addr+"/status", &st) != nil {
+				return
+			}
+			amu.Lock()
+			for _, b := range st.Browsers {
+				found[b.ID] = addr + " " + b.Backend
+			}
+			amu.Unlock()
+		})
+	}
+	wg.Wait()
+	s.mu.Lock()
+	for id, where := range found {
+		if _, ok := s.eps[id]; ok {
+			continue
+		}
+		limit := s.concurrency
+		for _, w := range info.Workers {
+			if w.ID == id && w.Record.Capacity > 0 && w.Record.Capacity < limit {
+				limit = w.Record.Capacity
+			}
+		}
+		s.eps[id] = &endpoint{id: id, addr: where, limit: limit, lastSeen: now}
+	}
 	eps := make([]*endpoint, 0, len(s.eps))
 	for _, ep := range s.eps {
 		if now.Sub(ep.lastSeen) < 5*time.Second {
@@ -176,22 +221,15 @@ func (s *sampler) once() {
 		}
 	}
 	s.mu.Unlock()
+
 	got := make([]*stats, len(eps))
-	var wg sync.WaitGroup
 	for i, ep := range eps {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := s.http.Get("http://" + ep.addr + "/stats")
-			if err != nil {
-				return
-			}
-			defer resp.Body.Close()
+		wg.Go(func() {
 			var st stats
-			if json.NewDecoder(resp.Body).Decode(&st) == nil {
+			if s.getJSON("http://"+ep.browser()+"/stats", &st) == nil {
 				got[i] = &st
 			}
-		}()
+		})
 	}
 	wg.Wait()
 
@@ -226,7 +264,7 @@ func (s *sampler) once() {
 				if ep.sessions > floor {
 					s.overshoots += ep.sessions - floor
 					if s.logf != nil {
-						s.logf("overshoot: browser %s at %d sessions, max_lifetime %d, %d before", ep.addr, ep.sessions, lifetime, ep.counted)
+						s.logf("overshoot: browser %s at %d sessions, max_lifetime %d, %d before", ep.id, ep.sessions, lifetime, ep.counted)
 					}
 				}
 			}
@@ -239,7 +277,7 @@ func (s *sampler) once() {
 		if !smp.redisOK {
 			continue
 		}
-		diff := active[ep.addr] - int(ep.live)
+		diff := active[ep.id] - int(ep.live)
 		if diff > 0 {
 			sumExcess += diff
 		}
@@ -255,16 +293,27 @@ func (s *sampler) once() {
 		}
 	}
 	if smp.redisOK {
-		// Records of browsers no longer read (dead or never reachable)
+		// Workers whose browser is not read (dead, or never reachable)
 		// hold no live session: all their active count is excess.
-		for addr, a := range active {
-			if ep, ok := s.eps[addr]; (!ok || now.Sub(ep.lastSeen) >= 5*time.Second) && a > 0 {
+		for id, a := range active {
+			if ep, ok := s.eps[id]; (!ok || now.Sub(ep.lastSeen) >= 5*time.Second) && a > 0 {
 				sumExcess += a
 			}
 		}
-		smp.leak = max(sumExcess, smp.leases-smp.live)
+		smp.leak = max(sumExcess, smp.sessions-smp.live)
 	}
 	s.samples = append(s.samples, smp)
+}
+
+// agent is the address of the endpoint's agent; browser its browser's.
+func (ep *endpoint) agent() string {
+	a, _, _ := strings.Cut(ep.addr, " ")
+	return a
+}
+
+func (ep *endpoint) browser() string {
+	_, b, _ := strings.Cut(ep.addr, " ")
+	return b
 }
 
 // latest returns the last sample (zero when none yet).
@@ -304,12 +353,22 @@ func (s *sampler) lifetimeOvershoots() int {
 	return int(s.overshoots)
 }
 
-// liveOn returns the live sessions of the browser at addr (as last read).
-func (s *sampler) liveOn(addr string) int {
+// liveOn returns the live sessions of worker id's browser (as last read).
+func (s *sampler) liveOn(id string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ep, ok := s.eps[addr]; ok {
+	if ep, ok := s.eps[id]; ok {
 		return int(ep.live)
 	}
 	return 0
+}
+
+// browserOf returns the address of worker id's browser ("" unknown).
+func (s *sampler) browserOf(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ep, ok := s.eps[id]; ok {
+		return ep.browser()
+	}
+	return ""
 }

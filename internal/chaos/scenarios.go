@@ -15,7 +15,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
-	"github.com/browsergrid/caddy-browser-grid/selection"
 )
 
 // Client traffic shared by the scenarios: churners open sessions of
@@ -51,9 +50,9 @@ func (r *run) waitServed(n int) error {
 	})
 }
 
-// workerAddr returns the browser address of the fresh record of a worker
-// started as name.
-func (r *run) workerAddr(name string) (string, error) {
+// workerID returns the ID of the fresh record of a worker started as
+// name.
+func (r *run) workerID(name string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	info, err := r.reg.Inspect(ctx, Pool)
@@ -61,8 +60,8 @@ func (r *run) workerAddr(name string) (string, error) {
 		return "", fmt.Errorf("finding %s's browser: %w", name, err)
 	}
 	for _, w := range info.Workers {
-		if strings.HasPrefix(w.ID, name+"-") && time.Since(w.LastHeartbeat) < staleThreshold {
-			return w.Addr, nil
+		if strings.HasPrefix(w.ID, name+"-") && time.Since(w.LastHeartbeat) < staleThreshold && w.Status == "available" {
+			return w.ID, nil
 		}
 	}
 	return "", fmt.Errorf("no fresh record of %s", name)
@@ -159,8 +158,8 @@ func liveAt(addr string) (int, error) {
 var scenarios = []Scenario{
 	{
 		Name: "lifetime-reload",
-		Proves: "max_lifetime lowered by `caddy reload` mid-traffic (20 → 5, three workers): the workers at or past the new " +
-			"limit are told to drain one at a time and the pool keeps serving; no session begins past the new limit.",
+		Proves: "max_lifetime lowered by `caddy reload` mid-traffic (20 → 5, three workers): the new config's claims tell " +
+			"the workers at or past the new limit to drain, one at a time, and the pool keeps serving; no session begins past the new limit.",
 		run: func(r *run) error {
 			lim := limits{MaxConcurrent: 2, MaxLifetime: 20, SelectTimeout: selectTimeout}
 			if err := r.grid(r.single(false), []limits{lim}, 3, 2); err != nil {
@@ -285,7 +284,8 @@ var scenarios = []Scenario{
 		Name: "long-drain",
 		Proves: "one session held open on the first worker to reach max_lifetime (20; four workers of capacity 3, stagger_drains " +
 			"on by default) while six clients open short sessions: the pool keeps serving while that worker drains the long " +
-			"session, the other workers retiring in turn; no session refused, no overshoot, no leak.",
+			"session (its replacement serves as soon as it took its last session), the other workers retiring in turn; " +
+			"no session refused, no overshoot, no leak.",
 		run: func(r *run) error {
 			lim := limits{MaxConcurrent: 3, MaxLifetime: 20, SelectTimeout: selectTimeout}
 			if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
@@ -298,7 +298,7 @@ var scenarios = []Scenario{
 			}
 			// The worker holding it: the only one with a session so far.
 			held := ""
-			status := func() (selection.Status, error) {
+			status := func() (string, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				defer cancel()
 				info, err := r.reg.Inspect(ctx, Pool)
@@ -311,7 +311,7 @@ var scenarios = []Scenario{
 						return w.Status, nil
 					}
 				}
-				return "", errors.New("no worker with the long session")
+				return "gone", nil
 			}
 			if _, err := status(); err != nil {
 				return err
@@ -319,7 +319,7 @@ var scenarios = []Scenario{
 			r.tr.churn(6, churnHold)
 			err := poll(30*time.Second, 50*time.Millisecond, held+" draining its long session", func() (bool, error) {
 				st, err := status()
-				return st == selection.Draining, err
+				return st == "draining" || st == "replaced", err
 			})
 			if err != nil {
 				return err
@@ -337,8 +337,8 @@ var scenarios = []Scenario{
 	{
 		Name: "operator-drain",
 		Proves: "an operator drains the busiest worker through the admin API (four workers of capacity 3, six clients opening " +
-			"short sessions): it takes no new session from that moment, not only once its agent hears the command at its next " +
-			"heartbeat; it drains, restarts, and the pool keeps serving with no session refused.",
+			"short sessions): it takes no new session from that moment, its agent hears it at once (not at its next heartbeat), " +
+			"it drains and restarts, and the pool keeps serving with no session refused.",
 		run: func(r *run) error {
 			lim := limits{MaxConcurrent: 3, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
 			if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
@@ -347,7 +347,7 @@ var scenarios = []Scenario{
 			r.clients(3, constant(noLifetime), 100*time.Millisecond)
 			r.tr.churn(6, churnHold)
 			r.warm()
-			read := func() (registry.PoolInfo, error) {
+			read := func() (registry.GroupInfo, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				defer cancel()
 				return r.reg.Inspect(ctx, Pool)
@@ -360,7 +360,7 @@ var scenarios = []Scenario{
 			// given a session next
 			var target registry.WorkerInfo
 			for _, w := range info.Workers {
-				if w.Status == selection.Available && w.Lifetime > target.Lifetime {
+				if w.Status == "available" && w.Lifetime > target.Lifetime {
 					target = w
 				}
 			}
@@ -421,8 +421,9 @@ var scenarios = []Scenario{
 	},
 	{
 		Name: "agent-frozen",
-		Proves: "an agent frozen (SIGSTOP) past the stale threshold and its key TTL while its browser holds sessions at capacity, " +
-			"then resumed: its live sessions still count against max_concurrent once it registers again (no over-admission).",
+		Proves: "an agent frozen (SIGSTOP) past the stale threshold while its browser holds sessions at capacity, then resumed: " +
+			"its own sessions stop with it (they are excused), its record is skipped and removed meanwhile, and it registers " +
+			"again with the sessions it still holds, so they count against max_concurrent again (no over-admission).",
 		run: func(r *run) error {
 			lim := limits{MaxConcurrent: 2, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
 			if err := r.grid(r.single(false), []limits{lim}, 1, 2); err != nil {
@@ -444,85 +445,54 @@ var scenarios = []Scenario{
 			// busy grid has: a slot that looks free is taken at once.
 			r.tr.churn(7, churnHold)
 			r.warm()
-			agent := r.e.workers[0]
-			freeze := r.phase(keyTTL+2*time.Second, 12*time.Second)
-			if err := agent.p.freeze(); err != nil {
-				return fmt.Errorf("freezing worker-1: %w", err)
-			}
-			r.note("agent frozen %s", freeze)
-			time.Sleep(freeze) // the fault's length
-			if err := agent.p.thaw(); err != nil {
-				return fmt.Errorf("resuming worker-1: %w", err)
-			}
-			r.fault(time.Now())
-			r.observe()
-			return nil
+			return r.freezeAgent(r.e.workers[0], r.phase(staleThreshold+reaperInterval+time.Second, 12*time.Second))
 		},
 	},
 	{
 		Name: "agent-frozen-spent",
-		Proves: "an agent frozen (SIGSTOP) just after its browser registered, past the stale threshold and key TTL, while clients " +
-			"keep opening short sessions: the browser reaches max_lifetime (10) before its record lapses, and once the agent " +
-			"registers again (asserting the lifetime of its last heartbeat, 0) the worker still counts what it served: " +
-			"it drains instead of serving max_lifetime again (no overshoot), a later stale expiry of its gone record included.",
+		Proves: "an agent frozen (SIGSTOP) past the stale threshold once its browser has served most of its max_lifetime " +
+			"(10), then resumed: its record was removed meanwhile, and it registers again with the lifetime it served, so " +
+			"it serves no session past max_lifetime (no overshoot).",
 		run: func(r *run) error {
 			lim := limits{MaxConcurrent: 3, MaxLifetime: 10, SelectTimeout: selectTimeout}
 			if err := r.grid(r.single(false), []limits{lim}, 4, 3); err != nil {
 				return err
 			}
 			r.clients(3, constant(lim.MaxLifetime), 100*time.Millisecond)
-			// Frozen before any session: its last heartbeat saw lifetime
-			// 0. Its record stays fresh for up to the stale threshold, and
-			// lifetime_first fills it first (it leads once it has a
-			// session), so it serves its 10 before the record lapses.
-			agent := r.e.workers[0]
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			info, err := r.reg.Inspect(ctx, Pool)
-			cancel()
+			r.tr.churn(5, churnHold)
+			// Frozen once some browser has served 6: lifetime_first fills
+			// one at a time, so that is the one the next claims go to.
+			var agent *workerInst
+			err := poll(30*time.Second, 20*time.Millisecond, "a browser at lifetime 6", func() (bool, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				info, err := r.reg.Inspect(ctx, Pool)
+				if err != nil {
+					return false, err
+				}
+				for _, w := range info.Workers {
+					if w.Lifetime >= 6 && w.Status == "available" {
+						for _, a := range r.e.workers {
+							if strings.HasPrefix(w.ID, a.name+"-") {
+								agent = a
+								return true, nil
+							}
+						}
+					}
+				}
+				return false, nil
+			})
 			if err != nil {
 				return err
 			}
-			frozen := ""
-			for _, w := range info.Workers {
-				if strings.HasPrefix(w.ID, agent.name+"-") {
-					frozen = w.ID
-				}
-			}
-			if frozen == "" {
-				return errors.New("no record of worker-1")
-			}
-			if err := agent.p.freeze(); err != nil {
-				return fmt.Errorf("freezing worker-1: %w", err)
-			}
-			r.tr.churn(5, churnHold)
-			freeze := keyTTL + 2*time.Second
-			r.note("agent frozen %s before the first session", freeze)
-			time.Sleep(freeze)
-			// One more stale expiry of its record, gone by now (another
-			// instance's reaper, a claim that saw it stale a moment ago):
-			// what the first one kept must stay.
-			ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
-			again, err := r.reg.ExpireStale(ctx, Pool, []string{frozen}, staleThreshold)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("expiring worker-1 again: %w", err)
-			}
-			r.logf("late stale expiry of %s: removed %q", frozen, again)
-			if err := agent.p.thaw(); err != nil {
-				return fmt.Errorf("resuming worker-1: %w", err)
-			}
-			r.fault(time.Now())
-			// Long enough for a worker back at lifetime 0 to serve its
-			// max_lifetime again at this rate.
-			time.Sleep(r.phase(4*time.Second, 8*time.Second))
-			r.observe()
-			return nil
+			return r.freezeAgent(agent, staleThreshold+reaperInterval+time.Second)
 		},
 	},
 	{
 		Name: "redis-restart",
-		Proves: "Redis killed and restarted empty under 50 live sessions: the live sessions keep counting (no over-admission), " +
-			"no slot leaks, and the grid serves again within lease_ttl of the restart.",
+		Proves: "Redis killed and restarted empty under 50 live sessions: the agents register again with their live " +
+			"sessions as soon as their connection is back, so they keep counting (no over-admission), no slot leaks, and " +
+			"the grid serves again within two heartbeats of the restart.",
 		run: func(r *run) error {
 			lim := limits{MaxConcurrent: 8, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
 			if err := r.grid(r.single(false), []limits{lim}, 8, 8); err != nil {
@@ -544,37 +514,35 @@ var scenarios = []Scenario{
 	{
 		Name: "redis-restart-spent",
 		Proves: "Redis killed and restarted empty while five clients open short sessions on four workers of capacity 3 with " +
-			"max_lifetime 10: the sessions that ended since each agent's last heartbeat still count (Caddy re-asserts the " +
-			"lifetimes it served), so no browser serves past max_lifetime after the restart.",
+			"max_lifetime 10: every agent registers again with the lifetime its browser served, and refuses a claim past " +
+			"max_lifetime meanwhile, so no browser serves past it.",
 		run: func(r *run) error { return spentRestart(r, 0, false) },
 	},
 	{
 		Name: "redis-restart-snapshot",
-		Proves: "Redis killed and restarted from an RDB snapshot 1.5 s older (same epoch), while five clients open short " +
-			"sessions on four workers of capacity 3 with max_lifetime 10: the first claim on the restarted server gives " +
-			"the pool a new epoch, Caddy re-asserts what it served since, so no browser serves past max_lifetime.",
+		Proves: "Redis killed and restarted from an RDB snapshot 1.5 s older, while five clients open short sessions on " +
+			"four workers of capacity 3 with max_lifetime 10: the records come back with counts too low, the agents' next " +
+			"heartbeat sets them right and the agents refuse what would go past their limits meanwhile: no overshoot.",
 		run: func(r *run) error { return spentRestart(r, 1500*time.Millisecond, false) },
 	},
 	{
 		Name: "redis-restart-snapshot-moved",
 		Proves: "Redis killed and restarted from an RDB snapshot 1.5 s older as five clients move from one Caddy to another: " +
-			"the pool's claims are held a second after the first claim on the restarted server gives it a new epoch, so the " +
-			"instance that served the lost sessions re-asserts them without a claim of its own first, and no browser serves " +
-			"past max_lifetime through the other.",
+			"the instance that claimed the lost sessions makes no claim afterwards, and still no browser serves past " +
+			"max_lifetime through the other (the agents hold it).",
 		run: func(r *run) error { return spentRestart(r, 1500*time.Millisecond, true) },
 	},
 	{
 		Name: "redis-restart-moved",
 		Proves: "Redis killed and restarted empty as five clients move from one Caddy to another (a load balancer's " +
-			"choice): the instance that served the workers' sessions re-asserts their lifetimes without a claim of its own, " +
-			"so no browser serves past max_lifetime through the other.",
+			"choice): no browser serves past max_lifetime through the other instance either.",
 		run: func(r *run) error { return spentRestart(r, 0, true) },
 	},
 	{
 		Name: "redis-stall",
 		Proves: "Redis stalled (DEBUG SLEEP 7) during claims: a claim is refused within ~2.5 s (not when Redis wakes), a " +
-			"claim that timed out leaves no lease and no count once Redis answers again, and the workers' records, lapsed " +
-			"meanwhile (key TTL 3 s), come back with their live sessions counted.",
+			"claim that timed out leaves no count once Redis answers again, and the workers, stale meanwhile, come back " +
+			"with their live sessions counted at their next heartbeat.",
 		run: func(r *run) error {
 			lim := limits{MaxConcurrent: 4, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
 			if err := r.grid(r.single(true), []limits{lim}, 4, 4); err != nil {
@@ -613,8 +581,8 @@ var scenarios = []Scenario{
 	},
 	{
 		Name: "worker-kill",
-		Proves: "kill -9 of a worker (agent and browser) with live sessions: only its own sessions fail, its slots are " +
-			"released, the others keep serving.",
+		Proves: "kill -9 of a worker (agent and browser) with live sessions: only its own sessions fail, its record and " +
+			"slots are gone within the stale threshold and a reaper pass, the others keep serving.",
 		run: func(r *run) error {
 			lim := limits{MaxConcurrent: 4, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
 			if err := r.grid(r.single(false), []limits{lim}, 5, 4); err != nil {
@@ -627,26 +595,29 @@ var scenarios = []Scenario{
 			r.tr.churn(6, churnHold)
 			r.warm()
 			// The worker whose browser holds the most sessions.
-			victim, most, addr := (*workerInst)(nil), -1, ""
+			victim, most, id := (*workerInst)(nil), -1, ""
 			for _, w := range r.e.workers {
-				a, err := r.workerAddr(w.name)
+				wid, err := r.workerID(w.name)
 				if err != nil {
 					continue
 				}
-				if n := r.smp.liveOn(a); n > most {
-					victim, most, addr = w, n, a
+				if n := r.smp.liveOn(wid); n > most {
+					victim, most, id = w, n, wid
 				}
 			}
 			if victim == nil {
 				return fmt.Errorf("no worker to kill")
 			}
-			live, err := liveAt(addr)
+			live, err := liveAt(r.smp.browserOf(id))
 			if err != nil {
 				return fmt.Errorf("reading %s's live sessions: %w", victim.name, err)
 			}
 			at := time.Now()
 			victim.p.kill9()
 			r.workerKills = append(r.workerKills, workerKill{at: at, live: live})
+			// Its record is skipped once stale and removed by the next
+			// reaper pass after that.
+			r.healBound = staleThreshold + reaperInterval + time.Second
 			r.note("%s killed with %d live sessions", victim.name, live)
 			r.fault(at)
 			r.observe()
@@ -656,7 +627,8 @@ var scenarios = []Scenario{
 	{
 		Name: "caddy-kill",
 		Proves: "kill -9 of a Caddy instance holding 50 live sessions: only its sessions fail, their slots come back " +
-			"within lease_ttl, the other instance keeps serving.",
+			"as their agents see the connections close (a claim it made and never dialled, within a heartbeat and the " +
+			"pending grace), the other instance keeps serving.",
 		run: func(r *run) error {
 			lim := limits{MaxConcurrent: 8, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
 			if err := r.grid(r.single(false), []limits{lim, lim}, 8, 8); err != nil {
@@ -673,10 +645,6 @@ var scenarios = []Scenario{
 			r.e.caddies[0].p.kill9()
 			r.killedFrontend = map[int]time.Time{0: at}
 			r.fault(at)
-			// A lease claimed an instant before the kill lives its whole
-			// lease_ttl; then the next claim or heartbeat (every
-			// heartbeatInterval) frees it. The bound is that, not less.
-			r.healBound = leaseTTL + heartbeatInterval
 			r.observe()
 			return nil
 		},
@@ -725,7 +693,7 @@ var scenarios = []Scenario{
 			// and the harness's 250 ms sampling, with room for a loaded machine.
 			r.healBound = lim.ReaperInterval + 2*time.Second
 			r.clients(2, constant(noLifetime), time.Second)
-			r.smp.extraBad = func(info registry.PoolInfo) bool {
+			r.smp.extraBad = func(info registry.GroupInfo) bool {
 				for _, w := range info.Workers {
 					if time.Since(w.LastHeartbeat) > staleThreshold {
 						return true
@@ -827,11 +795,11 @@ func registerStale(reg *registry.Registry, n int) error {
 					return
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				err := reg.Register(ctx, registry.Registration{
-					Pool: Pool, ID: fmt.Sprintf("lost-zone-%05d", i), BrowserType: Pool,
-					Addr: fmt.Sprintf("192.0.2.%d:%d", i%250+1, 9000+i/250), Path: "/playwright",
-					Capacity: 2, TTL: 10 * time.Minute,
-				})
+				rec := registry.NewRecord(registry.Record{
+					ID: fmt.Sprintf("lost-zone-%05d", i), Pool: Pool, Browser: Pool,
+					Addr: fmt.Sprintf("192.0.2.%d:%d", i%250+1, 9000+i/250), Path: "/playwright", Capacity: 2,
+				}, 0, nil)
+				err := reg.Register(ctx, rec, registry.AgentState{}, "")
 				cancel()
 				if err != nil {
 					select {
@@ -860,4 +828,31 @@ func p99(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[(len(s)*99+99)/100-1]
+}
+
+// freezeAgent stops an agent (SIGSTOP) for d and resumes it. The sessions
+// its browser held stop with it (it relays them) and are excused; the
+// resume is the fault to heal from.
+func (r *run) freezeAgent(w *workerInst, d time.Duration) error {
+	id, err := r.workerID(w.name)
+	if err != nil {
+		return err
+	}
+	live := r.smp.liveOn(id)
+	at := time.Now()
+	if err := w.p.freeze(); err != nil {
+		return fmt.Errorf("freezing %s: %w", w.name, err)
+	}
+	r.workerKills = append(r.workerKills, workerKill{at: at, live: live, until: at.Add(d)})
+	r.note("%s frozen %s with %d live sessions", w.name, d, live)
+	time.Sleep(d)
+	if err := w.p.thaw(); err != nil {
+		return fmt.Errorf("resuming %s: %w", w.name, err)
+	}
+	r.fault(time.Now())
+	// long enough for a worker that came back short of what it served to
+	// reach its max_lifetime again at this rate
+	time.Sleep(r.phase(3*time.Second, 6*time.Second))
+	r.observe()
+	return nil
 }
