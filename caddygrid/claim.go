@@ -80,14 +80,14 @@ type attempt struct {
 	sent  bool
 	// backend holds the claim's reference on the backend until the agent
 	// has it or it is given back.
-	backend   *backend
-	avoid     []string
-	failures  int
-	refusals  int
-	served    bool // the agent serves the session
-	passed    int // a status of the browser's the client gets as it is
-	outcome   outcome
-	message   string // the answer's text, for some outcomes
+	backend  *backend
+	avoid    []string
+	failures int
+	refusals int
+	served   bool // the agent serves the session
+	passed   int  // a status of the browser's the client gets as it is
+	outcome  outcome
+	message  string // the answer's text, for some outcomes
 }
 
 // attemptOf returns the request's attempt, nil when there is none.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-		"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
@@ -234,4 +234,3 @@ func checkWorkerPath(p string) *refusal {
 	}
 	return nil
 }
-

@@ -244,7 +244,9 @@ func (c *caddy) url(path string) string {
 	return fmt.Sprintf("ws://127.0.0.1:%d%s", c.httpPort, path)
 }
 
-func (c *caddy) httpURL(path string) string { return fmt.Sprintf("http://127.0.0.1:%d%s", c.httpPort, path) }
+func (c *caddy) httpURL(path string) string {
+	return fmt.Sprintf("http://127.0.0.1:%d%s", c.httpPort, path)
+}
 
 // reload writes a new config and applies it with 'caddy reload'.
 func (c *caddy) reload(o caddyOpts) {

@@ -153,6 +153,9 @@ type ClaimInfo struct {
 	Stale []string
 	// Workers counts the group's registered workers.
 	Workers int
+	// Drained names a worker past the claim's max_lifetime the claim told
+	// to drain ("" none).
+	Drained string
 }
 
 // Claim selects a worker of req.Group and claims it for req.Session in one
@@ -195,10 +198,15 @@ func (r *Registry) claim(ctx context.Context, req ClaimRequest, dry bool) (Claim
 		return Claim{}, ClaimInfo{}, fmt.Errorf("claiming a worker of pool %q: %w", req.Group, err)
 	}
 	out, _ := res.([]any)
-	if len(out) < 8 {
+	if len(out) < 9 {
 		return Claim{}, ClaimInfo{}, fmt.Errorf("claiming a worker of pool %q: reply of %d items", req.Group, len(out))
 	}
 	info := ClaimInfo{Scanned: toInt(out[5]), Workers: toInt(out[7])}
+	if d, _ := out[8].(string); d != "" {
+		info.Drained = d
+		// its agent hears at once; should this be lost, at its heartbeat
+		_ = r.rdb.Publish(ctx, r.AgentChannel(req.Group, d), CommandDrain).Err()
+	}
 	if stale, ok := out[6].([]any); ok {
 		for _, s := range stale {
 			if id, ok := s.(string); ok {

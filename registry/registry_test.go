@@ -156,3 +156,25 @@ func TestSchemaMismatchIsRefusedNamingBoth(t *testing.T) {
 		}
 	}
 }
+
+func TestAWorkerPastALoweredMaxLifetimeIsToldToDrainOneAtATime(t *testing.T) {
+	r, _ := newTestRegistry(t)
+	register(t, r, "p", "a", 0)
+	register(t, r, "p", "b", 0)
+	register(t, r, "p", "c", 0)
+	for range 6 {
+		claim(t, r, ClaimRequest{Group: "p"}) // no limit: lifetime_first fills one worker
+	}
+	req := ClaimRequest{Group: "p", Limits: Limits{MaxLifetime: 3, StaggerDrains: true}}
+	c, info, err := tryClaim(r, req)
+	if err != nil || info.Drained == "" || c.Worker.ID == info.Drained {
+		t.Fatalf("claim under a lowered max_lifetime: %v on %s, drained %q", err, c.Worker.ID, info.Drained)
+	}
+	if st := state(t, r, "p", info.Drained); st.Status != "draining" {
+		t.Fatalf("status of %s: %s", info.Drained, st.Status)
+	}
+	// While it retires, the next claim tells no other to drain.
+	if _, info2, _ := tryClaim(r, req); info2.Drained != "" {
+		t.Fatalf("a second worker told to drain: %s", info2.Drained)
+	}
+}

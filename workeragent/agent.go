@@ -351,6 +351,8 @@ func (a *Agent) watch(wk *worker) {
 	defer tick.Stop()
 	for {
 		select {
+		case <-wk.removed:
+			return
 		case <-wk.proc.Done():
 			a.post(event{kind: evCrash, wk: wk, err: fmt.Errorf("the browser process exited: %v; its last output:\n%s", wk.proc.ExitError(), wk.proc.Output())})
 			return
@@ -404,8 +406,11 @@ func (a *Agent) drained(wk *worker) bool {
 // the serving one.
 func (a *Agent) gone(wk *worker, err error) bool {
 	a.mu.Lock()
-	serving := wk == a.current
+	serving, known := wk == a.current, wk == a.current || wk == a.old
 	a.mu.Unlock()
+	if !known {
+		return false // removed already
+	}
 	a.log.Error("the browser is down; removing its record", zap.String("worker_id", wk.rec.ID), zap.Error(err))
 	wk.endSessions(func(*session) bool { return true }, CloseGoingAway, "crash", "the worker's browser went down")
 	a.remove(wk)
@@ -414,6 +419,7 @@ func (a *Agent) gone(wk *worker, err error) bool {
 
 // remove deregisters a worker, stops its browser and forgets it.
 func (a *Agent) remove(wk *worker) {
+	wk.removedOnce.Do(func() { close(wk.removed) })
 	a.mu.Lock()
 	switch wk {
 	case a.current:

@@ -25,6 +25,10 @@ type worker struct {
 	// drained is closed once it is retiring and holds no session.
 	drained     chan struct{}
 	drainedOnce sync.Once
+	// removed is closed when the agent closes the browser itself: its exit
+	// then is no crash.
+	removed     chan struct{}
+	removedOnce sync.Once
 }
 
 // session is one live session of a worker.
@@ -37,7 +41,7 @@ type session struct {
 
 func newWorker(rec registry.Record, proc *Browser, backend string) *worker {
 	return &worker{rec: rec, proc: proc, backend: backend, live: map[string]*session{},
-		status: registry.Serving, drained: make(chan struct{})}
+		status: registry.Serving, drained: make(chan struct{}), removed: make(chan struct{})}
 }
 
 // admission is what admit decided.

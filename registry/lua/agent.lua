@@ -121,7 +121,8 @@ end
 -- it served (mode s, with their durations) and the claims it refused
 -- (mode g: given back, lifetime too); Caddy gives back a claim that never
 -- reached the agent (g, or f when the worker failed it: suspect for a
--- while). A session already ended counts nothing: ending is idempotent.
+-- while, whether or not its agent gave the claim back first). A session
+-- already ended counts nothing: ending is idempotent.
 -- KEYS: state, retiring, lf, ring, iwrr, idle, busy, workers, sessions,
 --   sindex, groups (for the wake-up channel).
 -- ARGV: worker id, mode (s, g or f), suspect (ms, mode f), then pairs of
@@ -147,7 +148,7 @@ local function end_sessions(keys, args)
       end
     end
   end
-  if not w or ended == 0 then return ended end
+  if not w or (ended == 0 and mode ~= 'f') then return ended end
   local now = now_ms()
   w.a = math.max(0, w.a - ended)
   if mode ~= 's' then
@@ -162,7 +163,7 @@ local function end_sessions(keys, args)
   end
   put_state(K, id, w)
   reindex(K, id, w, now)
-  wakeup(K)
+  if ended > 0 then wakeup(K) end
   return ended
 end
 

@@ -11,11 +11,17 @@
 --   max_concurrent max_lifetime stagger stale_ms max_scan avoid
 --   then the policy's own arguments (each walk says which).
 -- Returns: {outcome, worker id, record, lifetime, last, scanned, stale,
---   workers}: outcome 'ok', 'none' (no usable worker) or 'client' (the
---   client holds client_limit live sessions); lifetime is the worker's
---   after the claim, last 1 when the claim brought it to max_lifetime,
---   scanned the index entries examined, stale the stale or missing
---   workers walked past, workers the group's registered workers.
+--   workers, drained}: outcome 'ok', 'none' (no usable worker) or 'client'
+--   (the client holds client_limit live sessions); lifetime is the
+--   worker's after the claim, last 1 when the claim brought it to
+--   max_lifetime, scanned the index entries examined, stale the stale or
+--   missing workers walked past, workers the group's registered workers,
+--   drained the worker this claim told to drain ('' none; see below).
+--
+-- A worker already past this claim's max_lifetime (the limit was lowered,
+-- or another instance's is higher) takes no session of it, and no claim
+-- would be its last: the claim tells it to drain instead, one at a time
+-- under stagger_drains (none while another worker retires).
 -- Complexity: O(log N) per index read, at most max_scan unusable entries
 --   and DEBRIS_MAX entries full for this claim's limits.
 
@@ -115,10 +121,11 @@ local function claim(keys, args)
   if s.budget == 0 then s.budget = -1 end
   for id in string.gmatch(args[14], '%S+') do s.avoid[id] = true end
   local total = redis.call('HLEN', K.workers)
+  local drained = ''
   local function reply(outcome, id, w, last)
     local rec = ''
     if id then rec = redis.call('HGET', K.workers, id) or '' end
-    return { outcome, id or '', rec, w and w.l or 0, last and 1 or 0, s.scanned, s.stale_ids, total }
+    return { outcome, id or '', rec, w and w.l or 0, last and 1 or 0, s.scanned, s.stale_ids, total, drained }
   end
   if client ~= '-' and client_limit > 0 then
     local prefix = 'c ' .. client .. ' '
@@ -126,12 +133,26 @@ local function claim(keys, args)
       return reply('client')
     end
   end
-  if args[11] == '1' and s.ml > 0 then
+  local retiring = false
+  if s.ml > 0 then
     for _, id in ipairs(redis.call('SMEMBERS', K.retiring)) do
       local r = get_state(K, id)
       if r and (s.stale == 0 or s.now - r.hb <= s.stale) then
-        s.retiring = true
+        retiring = true
         break
+      end
+    end
+    s.retiring = retiring and args[11] == '1'
+    -- the available worker with the highest lifetime past max_lifetime
+    local spent = redis.call('ZRANGEBYSCORE', K.lf, '-inf', '(' .. n(-(s.ml - 1) * LF), 'LIMIT', 0, 1)
+    if #spent > 0 and not dry and not (s.retiring) then
+      local w = get_state(K, spent[1])
+      if w and w.st == 'a' then
+        set_status(K, spent[1], w, 'd')
+        put_state(K, spent[1], w)
+        reindex(K, spent[1], w, s.now)
+        drained = spent[1]
+        s.retiring = args[11] == '1'
       end
     end
   end
