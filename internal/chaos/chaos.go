@@ -596,7 +596,7 @@ func firstError(outs []*outcome) string {
 	if len(msg) > 160 {
 		msg = msg[:160] + "…"
 	}
-	return msg
+	return fmt.Sprintf("%s (through frontend %d, after %s)", msg, first.frontend, first.end.Sub(first.start).Round(time.Millisecond))
 }
 
 // healTime is the time from the fault to the first moment from which

@@ -39,6 +39,10 @@ type env struct {
 	caddies []*caddyInst
 	workers []*workerInst
 	logf    func(format string, args ...any)
+	// undo is what the scenario set up outside its processes (links,
+	// namespaces), torn down once they have stopped: a scenario's run
+	// returns while its clients still go.
+	undo []func()
 }
 
 func newEnv(bins, dir string, logf func(string, ...any)) *env {
@@ -47,6 +51,9 @@ func newEnv(bins, dir string, logf func(string, ...any)) *env {
 
 func (e *env) close() {
 	e.procs.stopAll(2 * time.Second)
+	for i := len(e.undo) - 1; i >= 0; i-- {
+		e.undo[i]()
+	}
 	if e.topo != nil && e.topo.rdb != nil {
 		_ = e.topo.rdb.Close()
 	}
@@ -59,6 +66,8 @@ type limits struct {
 	SelectTimeout time.Duration
 	// ReaperInterval of the instance's grid app (0: reaperInterval).
 	ReaperInterval time.Duration
+	// StaleThreshold of the instance's grid app (0: staleThreshold).
+	StaleThreshold time.Duration
 	// Policy is the handler's policy line ("": the default, lifetime_first).
 	Policy string
 	// Extra goes into the handler's block as it is.
@@ -70,12 +79,15 @@ type caddyInst struct {
 	name      string
 	adminPort int
 	port      int
-	dir       string
-	config    string
-	env       []string
-	p         *proc
-	lim       limits
-	redisURL  string
+	// host is the address its site listens on (127.0.0.1, or its
+	// network namespace's).
+	host     string
+	dir      string
+	config   string
+	env      []string
+	p        *proc
+	lim      limits
+	redisURL string
 }
 
 var caddyfileTmpl = template.Must(template.New("Caddyfile").Parse(`{
@@ -91,7 +103,7 @@ var caddyfileTmpl = template.Must(template.New("Caddyfile").Parse(`{
 	}
 }
 
-http://127.0.0.1:{{.Port}} {
+http://{{.Host}}:{{.Port}} {
 	route /playwright/* {
 		browser_grid {{.Pool}} {
 			max_concurrent {{.Lim.MaxConcurrent}}
@@ -109,14 +121,17 @@ http://127.0.0.1:{{.Port}} {
 `))
 
 func (c *caddyInst) write() error {
-	reaper := c.lim.ReaperInterval
+	reaper, stale := c.lim.ReaperInterval, c.lim.StaleThreshold
 	if reaper == 0 {
 		reaper = reaperInterval
+	}
+	if stale == 0 {
+		stale = staleThreshold
 	}
 	var b bytes.Buffer
 	err := caddyfileTmpl.Execute(&b, map[string]any{
 		"Admin": c.adminPort, "Port": c.port, "Storage": filepath.Join(c.dir, "storage"),
-		"Redis": c.redisURL, "Stale": staleThreshold.String(),
+		"Redis": c.redisURL, "Stale": stale.String(), "Host": c.host,
 		"Reaper": reaper.String(), "Pool": Pool, "Lim": c.lim,
 	})
 	if err != nil {
@@ -127,7 +142,21 @@ func (c *caddyInst) write() error {
 
 // startCaddy starts a bin/caddy named name with lim, on the env's Redis.
 func (e *env) startCaddy(name string, lim limits) (*caddyInst, error) {
-	c := &caddyInst{name: name, dir: filepath.Join(e.dir, name), lim: lim, redisURL: e.topo.url}
+	return e.startCaddyAt(name, lim, caddyPlace{})
+}
+
+// caddyPlace is where a Caddy runs: its own network namespace, and the
+// Redis URL it uses (a black hole's), when not the defaults.
+type caddyPlace struct {
+	host     *netHost
+	redisURL string
+}
+
+func (e *env) startCaddyAt(name string, lim limits, at caddyPlace) (*caddyInst, error) {
+	c := &caddyInst{name: name, dir: filepath.Join(e.dir, name), lim: lim, redisURL: e.topo.url, host: "127.0.0.1"}
+	if at.redisURL != "" {
+		c.redisURL = at.redisURL
+	}
 	var err error
 	if c.adminPort, err = freePort(); err != nil {
 		return nil, err
@@ -139,11 +168,16 @@ func (e *env) startCaddy(name string, lim limits) (*caddyInst, error) {
 		return nil, err
 	}
 	c.config = filepath.Join(c.dir, "Caddyfile")
+	bin, args := filepath.Join(e.bins, "caddy"), []string{"run", "--config", c.config, "--adapter", "caddyfile"}
+	if at.host != nil {
+		c.host = at.host.inside
+		bin, args = "ip", append([]string{"netns", "exec", at.host.name, bin}, args...)
+	}
 	if err := c.write(); err != nil {
 		return nil, fmt.Errorf("writing the Caddyfile of %s: %w", name, err)
 	}
 	c.env = []string{"HOME=" + c.dir, "XDG_DATA_HOME=" + filepath.Join(c.dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(c.dir, "config")}
-	c.p, err = e.procs.start(name, c.env, filepath.Join(e.bins, "caddy"), "run", "--config", c.config, "--adapter", "caddyfile")
+	c.p, err = e.procs.start(name, c.env, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +188,7 @@ func (e *env) startCaddy(name string, lim limits) (*caddyInst, error) {
 	return c, nil
 }
 
-func (c *caddyInst) addr() string { return "127.0.0.1:" + strconv.Itoa(c.port) }
+func (c *caddyInst) addr() string { return c.host + ":" + strconv.Itoa(c.port) }
 
 // url is the WebSocket URL clients dial.
 func (c *caddyInst) url() string { return "ws://" + c.addr() + "/playwright/" + Pool }

@@ -89,6 +89,9 @@ func (p *proc) kill9() {
 
 // freeze stops the process itself (SIGSTOP), not its children: a GC
 // pause or a network blip of the agent while its browser keeps serving.
+// killOnly sends SIGKILL to the process itself, not its group.
+func (p *proc) killOnly() { _ = p.cmd.Process.Kill() }
+
 func (p *proc) freeze() error { return p.cmd.Process.Signal(syscall.SIGSTOP) }
 
 // thaw resumes a frozen process (SIGCONT).

@@ -59,6 +59,10 @@ type sample struct {
 	stale    int
 	sessions int
 	live     int
+	// retiring counts the workers in the retiring set (stagger_drains);
+	// free the slots the available workers have left.
+	retiring int
+	free     int
 }
 
 type sampler struct {
@@ -144,9 +148,17 @@ func (s *sampler) once() {
 	active := map[string]int{}
 	agents := map[string]bool{}
 	if err == nil {
+		smp.retiring = len(info.Retiring)
 		for _, w := range info.Workers {
 			if now.Sub(w.LastHeartbeat) > staleThreshold {
 				smp.stale++
+			}
+			if w.Status == "available" {
+				limit := s.concurrency
+				if w.Record.Capacity > 0 && w.Record.Capacity < limit {
+					limit = w.Record.Capacity
+				}
+				smp.free += max(0, limit-w.Active)
 			}
 			active[w.ID] += w.Active
 			// Only the scenario's own agents (IDs worker-N-…) have a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -725,6 +726,270 @@ var scenarios = []Scenario{
 				}
 			}
 			r.note("session open p99 %s before the lost zone, %s while it was stale", p99(before).Round(time.Millisecond), p99(after).Round(time.Millisecond))
+			return nil
+		},
+	},
+	{
+		Name: "caddy-partition",
+		Proves: "one Caddy's Redis link black-holed (bytes held, nothing closed) with 4 live sessions through it, while " +
+			"another instance churns on the same 4 workers of capacity 2: the sessions through the cut-off instance go on " +
+			"and stay counted (their agents report them), so nobody is admitted over a worker's cap; nothing leaks.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 2, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
+			t, err := r.e.startSingle(false)
+			if err != nil {
+				return err
+			}
+			r.e.topo = t
+			r.reg = registry.New(t.rdb, registry.Options{})
+			bh, err := newBlackhole("127.0.0.1:0", t.nodes[0].addr())
+			if err != nil {
+				return err
+			}
+			r.e.undo = append(r.e.undo, bh.close)
+			if _, err := r.e.startCaddy("caddy-a", lim); err != nil {
+				return err
+			}
+			if _, err := r.e.startCaddyAt("caddy-b", lim, caddyPlace{redisURL: "redis://" + bh.addr() + "/0"}); err != nil {
+				return err
+			}
+			for i := 1; i <= 4; i++ {
+				if _, err := r.e.startWorker(i, 2); err != nil {
+					return err
+				}
+			}
+			if err := r.waitWorkers(4); err != nil {
+				return err
+			}
+			r.clients(2, constant(noLifetime), 100*time.Millisecond)
+			if got := r.tr.hold(4, 1); got != 4 {
+				return fmt.Errorf("opened %d of 4 live sessions through caddy-b", got)
+			}
+			r.tr.down[1].Store(true) // the churn goes through caddy-a
+			r.tr.churn(6, churnHold)
+			r.warm()
+			d := r.phase(8*time.Second, 20*time.Second)
+			at := time.Now()
+			bh.hole(true)
+			r.note("caddy-b's Redis link black-holed for %s", d)
+			time.Sleep(d)
+			bh.hole(false)
+			r.outages = append(r.outages, [2]time.Time{at, time.Now()})
+			r.fault(time.Now())
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "agent-kill",
+		Proves: "kill -9 of an agent alone, with live sessions: its browser, its child, dies with it (no orphan), only " +
+			"its sessions fail, its record and slots go within the stale threshold and a reaper pass, and the agent " +
+			"started again (as a supervisor would) serves a fresh browser.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 4, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
+			if err := r.grid(r.single(false), []limits{lim}, 4, 4); err != nil {
+				return err
+			}
+			r.clients(4, constant(noLifetime), 100*time.Millisecond)
+			if got := r.tr.hold(8, -1); got != 8 {
+				return fmt.Errorf("opened %d of 8 live sessions", got)
+			}
+			r.tr.churn(6, churnHold)
+			r.warm()
+			victim, most, id := (*workerInst)(nil), -1, ""
+			for _, w := range r.e.workers {
+				wid, err := r.workerID(w.name)
+				if err != nil {
+					continue
+				}
+				if n := r.smp.liveOn(wid); n > most {
+					victim, most, id = w, n, wid
+				}
+			}
+			if victim == nil {
+				return fmt.Errorf("no agent to kill")
+			}
+			browser := r.smp.browserOf(id)
+			live, err := liveAt(browser)
+			if err != nil {
+				return fmt.Errorf("reading %s's live sessions: %w", victim.name, err)
+			}
+			at := time.Now()
+			victim.p.killOnly()
+			r.workerKills = append(r.workerKills, workerKill{at: at, live: live})
+			r.note("%s's agent killed with %d live sessions", victim.name, live)
+			if err := poll(5*time.Second, 50*time.Millisecond, "its browser gone", func() (bool, error) {
+				_, err := liveAt(browser)
+				return err != nil, nil
+			}); err != nil {
+				r.failures = append(r.failures, "the killed agent's browser outlived it")
+			}
+			if _, err := r.e.procs.start(victim.name+"-again", nil, filepath.Join(r.e.bins, "grid-worker"), victim.args...); err != nil {
+				return err
+			}
+			r.healBound = staleThreshold + reaperInterval + time.Second
+			r.fault(at)
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "caddy-host-loss",
+		Proves: "the link of one Caddy's host pulled (a network namespace whose veth goes down: no FIN, no reset) with 20 " +
+			"live sessions through it: their agents find the dead connections within -proxy-timeout (3 s here, 15 s by " +
+			"default) and end them, so their slots come back; the other instance keeps serving.",
+		run: func(r *run) error {
+			host, err := newNetHost()
+			if err != nil {
+				return err
+			}
+			r.e.undo = append(r.e.undo, host.remove)
+			lim := limits{MaxConcurrent: 8, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
+			t, err := r.e.startSingle(false)
+			if err != nil {
+				return err
+			}
+			r.e.topo = t
+			r.reg = registry.New(t.rdb, registry.Options{})
+			// The namespace reaches Redis through a forwarder on its link.
+			fwd, err := newBlackhole(host.service+":0", t.nodes[0].addr())
+			if err != nil {
+				return err
+			}
+			r.e.undo = append(r.e.undo, fwd.close)
+			if _, err := r.e.startCaddy("caddy-a", lim); err != nil {
+				return err
+			}
+			if _, err := r.e.startCaddyAt("caddy-b", lim, caddyPlace{host: host, redisURL: "redis://" + fwd.addr() + "/0"}); err != nil {
+				return err
+			}
+			for i := 1; i <= 4; i++ {
+				if _, err := r.e.startWorker(i, 8, "--host", "0.0.0.0", "--advertise", host.service); err != nil {
+					return err
+				}
+			}
+			if err := r.waitWorkers(4); err != nil {
+				return err
+			}
+			r.clients(8, constant(noLifetime), 100*time.Millisecond)
+			if got := r.tr.hold(20, 1); got != 20 {
+				return fmt.Errorf("opened %d of 20 live sessions through caddy-b", got)
+			}
+			r.tr.down[1].Store(true)
+			r.tr.churn(6, churnHold)
+			r.warm()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			held, _, err := r.reg.Sessions(ctx, Pool, 0, 1000)
+			cancel()
+			if err != nil {
+				return err
+			}
+			through := map[string]bool{}
+			for _, s := range held {
+				if s.Claimed.Before(time.Now().Add(-time.Second)) {
+					through[s.ID] = true // only caddy-b's held sessions last this long
+				}
+			}
+			at := time.Now()
+			if err := host.cut(); err != nil {
+				return err
+			}
+			r.killedFrontend = map[int]time.Time{1: at}
+			r.fault(at)
+			bound := proxyTimeout + heartbeatInterval
+			err = poll(bound+5*time.Second, 50*time.Millisecond, "the lost host's sessions ended", func() (bool, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				ss, _, err := r.reg.Sessions(ctx, Pool, 0, 1000)
+				if err != nil {
+					return false, nil
+				}
+				for _, s := range ss {
+					if through[s.ID] {
+						return false, nil
+					}
+				}
+				return true, nil
+			})
+			back := time.Since(at)
+			r.note("the lost host's %d sessions ended %s after the cut", len(through), back.Round(100*time.Millisecond))
+			if err != nil || back > bound+healSlack {
+				r.failures = append(r.failures, fmt.Sprintf("the lost host's sessions ended after %s (want ≤ %s)", back.Round(100*time.Millisecond), bound))
+			}
+			r.healBound = bound
+			r.observe()
+			return nil
+		},
+	},
+	{
+		Name: "recycle-continuous",
+		Proves: "two workers of max_concurrent 2 recycling at max_lifetime 3 with every default timing (10 s heartbeats, " +
+			"select_timeout 5s, stagger_drains on, stale_threshold 30s), three clients opening 200 ms sessions back to back " +
+			"through two instances: at least 10 restarts with no 503, no over-admission, no overshoot, never two workers retiring at once.",
+		run: func(r *run) error {
+			lim := limits{MaxConcurrent: 2, MaxLifetime: 3, SelectTimeout: selectTimeout, StaleThreshold: 30 * time.Second, ReaperInterval: time.Minute}
+			t, err := r.e.startSingle(false)
+			if err != nil {
+				return err
+			}
+			r.e.topo = t
+			r.reg = registry.New(t.rdb, registry.Options{})
+			for _, n := range []string{"caddy-a", "caddy-b"} {
+				if _, err := r.e.startCaddy(n, lim); err != nil {
+					return err
+				}
+			}
+			defaults := []string{"--heartbeat-interval", "10s", "--stale-threshold", "30s", "--proxy-timeout", "15s"}
+			for i := 1; i <= 2; i++ {
+				if _, err := r.e.startWorker(i, 2, defaults...); err != nil {
+					return err
+				}
+			}
+			if err := r.waitWorkers(2); err != nil {
+				return err
+			}
+			r.clients(2, constant(lim.MaxLifetime), 50*time.Millisecond)
+			r.fault(time.Now())
+			r.tr.churn(3, 200*time.Millisecond)
+			restarts := 10
+			if !r.short {
+				restarts = 20
+			}
+			err = poll(3*time.Minute, 100*time.Millisecond, fmt.Sprintf("%d restarts", restarts), func() (bool, error) {
+				r.smp.mu.Lock()
+				n := len(r.smp.eps) - 2
+				r.smp.mu.Unlock()
+				return n >= restarts, fmt.Errorf("%d restarts", n)
+			})
+			if err != nil {
+				return err
+			}
+			r.smp.mu.Lock()
+			r.note("%d restarts", len(r.smp.eps)-2)
+			r.smp.mu.Unlock()
+			most, noFree, longest := 0, time.Duration(0), time.Duration(0)
+			var since time.Time
+			for _, s := range r.smp.all() {
+				most = max(most, s.retiring)
+				switch {
+				case s.free == 0 && since.IsZero():
+					since = s.at
+				case s.free > 0 && !since.IsZero():
+					noFree = max(noFree, s.at.Sub(since))
+					since = time.Time{}
+				}
+			}
+			for _, o := range r.tr.snapshot() {
+				if !o.opened.IsZero() {
+					longest = max(longest, o.opened.Sub(o.start))
+				}
+			}
+			r.note("at most %d retiring at once; longest wait for a slot %s; longest with no free slot %s",
+				most, longest.Round(time.Millisecond), noFree.Round(time.Millisecond))
+			if most > 1 {
+				r.failures = append(r.failures, fmt.Sprintf("%d workers retiring at once (want ≤ 1)", most))
+			}
+			r.healBound = time.Hour // no fault to heal from: the figures above are the proof
 			return nil
 		},
 	},
