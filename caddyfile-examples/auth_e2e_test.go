@@ -77,8 +77,8 @@ func TestAuthRecipesWithPlaywright(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	reg := registry.New(rdb, registry.Options{})
 	testenv.Eventually(t, 90*time.Second, "the Chromium worker to register", func() bool {
-		info, _, _, err := reg.InspectGroups(context.Background(), "chromium")
-		return err == nil && len(info.Workers) == 1 && info.Workers[0].Status == "available"
+		ws, err := poolWorkers(context.Background(), reg)
+		return err == nil && len(ws) == 1 && ws[0].Status == "available"
 	})
 
 	none := func(string) (string, string) { return "", "" }
@@ -175,7 +175,7 @@ func TestAuthRecipesWithPlaywright(t *testing.T) {
 }
 
 // failedSession sends an authorized upgrade that every worker it is offered
-// refuses: the real worker is made suspect, and dial_retries+1 workers that
+// fails: the real worker is made suspect, and dial_retries+1 workers that
 // listen nowhere are registered. The grid answers 502 (a handler error,
 // logged with the request). The dead workers are removed afterwards; the
 // real one stays suspect for a minute.
@@ -184,35 +184,41 @@ func failedSession(t *testing.T, reg *registry.Registry, srv *recipeServer, suff
 	ctx := context.Background()
 	// The worker registered in its Playwright version's group of the pool:
 	// the dead workers join it there, where the request is routed.
-	info, _, _, err := reg.InspectGroups(ctx, "chromium")
-	if err != nil || len(info.Workers) != 1 {
-		t.Fatalf("reading the pool: %v (%d workers)", err, len(info.Workers))
+	ws, err := poolWorkers(ctx, reg)
+	if err != nil || len(ws) != 1 {
+		t.Fatalf("reading the pool: %v (%d workers)", err, len(ws))
 	}
-	pool := registry.GroupPool("chromium", info.Workers[0].PlaywrightVersion)
-	c, err := reg.Claim(ctx, registry.ClaimRequest{Pool: pool, Policy: registry.LifetimeFirst, LeaseTTL: time.Minute})
-	if err != nil {
-		t.Fatalf("claiming the worker to make it suspect: %v", err)
-	}
-	if err := reg.Undo(ctx, pool, c.LeaseID, time.Minute); err != nil {
-		t.Fatal(err)
+	real := ws[0]
+	if _, err := reg.GiveBack(ctx, real.Group, real.ID, true, time.Minute); err != nil {
+		t.Fatalf("making the worker suspect: %v", err)
 	}
 	var dead []string
 	for i := range 3 { // DefaultDialRetries + 1
-		id := fmt.Sprintf("dead-%d", i)
-		if err := reg.Register(ctx, registry.Registration{Pool: pool, ID: id,
-			Addr: "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)), Path: "/playwright", TTL: time.Minute}); err != nil {
+		rec := registry.NewRecord(registry.Record{ID: fmt.Sprintf("dead-%d", i), Pool: real.Pool, Version: real.Version,
+			Browser: "chromium", Addr: "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)), Path: "/playwright", Capacity: 2}, 0, nil)
+		if err := reg.Register(ctx, rec, registry.AgentState{}, ""); err != nil {
 			t.Fatal(err)
 		}
-		dead = append(dead, id)
+		dead = append(dead, rec.ID)
 	}
 	t.Cleanup(func() {
 		for _, id := range dead {
-			_, _ = reg.Expire(context.Background(), pool, id, 0)
+			_ = reg.Deregister(context.Background(), real.Group, id)
 		}
 	})
 	if code := srv.upgradeStatus(t, suffix, header); code != http.StatusBadGateway {
-		t.Errorf("an authorized session every worker refuses: status %d, want 502", code)
+		t.Errorf("an authorized session every worker fails: status %d, want 502", code)
 	}
+}
+
+// poolWorkers are the workers of every version group of pool chromium.
+func poolWorkers(ctx context.Context, reg *registry.Registry) ([]registry.WorkerInfo, error) {
+	infos, _, err := reg.InspectPool(ctx, "chromium")
+	var out []registry.WorkerInfo
+	for _, gi := range infos {
+		out = append(out, gi.Workers...)
+	}
+	return out, err
 }
 
 type figures struct{ active, lifetime int }
@@ -220,14 +226,14 @@ type figures struct{ active, lifetime int }
 // workerFigures reads the one worker's live sessions and lifetime.
 func workerFigures(t *testing.T, reg *registry.Registry) figures {
 	t.Helper()
-	info, _, _, err := reg.InspectGroups(context.Background(), "chromium")
+	ws, err := poolWorkers(context.Background(), reg)
 	if err != nil {
 		t.Fatalf("reading the pool: %v", err)
 	}
-	if len(info.Workers) != 1 {
-		t.Fatalf("pool has %d workers, want the one test worker", len(info.Workers))
+	if len(ws) != 1 {
+		t.Fatalf("pool has %d workers, want the one test worker", len(ws))
 	}
-	return figures{info.Workers[0].Active, info.Workers[0].Lifetime}
+	return figures{ws[0].Active, ws[0].Lifetime}
 }
 
 func randomHex(t *testing.T) string {

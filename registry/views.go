@@ -150,6 +150,29 @@ func (r *Registry) Inspect(ctx context.Context, group string) (GroupInfo, error)
 	return info, nil
 }
 
+// InspectPool reads every version group of a pool (the pool's own group
+// first, then its versions oldest first), as Inspect does.
+func (r *Registry) InspectPool(ctx context.Context, pool string) ([]GroupInfo, PoolVersions, error) {
+	vs, err := r.Versions(ctx, pool)
+	if err != nil {
+		return nil, vs, err
+	}
+	pool, _ = SplitGroup(pool)
+	groups := []string{pool}
+	for _, v := range vs.Versions {
+		groups = append(groups, GroupPool(pool, v))
+	}
+	out := make([]GroupInfo, 0, len(groups))
+	for _, g := range groups {
+		gi, err := r.Inspect(ctx, g)
+		if err != nil {
+			return nil, vs, err
+		}
+		out = append(out, gi)
+	}
+	return out, vs, nil
+}
+
 // Session is one session record.
 type Session struct {
 	ID      string

@@ -493,6 +493,9 @@ func (r *run) result() Result {
 	}
 	res.OverAdmissions = r.smp.overAdmissions()
 	res.Overshoots = r.smp.lifetimeOvershoots()
+	if r.faultAt.IsZero() && r.healBound == 0 {
+		res.Healed = true // nothing to heal from
+	}
 	if !r.faultAt.IsZero() {
 		var during []sample
 		for _, s := range r.smp.all() {

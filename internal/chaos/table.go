@@ -22,13 +22,17 @@ func WriteTable(w io.Writer, results []Result) {
 		if r.Healed {
 			heal = r.Heal.Round(100 * time.Millisecond).String()
 		}
+		bound := r.HealBound.Round(100 * time.Millisecond).String()
+		if r.HealBound == 0 {
+			heal, bound = "—", "no fault"
+		}
 		verdict := "PASS"
 		if !r.Passed() {
 			verdict = "FAIL"
 		}
 		fmt.Fprintf(w, "| %s | %d | %d | %d | %d | %s | %d | %d | %s (%s) | %s |\n",
 			r.Scenario, r.Tried, r.Served, r.Errors, r.Excused, leaked, r.OverAdmissions, r.Overshoots,
-			heal, r.HealBound.Round(100*time.Millisecond), verdict)
+			heal, bound, verdict)
 	}
 	fmt.Fprintln(w)
 	for _, r := range results {

@@ -396,7 +396,7 @@ type Worker struct {
 	Lifetime int    `json:"lifetime"`
 	Capacity int    `json:"capacity"`
 	// PlaywrightVersion is the major.minor the worker serves ("": none).
-	PlaywrightVersion string `json:"playwright_version"`
+	PlaywrightVersion string `json:"version"`
 }
 
 // Pool is a pool as the admin API reports it.

@@ -71,19 +71,21 @@ func TestPlaywrightVersionRouting(t *testing.T) {
 		groups[v] = registry.GroupPool("chromium", v)
 	}
 
-	// charged sums the lifetimes and leases of every group.
-	charged := func() (lifetimes, leases int) {
-		for _, grp := range append([]string{"chromium"}, groups["1.64"], groups["1.65"]) {
-			info, err := reg.Inspect(ctx, grp)
-			if err != nil {
-				t.Fatal(err)
-			}
-			leases += info.Leases
-			for _, w := range info.Workers {
-				lifetimes += w.Lifetime
-			}
+	// charged sums the lifetimes of every group, and counts the pool's
+	// session records.
+	charged := func() (lifetimes, sessions int) {
+		infos, _, err := reg.InspectPool(ctx, "chromium")
+		if err != nil {
+			t.Fatal(err)
 		}
-		return lifetimes, leases
+		for _, w := range allWorkers(infos) {
+			lifetimes += w.Lifetime
+		}
+		ss, _, err := reg.Sessions(ctx, "chromium", 0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lifetimes, len(ss)
 	}
 
 	t.Run("a version no worker serves", func(t *testing.T) {
@@ -129,7 +131,7 @@ func TestPlaywrightVersionRouting(t *testing.T) {
 			t.Errorf("slowest 428 took %v, want within 100ms", max)
 		}
 		if life, leases := charged(); life != life0 || leases != leases0 {
-			t.Errorf("after the refused 1.63 requests: lifetimes %d leases %d, want %d and %d (no worker charged)", life, leases, life0, leases0)
+			t.Errorf("after the refused 1.63 requests: lifetimes %d sessions %d, want %d and %d (no worker charged)", life, leases, life0, leases0)
 		}
 	})
 
@@ -166,7 +168,7 @@ func TestPlaywrightVersionRouting(t *testing.T) {
 				mu.Lock()
 				draining := 0
 				for _, w := range info.Workers {
-					if w.Status == "draining" {
+					if w.Status == "retiring" || w.Status == "draining" {
 						draining++
 					}
 					if w.Lifetime > seen[v][w.ID] {
