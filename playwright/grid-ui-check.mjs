@@ -8,7 +8,8 @@
 // --after waits until the page shows a sample taken at or after that time.
 // It prints {"ok":true,"sampled_at":…,"error":"","pools":[{"pool":…,
 // "figures":{…},"workers":[{"id":…,"status":…,"lifetime":"3 / 8",…}],
-// "sawtooth_lines":n,"restart_marks":n}]} and exits 0, or {"ok":false,"error":…}.
+// "sessions":[{"id":…,"label":…,"worker":…,"state":…}],"sawtooth_lines":n,
+// "left_marks":n,"legend":[…]}]} and exits 0, or {"ok":false,"error":…}.
 
 import { chromium } from 'playwright-core';
 
@@ -58,8 +59,13 @@ async function main() {
 						playwright: text(tr.querySelector('td.playwright')),
 						heartbeat: text(tr.querySelector('td.heartbeat')),
 					})),
+					sessions: [...sec.querySelectorAll('tr[data-session]')].map((tr) => {
+						const td = tr.querySelectorAll('td');
+						return { id: text(td[0]), label: text(td[1]), worker: text(td[2]), state: text(td[5]) };
+					}),
 					sawtooth_lines: sec.querySelectorAll('.sawtooth polyline').length,
-					restart_marks: sec.querySelectorAll('.sawtooth circle.restart').length,
+					left_marks: sec.querySelectorAll('.sawtooth circle.left').length,
+					legend: [...sec.querySelectorAll('.sawtooth .legend span')].map(text),
 				})),
 			};
 		});
