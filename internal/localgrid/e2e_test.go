@@ -410,3 +410,78 @@ func allWorkers(infos []registry.GroupInfo) []registry.WorkerInfo {
 	}
 	return out
 }
+
+// TestRecyclingContinuousWithDefaults is recycling with every default a
+// new operator gets (10 s heartbeats, select_timeout 5s, stagger_drains,
+// stale_threshold 30s): two real Chromium workers of max_concurrent 2 and
+// max_lifetime 3, three clients opening short sessions back to back. The
+// pool restarts its workers at least ten times, one at a time, and no
+// client sees a failure.
+func TestRecyclingContinuousWithDefaults(t *testing.T) {
+	const (
+		workers     = 2
+		maxLifetime = 3
+		sessions    = 39
+	)
+	g := startGrid(t, Config{Workers: workers, MaxConcurrent: 2, MaxLifetime: maxLifetime, SelectTimeout: 5 * time.Second,
+		HeartbeatInterval: 10 * time.Second, StaleThreshold: 30 * time.Second})
+	rdb, err := registry.NewClient(g.RedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	reg := registry.New(rdb, registry.Options{})
+
+	var (
+		mu       sync.Mutex
+		seen     = map[string]bool{}
+		retiring int
+	)
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		for watchCtx.Err() == nil {
+			if infos, _, err := reg.InspectPool(watchCtx, "chromium"); err == nil {
+				mu.Lock()
+				n := 0
+				for _, w := range allWorkers(infos) {
+					seen[w.ID] = true
+					if w.Status == "retiring" || w.Status == "draining" {
+						n++
+					}
+				}
+				retiring = max(retiring, n)
+				mu.Unlock()
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	start := time.Now()
+	out, err := client(t, g, "run", "--url", g.URL(), "--sessions", strconv.Itoa(sessions), "--concurrency", "3",
+		"--hold-ms", "200").CombinedOutput()
+	took := time.Since(start)
+	stopWatch()
+	<-watchDone
+	evs := parseEvents(t, out)
+	failed := 0
+	for _, ev := range evs {
+		if !ev.OK {
+			failed++
+			t.Errorf("session %d failed: %s", ev.N, ev.Error)
+		}
+	}
+	if err != nil || len(evs) != sessions || failed > 0 {
+		t.Fatalf("client: %v; %d session results, %d failed, want %d all ok\n%s", err, len(evs), failed, sessions, out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	restarts := len(seen) - workers
+	t.Logf("%d sessions in %s, all ok; %d restarts; at most %d retiring at once", sessions, took.Round(time.Millisecond), restarts, retiring)
+	if restarts < 10 {
+		t.Errorf("%d restarts, want at least 10", restarts)
+	}
+	if retiring > 1 {
+		t.Errorf("%d workers retiring at once, want at most 1", retiring)
+	}
+}

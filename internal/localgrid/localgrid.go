@@ -55,6 +55,9 @@ type Config struct {
 	SelectTimeout time.Duration
 	// HeartbeatInterval and DrainTimeout of the workers. Defaults: 1s and 30s.
 	HeartbeatInterval, DrainTimeout time.Duration
+	// StaleThreshold of Caddy's grid option, given to the workers too.
+	// Default: 10s.
+	StaleThreshold time.Duration
 	// WorkerArgs are appended to every grid-worker command line.
 	WorkerArgs []string
 	// PlaywrightVersions, when set, are the playwright-core versions
@@ -130,6 +133,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = 30 * time.Second
+	}
+	if c.StaleThreshold == 0 {
+		c.StaleThreshold = 10 * time.Second
 	}
 	if c.Log == nil {
 		c.Log = io.Discard
@@ -255,7 +261,7 @@ func (g *Grid) StartWorker(i int) error {
 		"--drain-timeout", g.cfg.DrainTimeout.String(),
 		// Matches the Caddyfile's stale_threshold, so the agent checks its
 		// heartbeat against the threshold Caddy really uses.
-		"--stale-threshold", "10s",
+		"--stale-threshold", g.cfg.StaleThreshold.String(),
 		"--log-format", "console",
 		"--respawn",
 	}
@@ -282,6 +288,7 @@ func (g *Grid) Caddyfile() []byte {
 		"MaxConcurrent": g.cfg.MaxConcurrent,
 		"MaxLifetime":   g.cfg.MaxLifetime,
 		"SelectTimeout": g.cfg.SelectTimeout.String(),
+		"Stale":         g.cfg.StaleThreshold.String(),
 		"UIUser":        UIUser,
 		"UIHash":        g.uiHash,
 	})
@@ -297,7 +304,7 @@ var caddyfileTmpl = template.Must(template.New("Caddyfile").Parse(`{
 	storage file_system {{.Storage}}
 	grid {
 		redis {{.Redis}}
-		stale_threshold 10s
+		stale_threshold {{.Stale}}
 	}
 }
 
