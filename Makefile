@@ -71,8 +71,8 @@ test-go:
 FUZZTIME          ?= 25000x
 FUZZTIME_REGISTRY ?= 120000x
 FUZZ_TARGETS = FuzzClientRequest FuzzAdminAPI FuzzClientKey
-# the record decoder's two paths must agree: the address and path Caddy dials come from it
-FUZZ_REGISTRY = FuzzDecodeWorkerPaths
+# what the agent reads off its listener, and the records Caddy dials
+FUZZ_REGISTRY = FuzzParseTicket FuzzDecodeRecord
 fuzz:
 	@set -e; for f in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./caddygrid; \

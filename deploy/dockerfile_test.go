@@ -215,8 +215,8 @@ func TestWorkerDockerfile(t *testing.T) {
 		t.Errorf("%s: no ENV found", path)
 	}
 	help.checkEnv(t, path, names)
-	if env["BROWSER_HOST"] != "0.0.0.0" {
-		t.Errorf("%s: BROWSER_HOST %q: the browser must listen beyond the container's loopback", path, env["BROWSER_HOST"])
+	if env["GRID_WORKER_HOST"] != "0.0.0.0" {
+		t.Errorf("%s: GRID_WORKER_HOST %q: the agent must listen beyond the container's loopback", path, env["GRID_WORKER_HOST"])
 	}
 	if s := env["PLAYWRIGHT_LAUNCH_SCRIPT"]; !strings.HasPrefix(s, "/opt/grid/playwright/") {
 		t.Errorf("%s: PLAYWRIGHT_LAUNCH_SCRIPT %q is not in the copied playwright/", path, s)

@@ -59,7 +59,7 @@ var (
 var (
 	helpFlagLine = regexp.MustCompile(`^\s+-([a-z0-9][a-z0-9-]*)\b`)
 	helpEnvNote  = regexp.MustCompile(`\(env ([A-Z][A-Z0-9_]*)(?:, default ([^)]*))?\)\s*$`)
-	helpStopNote = regexp.MustCompile(`at most -drain-timeout \+ ([0-9a-z.]+)`)
+	helpStopNote = regexp.MustCompile(`at most\s+-drain-timeout \+ ([0-9a-z.]+)`)
 )
 
 // gridWorkerHelp runs the binary built by make build once per test run.

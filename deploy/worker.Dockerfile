@@ -1,15 +1,16 @@
 # syntax=docker/dockerfile:1
 #
-# One browser worker: grid-worker (PID 1) launching Debian's Chromium
-# through playwright-core's launchServer (playwright/launch-server.mjs).
+# One browser worker: grid-worker (PID 1) fronting Debian's Chromium,
+# launched through playwright-core's launchServer
+# (playwright/launch-server.mjs) on loopback; proxies dial the agent.
 # Build from the repository root:
 #
 #   docker build -f deploy/worker.Dockerfile -t browser-grid-worker .
 #
 # SIGTERM (docker stop, a pod's termination) reaches grid-worker itself,
-# which marks the worker draining, waits up to DRAIN_TIMEOUT for its
-# sessions, deregisters and stops the browser: give the container more than
-# DRAIN_TIMEOUT to stop (compose stop_grace_period, Kubernetes
+# which drains the browser, waits up to DRAIN_TIMEOUT for its sessions,
+# deregisters and stops it: give the container more than DRAIN_TIMEOUT +
+# 10s to stop (compose stop_grace_period, Kubernetes
 # terminationGracePeriodSeconds).
 
 ARG GO_VERSION=1.26
@@ -44,8 +45,8 @@ COPY --from=agent /out/grid-worker /opt/grid/bin/grid-worker
 COPY --from=playwright /opt/grid/playwright /opt/grid/playwright
 
 # Every name below is a grid-worker environment variable (grid-worker -help).
-ENV BROWSER_HOST=0.0.0.0 \
-	BROWSER_PORT=3131 \
+ENV GRID_WORKER_HOST=0.0.0.0 \
+	GRID_WORKER_PORT=3131 \
 	BROWSER_EXECUTABLE=/usr/bin/chromium \
 	PLAYWRIGHT_LAUNCH_SCRIPT=/opt/grid/playwright/launch-server.mjs \
 	LOG_FORMAT=json

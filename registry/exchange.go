@@ -47,8 +47,25 @@ type Ticket struct {
 	// MaxSession and IdleTimeout end the session when they pass (0: never).
 	MaxSession  time.Duration
 	IdleTimeout time.Duration
+	// Issued is when Caddy sent the claim (Signed sets it); an agent takes
+	// a claim within TicketWindow of it, once.
+	Issued time.Time
 	// Sig signs the rest with the worker secret ("" without one).
 	Sig string
+}
+
+// TicketWindow is how far a claim's Issued may be from the agent's clock:
+// a signed claim seen on the way cannot be used again later, and within
+// the window the agent takes each session's claim once.
+const TicketWindow = time.Minute
+
+// Fresh reports why the agent must not take t at now (nil: it may).
+func (t Ticket) Fresh(now time.Time) error {
+	if d := now.Sub(t.Issued); d > TicketWindow || d < -TicketWindow {
+		return fmt.Errorf("%s header: issued %s from this agent's clock, more than %s: the clocks of Caddy and this agent differ, or the claim is replayed",
+			HeaderClaim, d.Round(time.Millisecond), TicketWindow)
+	}
+	return nil
 }
 
 const ticketLabel = "browser-grid claim v1"
@@ -56,13 +73,16 @@ const ticketLabel = "browser-grid claim v1"
 func (t Ticket) fields() []string {
 	return []string{strconv.Itoa(t.Protocol), t.Session, t.Group, t.Worker, strconv.Itoa(t.Limits.MaxConcurrent),
 		strconv.Itoa(t.Limits.MaxLifetime), strconv.FormatInt(t.MaxSession.Milliseconds(), 10),
-		strconv.FormatInt(t.IdleTimeout.Milliseconds(), 10)}
+		strconv.FormatInt(t.IdleTimeout.Milliseconds(), 10), strconv.FormatInt(t.Issued.UnixMilli(), 10)}
 }
 
 // Signed returns t signed with secret (unsigned without one).
 func (t Ticket) Signed(secret []byte) Ticket {
 	t.Protocol = Protocol
 	t.Sig = ""
+	if t.Issued.IsZero() {
+		t.Issued = time.Now()
+	}
 	if len(secret) > 0 {
 		t.Sig = Sign(secret, ticketLabel, t.fields()...)
 	}
@@ -73,7 +93,7 @@ func (t Ticket) Signed(secret []byte) Ticket {
 func (t Ticket) String() string {
 	f := t.fields()
 	s := "v=" + f[0] + ";session=" + f[1] + ";group=" + f[2] + ";worker=" + f[3] + ";max-concurrent=" + f[4] +
-		";max-lifetime=" + f[5] + ";max-session=" + f[6] + ";idle-timeout=" + f[7]
+		";max-lifetime=" + f[5] + ";max-session=" + f[6] + ";idle-timeout=" + f[7] + ";at=" + f[8]
 	if t.Sig != "" {
 		s += ";sig=" + t.Sig
 	}
@@ -121,6 +141,12 @@ func ParseTicket(v string, secret []byte) (Ticket, error) {
 		case "idle-timeout":
 			err = num(&n)
 			t.IdleTimeout = time.Duration(n) * time.Millisecond
+		case "at":
+			var ms int64
+			if ms, err = strconv.ParseInt(val, 10, 64); err != nil || ms <= 0 {
+				err = fmt.Errorf("%s header: at=%q is not a time (Unix milliseconds)", HeaderClaim, val)
+			}
+			t.Issued = time.UnixMilli(ms)
 		case "sig":
 			t.Sig = val
 		default:
@@ -133,8 +159,8 @@ func ParseTicket(v string, secret []byte) (Ticket, error) {
 	if t.Protocol != Protocol {
 		return Ticket{}, fmt.Errorf("this agent speaks grid protocol %d and Caddy sent protocol %d: run the same release on both (CHANGELOG.md)", Protocol, t.Protocol)
 	}
-	if t.Session == "" || t.Worker == "" || t.Group == "" {
-		return Ticket{}, fmt.Errorf("%s header: no session, group or worker", HeaderClaim)
+	if t.Session == "" || t.Worker == "" || t.Group == "" || t.Issued.IsZero() {
+		return Ticket{}, fmt.Errorf("%s header: no session, group, worker or issue time (at)", HeaderClaim)
 	}
 	if len(secret) > 0 && !SignatureOK(t.Sig, Sign(secret, ticketLabel, t.fields()...)) {
 		return Ticket{}, fmt.Errorf("%s header: the signature does not verify with this agent's worker secret", HeaderClaim)

@@ -89,7 +89,7 @@ func CheckPool(group string) error {
 
 // CheckID reports why a worker or session ID cannot be used: it must be
 // 1-200 bytes of printable UTF-8 without spaces (IDs are joined with spaces
-// in the registry's values).
+// in the registry's values) or ';' (the Grid-Claim header's separator).
 func CheckID(id string) error {
 	switch {
 	case id == "":
@@ -99,8 +99,8 @@ func CheckID(id string) error {
 	case !utf8.ValidString(id):
 		return fmt.Errorf("invalid id %q: not valid UTF-8", id)
 	}
-	if i := strings.IndexFunc(id, func(c rune) bool { return !unicode.IsPrint(c) || unicode.IsSpace(c) }); i >= 0 {
-		return fmt.Errorf("invalid id %q: character %q at %d (no spaces or control characters)", id, id[i], i)
+	if i := strings.IndexFunc(id, func(c rune) bool { return !unicode.IsPrint(c) || unicode.IsSpace(c) || c == ';' }); i >= 0 {
+		return fmt.Errorf("invalid id %q: character %q at %d (no spaces, ';' or control characters)", id, id[i], i)
 	}
 	return nil
 }

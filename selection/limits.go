@@ -81,9 +81,9 @@ func (l Limits) HeldBack(w *Worker) bool {
 }
 
 // IsRetiring reports whether the worker is on its way out: fresh, and
-// either draining or at the lifetime limit (its shutdown command set, its
-// agent not yet draining). A stale worker is not retiring: it is dead, and
-// holding the pool back for it would stall restarts until it is reaped.
+// either draining or at the lifetime limit (its last claim on its way to
+// its agent). A stale worker is not retiring: it is dead, and holding the
+// pool back for it would stall restarts until it is reaped.
 func (l Limits) IsRetiring(w *Worker, now time.Time) bool {
 	if !l.Fresh(w, now) {
 		return false

@@ -180,6 +180,48 @@ func TestAClaimWithoutATicketIsRefused(t *testing.T) {
 	}
 }
 
+// TestAClaimIsTakenOnceAndOnlyWhileFresh: a claim seen on the network and
+// sent again, while its session runs or after it ended, is refused with
+// 400 and ends nothing; so is a claim issued outside the ticket window
+// (a replay, or clocks far apart). The signed claims of an agent with a
+// worker secret cannot be altered to dodge this.
+func TestAClaimIsTakenOnceAndOnlyWhileFresh(t *testing.T) {
+	ta := startAgent(t, func(c *Config) { c.WorkerSecret = "s3cret" })
+	c, tk := ta.claim(t, registry.Limits{})
+	ws, _, err := dial(context.Background(), c, tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo(t, ws)
+	refused := func(what string, tk registry.Ticket) {
+		t.Helper()
+		_, resp, err := dial(context.Background(), c, tk)
+		if err == nil || resp == nil || resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("%s: %v %+v, want 400", what, err, resp)
+		}
+	}
+	refused("the live session's claim again", tk)
+	echo(t, ws)
+	testenv.Eventually(t, 5*time.Second, "the live session still counted", func() bool {
+		s, ok, _ := ta.reg.GetSession(context.Background(), "chromium", c.Session)
+		return ok && s.State == "live" && ta.worker(t, c.Worker.ID).Active == 1
+	})
+	ws.Close(websocket.StatusNormalClosure, "")
+	testenv.Eventually(t, 5*time.Second, "the session ends", func() bool { return ta.worker(t, c.Worker.ID).Active == 0 })
+	refused("an ended session's claim again", tk)
+
+	c2, _ := ta.claim(t, registry.Limits{})
+	old := registry.Ticket{Session: c2.Session, Group: c2.Group, Worker: c2.Worker.ID,
+		Issued: time.Now().Add(-registry.TicketWindow - time.Second)}.Signed(ta.secret)
+	refused("a claim issued before the window", old)
+	ahead := old
+	ahead.Issued = time.Now().Add(registry.TicketWindow + time.Second)
+	refused("a claim issued after the window", ahead.Signed(ta.secret))
+	moved := old
+	moved.Issued = time.Now()
+	refused("an old claim with its time changed but not its signature", moved)
+}
+
 func TestAWorkerAtItsLifetimeIsReplacedBeforeItDrains(t *testing.T) {
 	ta := startAgent(t, func(c *Config) { c.Respawn = true })
 	l := registry.Limits{MaxLifetime: 2}

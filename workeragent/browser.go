@@ -65,8 +65,6 @@ func (w *worker) admit(t registry.Ticket, held bool) admission {
 	switch {
 	case w.retiring || w.status != registry.Serving:
 		a.refused = registry.RefusedDraining
-	case w.live[t.Session] != nil:
-		a.refused = registry.RefusedGone
 	case limit > 0 && len(w.live) >= limit:
 		a.refused = registry.RefusedFull
 	case ml > 0 && w.lifetime >= ml:

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -33,6 +34,32 @@ type front struct {
 	a   *Agent
 	srv *http.Server
 	ln  net.Listener
+
+	// taken holds the sessions whose claim this agent took, each until
+	// its claim leaves registry.TicketWindow: a claim is taken once.
+	mu    sync.Mutex
+	taken map[string]time.Time
+}
+
+// take reports whether t's claim is new, and remembers it.
+func (f *front) take(t registry.Ticket, now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.taken == nil {
+		f.taken = map[string]time.Time{}
+	}
+	if _, ok := f.taken[t.Session]; ok {
+		return false
+	}
+	if len(f.taken) >= 1024 {
+		for id, until := range f.taken {
+			if now.After(until) {
+				delete(f.taken, id)
+			}
+		}
+	}
+	f.taken[t.Session] = t.Issued.Add(registry.TicketWindow)
+	return true
 }
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -87,8 +114,16 @@ var refusalText = map[string]string{
 // forwarded to the browser, then the relay until it ends.
 func (f *front) session(w http.ResponseWriter, r *http.Request) {
 	a := f.a
+	now := time.Now()
 	t, err := registry.ParseTicket(r.Header.Get(registry.HeaderClaim), a.secret)
+	if err == nil {
+		err = t.Fresh(now)
+	}
+	if err == nil && !f.take(t, now) {
+		err = fmt.Errorf("%s header: this session's claim was taken already", registry.HeaderClaim)
+	}
 	if err != nil {
+		// A claim that is no claim of Caddy's now: nothing to give back.
 		a.metrics.refusals.WithLabelValues("bad_claim").Inc()
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return

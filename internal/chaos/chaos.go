@@ -1,12 +1,11 @@
-// Package chaos runs the grid's reliability scenarios (issue 9's proof):
-// each starts real parts (redis-server, or a Redis Cluster with replicas,
+// Package chaos runs the grid's reliability scenarios: each starts real parts (redis-server, or a Redis Cluster with replicas,
 // or Redis Sentinel; bin/caddy; bin/grid-worker agents running
 // fakebrowser), drives client traffic through Caddy, injects one fault
 // under that traffic, and measures from outside what clients saw and what
 // the grid's counts were, against what must hold: every session served
 // except those on the component the fault killed, no slot leaked, no
 // browser over max_concurrent, no session past max_lifetime, and the
-// grid healed within a bound (lease_ttl unless the scenario says why not).
+// grid healed within the scenario's bound.
 //
 // cmd/gridchaos prints the table; `make chaos` runs it.
 package chaos

@@ -2,13 +2,47 @@ package chaos
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
-
-	"github.com/browsergrid/caddy-browser-grid/internal/sockets"
 )
+
+// listeners counts the sockets listening on TCP port (any address, IPv4
+// and IPv6) in this process's network namespace, from /proc: Caddy binds
+// each config's listeners with SO_REUSEPORT, so while a reload runs a
+// port has two.
+func listeners(port int) (int, error) {
+	n := 0
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		raw, err := os.ReadFile(table)
+		if errors.Is(err, os.ErrNotExist) && strings.HasSuffix(table, "6") {
+			continue // no IPv6
+		}
+		if err != nil {
+			return 0, fmt.Errorf("reading the sockets of port %d: %w", port, err)
+		}
+		sc := bufio.NewScanner(bytes.NewReader(raw))
+		sc.Buffer(make([]byte, 0, 4096), 1<<20)
+		sc.Scan() // the header
+		for sc.Scan() {
+			// sl local_address rem_address st ...
+			f := bytes.Fields(sc.Bytes())
+			if len(f) < 4 || string(f[3]) != "0A" { // TCP_LISTEN
+				continue
+			}
+			if i := bytes.LastIndexByte(f[1], ':'); i >= 0 {
+				if p, err := strconv.ParseUint(string(f[1][i+1:]), 16, 16); err == nil && int(p) == port {
+					n++
+				}
+			}
+		}
+	}
+	return n, nil
+}
 
 // oneListener waits until port has at most one listener, the running
 // config's, and returns when it saw that: a reload's replaced listener
@@ -17,7 +51,7 @@ import (
 func oneListener(port int, timeout time.Duration) (time.Time, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		n, err := sockets.Listening(port)
+		n, err := listeners(port)
 		if err != nil {
 			return time.Now(), err
 		}

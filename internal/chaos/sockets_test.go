@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/browsergrid/caddy-browser-grid/internal/sockets"
 )
 
 // TestOneListener: a port with a reload's two listeners (SO_REUSEPORT,
@@ -41,8 +39,8 @@ func TestOneListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cur.Close()
-	if n, err := sockets.Listening(port); err != nil || n != 2 {
-		t.Fatalf("sockets.Listening(%d) = %d, %v; want 2", port, n, err)
+	if n, err := listeners(port); err != nil || n != 2 {
+		t.Fatalf("listeners(%d) = %d, %v; want 2", port, n, err)
 	}
 	if _, err := oneListener(port, 100*time.Millisecond); err == nil || !strings.Contains(err.Error(), "still has 2 listeners") {
 		t.Errorf("oneListener with two listeners: %v, want an error naming them", err)
