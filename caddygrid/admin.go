@@ -203,30 +203,8 @@ func notFound(format string, args ...any) error {
 
 func badRequest(err error) error { return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err} }
 
-// groupInfos reads every version group of a pool.
-func (a *App) groupInfos(ctx context.Context, pool string) ([]registry.GroupInfo, registry.PoolVersions, error) {
-	b := a.backend
-	vs, err := b.reg.Versions(ctx, pool)
-	if err != nil {
-		return nil, vs, err
-	}
-	groups := []string{pool}
-	for _, v := range vs.Versions {
-		groups = append(groups, registry.GroupPool(pool, v))
-	}
-	var out []registry.GroupInfo
-	for _, g := range groups {
-		gi, err := b.reg.Inspect(ctx, g)
-		if err != nil {
-			return nil, vs, err
-		}
-		out = append(out, gi)
-	}
-	return out, vs, nil
-}
-
 func (a *App) summary(ctx context.Context, pool string) (PoolSummary, []registry.GroupInfo, error) {
-	infos, vs, err := a.groupInfos(ctx, pool)
+	infos, vs, err := a.backend.reg.InspectPool(ctx, pool)
 	if err != nil {
 		return PoolSummary{}, nil, err
 	}
@@ -310,9 +288,19 @@ func (a *App) pools(ctx context.Context) ([]PoolSummary, error) {
 	return out, nil
 }
 
-func (a *App) pool(ctx context.Context, pool string) (*PoolDetail, error) {
+// checkPoolName refuses, with 400, what is no pool's name: a version
+// group's name too ("chromium@1.65"), since a pool's routes cover its
+// version groups themselves.
+func checkPoolName(pool string) error {
 	if err := registry.CheckPool(pool); err != nil || strings.Contains(pool, "@") {
-		return nil, badRequest(fmt.Errorf("invalid pool name %q", pool))
+		return badRequest(fmt.Errorf("invalid pool name %q", pool))
+	}
+	return nil
+}
+
+func (a *App) pool(ctx context.Context, pool string) (*PoolDetail, error) {
+	if err := checkPoolName(pool); err != nil {
+		return nil, err
 	}
 	s, infos, err := a.summary(ctx, pool)
 	if err != nil {
@@ -366,8 +354,8 @@ type PickResult struct {
 }
 
 func (a *App) pick(ctx context.Context, pool, version string) (*PickResult, error) {
-	if err := registry.CheckPool(pool); err != nil {
-		return nil, badRequest(err)
+	if err := checkPoolName(pool); err != nil {
+		return nil, err
 	}
 	conf := a.route(pool)
 	res := &PickResult{Pool: pool, Policy: string(conf.policy)}
@@ -412,6 +400,9 @@ func (a *App) pick(ctx context.Context, pool, version string) (*PickResult, erro
 }
 
 func (a *App) drain(ctx context.Context, pool, id string) (map[string]string, error) {
+	if err := checkPoolName(pool); err != nil {
+		return nil, err
+	}
 	vs, err := a.backend.reg.Versions(ctx, pool)
 	if err != nil {
 		return nil, err

@@ -239,7 +239,7 @@ func (c *claimer) next(r *http.Request, a *attempt) *registry.Claim {
 		return nil
 	case a.failures > a.dialRetries:
 		a.mu.Unlock()
-		a.fail(outcomeFailed, fmt.Sprintf("the %s browsers tried failed the WebSocket upgrade; retry later", a.pool))
+		a.fail(outcomeFailed, failedMessage(a.pool))
 		return nil
 	case a.refusals > maxRefusals:
 		a.mu.Unlock()
@@ -298,13 +298,16 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 			q.setKey(w, groups, avoid)
 		}
 		if w == nil || q.isHead(w) {
-			claim, o, msg := c.claimIn(ctx, b, a, groups, avoid)
+			claim, o, msg, workers := c.claimIn(ctx, b, a, groups, avoid)
 			if claim != nil {
 				q.wakeHead() // more slots may be free: the next waiter looks
 				return claim, outcomeNone, ""
 			}
 			if o != outcomeNone {
 				return nil, o, msg
+			}
+			if everyWorkerFailed(a, workers) {
+				return nil, outcomeFailed, failedMessage(a.pool)
 			}
 			if w != nil {
 				q.wakeNext(w)
@@ -333,6 +336,22 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 	}
 }
 
+// failedMessage is the 502's sentence.
+func failedMessage(pool string) string {
+	return fmt.Sprintf("the %s browsers tried failed the WebSocket upgrade; retry later", pool)
+}
+
+// everyWorkerFailed reports whether the request failed on as many
+// workers as its groups hold (each failure is another worker: a failed
+// one is avoided). Then there is nothing to wait for: the client gets
+// 502 now, not 503 after select_timeout, though dial_retries is not used
+// up.
+func everyWorkerFailed(a *attempt, workers int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.failures > 0 && a.failures >= workers
+}
+
 func (c *claimer) join(q *waitQueue, a *attempt) (*waiter, bool) {
 	w, ok, _ := q.joinClient(c.claim.QueueSize, a.client, c.claim.ClientLimit)
 	if ok {
@@ -341,9 +360,10 @@ func (c *claimer) join(q *waitQueue, a *attempt) (*waiter, bool) {
 	return w, ok
 }
 
-// claimIn tries each group once; nil and outcomeNone: none is free now.
-func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, avoid []string) (*registry.Claim, outcome, string) {
-	refused := 0
+// claimIn tries each group once; nil and outcomeNone: none is free now,
+// of the workers the groups hold (as the claims counted them).
+func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, avoid []string) (*registry.Claim, outcome, string, int) {
+	refused, workers := 0, 0
 	for _, g := range groups {
 		for {
 			req := registry.ClaimRequest{
@@ -364,14 +384,14 @@ func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, a
 			case err == nil:
 			case errors.Is(err, registry.ErrNoWorker):
 			case errors.Is(err, registry.ErrClientLimit):
-				return nil, outcomeClientLimited, fmt.Sprintf("client limit reached: this client holds its client_limit of %d live sessions in pool %s; retry when one has ended", c.claim.ClientLimit, a.pool)
+				return nil, outcomeClientLimited, fmt.Sprintf("client limit reached: this client holds its client_limit of %d live sessions in pool %s; retry when one has ended", c.claim.ClientLimit, a.pool), 0
 			case ctx.Err() != nil:
-				return nil, outcomeCanceled, ""
+				return nil, outcomeCanceled, "", 0
 			case errors.Is(err, registry.ErrSchema):
 				if b.firstReport("schema", g) {
 					c.logger.Error("the pool's registry was written by another schema; upgrade the older side", zap.String("pool", g), zap.Error(err))
 				}
-				return nil, outcomeMisconfigured, "the grid's registry was written by another release of the grid; the operator must upgrade the older side"
+				return nil, outcomeMisconfigured, "the grid's registry was written by another release of the grid; the operator must upgrade the older side", 0
 			default:
 				metrics.redisErrors.WithLabelValues("claim").Inc()
 				if b.firstReport("claim", g) {
@@ -380,15 +400,16 @@ func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, a
 				if strings.Contains(err.Error(), "record") {
 					break // a record that did not decode: given back, try again
 				}
-				return nil, outcomeRedis, ""
+				return nil, outcomeRedis, "", 0
 			}
 			if err != nil {
+				workers += info.Workers // the group's, as the claim counted them
 				break
 			}
 			if addr, r := c.app.dial.check(ctx, &claim.Worker); r != nil {
 				c.refuseRecord(b, &claim, r)
 				if refused++; refused >= maxRefusedRecords {
-					return nil, outcomeTimeout, ""
+					return nil, outcomeTimeout, "", 0
 				}
 				avoid = append(avoid, claim.Worker.ID)
 				continue
@@ -404,10 +425,10 @@ func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, a
 			if claim.Last {
 				metrics.drains.WithLabelValues(a.pool).Inc()
 			}
-			return &claim, outcomeNone, ""
+			return &claim, outcomeNone, "", 0
 		}
 	}
-	return nil, outcomeNone, ""
+	return nil, outcomeNone, "", workers
 }
 
 // refuseRecord reports a record the dial policy refuses and gives its

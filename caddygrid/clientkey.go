@@ -8,7 +8,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // clientKey expands the client_key placeholder for r. A key that expands
@@ -37,17 +36,6 @@ func clientKey(r *http.Request, tmpl string) string {
 	// No address at all (a unix socket listener): such clients share one
 	// budget rather than none.
 	return "unknown client"
-}
-
-// forgeableClientIP reports whether r's {http.vars.client_ip} is one the
-// client can choose: r came from a proxy in the server's trusted_proxies
-// and the server is not trusted_proxies_strict, so Caddy took the
-// left-most entry of the client IP headers, which the client sends itself
-// (a balancer appends the address it saw after it).
-func forgeableClientIP(r *http.Request) bool {
-	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
-	trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool)
-	return srv != nil && trusted && srv.TrustedProxiesStrict == 0
 }
 
 // ipv6ClientBits is how much of an IPv6 address names one client.

@@ -163,8 +163,14 @@ func (h *Handler) Validate() error {
 // answers itself when no worker takes it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !isWebSocket(r) {
-		w.Header().Set("Upgrade", "websocket")
-		w.Header().Set("Connection", "Upgrade")
+		if r.ProtoMajor == 1 {
+			// Upgrade and Connection are HTTP/1 only: in an HTTP/2 or
+			// HTTP/3 answer they are malformed (RFC 9113 8.2.2), and
+			// curl and browsers reset the stream instead of showing
+			// the sentence.
+			w.Header().Set("Upgrade", "websocket")
+			w.Header().Set("Connection", "Upgrade")
+		}
 		return h.reject(w, r, http.StatusUpgradeRequired, "",
 			"this endpoint serves browser sessions over WebSocket only: connect with a WebSocket client, e.g. Playwright's connect()")
 	}
@@ -457,6 +463,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			v, err := oneArg(d)
 			if err != nil {
 				return err
+			}
+			if d.NextBlock(d.Nesting()) {
+				return d.Err("policy takes no block: put the policy's options (samples, window, …) in the browser_grid block itself")
 			}
 			if !slices.Contains(registry.Policies(), registry.Policy(v)) {
 				return d.Errf("unrecognized policy '%s': use one of %v", v, registry.Policies())

@@ -9,7 +9,11 @@ import (
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
+// A client's WebSocket reaches a worker and echoes; the 101 answer names
+// the session (Grid-Session), which Redis holds while it is open, counted
+// on its worker, and not once it has closed.
 func TestASessionThroughTheGridReachesAWorkerAndEnds(t *testing.T) {
+	t.Parallel()
 	g := newGrid(t)
 	g.agent("chromium", nil)
 	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: site("max_concurrent 2")})

@@ -37,8 +37,9 @@ function fmtRate(x) {
   return x >= 10 ? x.toFixed(0) : x.toFixed(2);
 }
 
-// chart draws time series over [start, now]: lines [{t, v, color,
-// restarts}] and bars {t, v, color}.
+// chart draws time series over [start, now]: lines [{t, v, color, step,
+// gone}] and bars {t, v, color}. A step line holds its last value up to
+// now, unless the series is gone: then it ends at its last sample.
 function chart({ now, start, lines = [], bars = null, yMax = 0, unit = '', width = 600, height = 170 }) {
   const W = width, H = height, L = 34, R = 8, T = 8, B = 18;
   const span = Math.max(1000, now - start);
@@ -75,13 +76,13 @@ function chart({ now, start, lines = [], bars = null, yMax = 0, unit = '', width
   for (const s of lines) {
     if (s.t.length === 0) continue;
     // A step line holds each value until the next sample (a counter such
-    // as the lifetime): a restart is a vertical drop.
+    // as the lifetime).
     const xy = [];
     s.t.forEach((t, i) => {
       if (s.step && i > 0) xy.push([x(t), y(s.v[i - 1])]);
       xy.push([x(t), y(s.v[i])]);
     });
-    if (s.step) xy.push([x(now), y(s.v[s.v.length - 1])]);
+    if (s.step && !s.gone) xy.push([x(now), y(s.v[s.v.length - 1])]);
     const pts = xy.map(([a, b]) => `${a.toFixed(1)},${b.toFixed(1)}`).join(' ');
     const attrs = { class: 'series', points: pts, stroke: s.color };
     if (s.dash) attrs['stroke-dasharray'] = '4 3';
@@ -92,8 +93,9 @@ function chart({ now, start, lines = [], bars = null, yMax = 0, unit = '', width
       line.append(t);
     }
     svg.append(line);
-    for (const i of s.restarts || []) {
-      svg.append(svgEl('circle', { cx: x(s.t[i]), cy: y(s.v[i]), r: 2.5, fill: s.color, class: 'restart' }));
+    if (s.gone) {
+      const i = s.t.length - 1;
+      svg.append(svgEl('circle', { cx: x(s.t[i]), cy: y(s.v[i]), r: 2.5, fill: s.color, class: 'left' }));
     }
   }
   return svg;
@@ -128,11 +130,11 @@ function renderPool(p, d) {
   const figures = el('div', { class: 'figures' },
     figure('workers', p.workers.length + (p.workers_hidden || 0), 'workers'),
     figure('available', p.available, 'available'),
-    figure('draining', p.draining, 'draining'),
+    figure('retiring', p.retiring, 'retiring'),
     figure('active', p.active, 'active'),
     figure('capacity', cap, 'capacity'),
     figure('queue depth', p.queue_depth, 'queue_depth'),
-    figure('leases', p.leases, 'leases'),
+    figure('sessions here', p.local_sessions, 'local_sessions'),
     figure('sessions/s (1 min)', fmtRate(rate), 'sessions_per_sec'),
     figure('drains (15 min)', drains, 'drains'),
     figure('max_lifetime', p.max_lifetime || 'none', 'max_lifetime'),
@@ -142,10 +144,10 @@ function renderPool(p, d) {
 
   const rows = p.workers.map((w) => el('tr', { 'data-worker': w.id },
     el('td', { class: 'id' }, w.id),
-    el('td', { class: 'status status-' + w.status }, w.status + (w.command ? ` (${w.command})` : '') + (w.suspect_until ? ' (suspect)' : '')),
+    el('td', { class: 'status status-' + w.status }, w.status + (w.held ? ' (held)' : '') + (w.suspect_until ? ' (suspect)' : '')),
     el('td', { class: 'lifetime' }, meter(w.lifetime, p.max_lifetime)),
     el('td', { class: 'active' }, meter(w.active, w.cap)),
-    el('td', { class: 'playwright' }, w.playwright_version || ''),
+    el('td', { class: 'playwright' }, w.version || ''),
     el('td', { class: 'heartbeat' }, w.heartbeat_age),
   ));
   const table = el('table', { class: 'staircase' },
@@ -161,9 +163,10 @@ function renderPool(p, d) {
   (p.lifetimes || []).forEach((ws, i) => { colors[ws.id] = PALETTE[i % PALETTE.length]; });
   const saw = chart({
     now, start, yMax: p.max_lifetime, width: 1200, height: 220,
-    lines: (p.lifetimes || []).map((ws) => ({ t: ws.t, v: ws.lifetime, color: colors[ws.id], restarts: ws.restarts, title: ws.id, step: true })),
+    lines: (p.lifetimes || []).map((ws) => ({ t: ws.t, v: ws.lifetime, color: colors[ws.id], gone: ws.gone, title: ws.id, step: true })),
   });
-  const sawLegend = legend((p.lifetimes || []).slice(0, 16).map((ws) => [ws.id, colors[ws.id]]));
+  // The legend names the workers still registered.
+  const sawLegend = legend((p.lifetimes || []).filter((ws) => !ws.gone).slice(0, 16).map((ws) => [ws.id, colors[ws.id]]));
   if (p.untracked_workers) sawLegend.append(el('span', {}, `${p.untracked_workers} more workers not charted`));
   const rateChart = chart({
     now, start,
@@ -179,13 +182,39 @@ function renderPool(p, d) {
     ],
   });
   const charts = el('div', { class: 'charts' },
-    el('div', { class: 'sawtooth' }, el('h3', {}, 'lifetime per worker (a drop is a restart)'), saw, sawLegend),
+    el('div', { class: 'sawtooth' }, el('h3', {}, 'lifetime per worker (a line ends with a dot where its browser left)'), saw, sawLegend),
     el('div', { class: 'rate' }, el('h3', {}, 'sessions/s and drains'), rateChart,
       legend([['sessions/s', PALETTE[0]], ['drains', PALETTE[1]]])),
     el('div', { class: 'load' }, el('h3', {}, 'active, capacity, queue depth'), loadChart,
       legend([['active', PALETTE[0]], ['capacity', '#9aa3a8'], ['queue depth', PALETTE[4]]])));
 
-  return el('section', { class: 'pool', 'data-pool': p.pool }, el('h2', {}, 'pool ', p.pool), figures, table, hidden, charts);
+  return el('section', { class: 'pool', 'data-pool': p.pool }, el('h2', {}, 'pool ', p.pool), figures, table, hidden,
+    sessionTable(p, d), charts);
+}
+
+function fmtAge(ms) {
+  const sec = Math.max(0, Math.round(ms / 1000));
+  return sec < 120 ? `${sec}s` : `${Math.floor(sec / 60)}m${String(sec % 60).padStart(2, '0')}s`;
+}
+
+// sessionTable lists the pool's live sessions, every instance's.
+function sessionTable(p, d) {
+  const ss = p.sessions || [];
+  const rows = ss.map((s) => el('tr', { 'data-session': s.id },
+    el('td', { class: 'id' }, s.id),
+    el('td', {}, s.label || ''),
+    el('td', { class: 'id' }, s.worker),
+    el('td', {}, s.version || ''),
+    el('td', {}, s.instance || ''),
+    el('td', {}, s.state),
+    el('td', {}, fmtAge(s.age_ms)),
+  ));
+  const more = p.sessions_hidden ? el('p', { class: 'muted', 'data-hidden-sessions': String(p.sessions_hidden) },
+    `${p.sessions_hidden} more sessions not listed (the admin API lists every one)`) : null;
+  return el('div', { class: 'sessions' }, el('h3', {}, `sessions (${ss.length + (p.sessions_hidden || 0)})`),
+    ss.length === 0 ? el('p', { class: 'muted' }, 'no live session') : el('table', { class: 'sessions' },
+      el('thead', {}, el('tr', {}, ...['session', 'label', 'worker', 'Playwright', 'instance', 'state', 'age'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, ...rows)), more);
 }
 
 function render(d) {
