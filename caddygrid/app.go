@@ -312,6 +312,13 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			switch name {
 			case "redis":
+				// A placeholder is read when the config loads, and
+				// checked then.
+				if !strings.Contains(v, "{") {
+					if err := registry.CheckURL(v); err != nil {
+						return d.Errf("invalid redis '%s': %v", registry.RedactURL(v), err)
+					}
+				}
 				a.Redis = v
 			case "prefix":
 				if err := registry.CheckPrefix(v); err != nil {

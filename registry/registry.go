@@ -73,6 +73,16 @@ func New(rdb redis.UniversalClient, opts Options) *Registry {
 // script that may have run (client.go).
 func NewClient(url string) (redis.UniversalClient, error) { return newClient(url) }
 
+// CheckURL reports why url is no Redis URL NewClient takes, without
+// connecting; the error never holds the password.
+func CheckURL(url string) error {
+	c, err := newClient(url)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
 // RedactURL returns url with any password replaced, fit for logs.
 func RedactURL(url string) string { return redactURL(url) }
 

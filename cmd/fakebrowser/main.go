@@ -84,6 +84,15 @@ func run(args []string) int {
 	if *verbose {
 		opts.Log = func(msg string) { fmt.Fprintln(os.Stderr, "fakebrowser:", msg) }
 	}
+	// Signals are caught before the first endpoint is printed: whoever
+	// reads it may stop this process at once.
+	sig := make(chan os.Signal, 1)
+	if *ignoreTerm {
+		signal.Ignore(syscall.SIGTERM)
+		signal.Notify(sig, syscall.SIGINT)
+	} else {
+		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	}
 	servers := make([]*fake.Server, 0, *count)
 	for i := 0; i < *count; i++ {
 		s, ep, err := fake.Start(*addr, opts)
@@ -98,13 +107,6 @@ func run(args []string) int {
 		fmt.Println(ep)
 	}
 
-	sig := make(chan os.Signal, 1)
-	if *ignoreTerm {
-		signal.Ignore(syscall.SIGTERM)
-		signal.Notify(sig, syscall.SIGINT)
-	} else {
-		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	}
 	<-sig
 	for _, s := range servers {
 		s.Close()
