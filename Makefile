@@ -85,16 +85,16 @@ fuzz:
 chaos: deps-apt build
 	$(BIN)/gridchaos $(CHAOSFLAGS)
 
-# The same scenarios and expectations with shorter phases (about 2–3 min), run by make test
+# The same scenarios and expectations with shorter phases (about 4–5 min), run by make test
 # after the Go tests so that its timings do not share the CPU with them.
 chaos-short: build
 	$(BIN)/gridchaos -short $(CHAOSFLAGS)
 
-## bench: Go benchmarks and cmd/gridbench, printed as ratio tables. One section, smaller:
-## make bench BENCHFLAGS='-only redis-targets -redis-n 2000' (gridbench -h lists the sections and knobs).
+## bench: Go benchmarks and cmd/gridbench, printed as ratio tables (docs/performance.md).
+## One section: make bench BENCHFLAGS='-only relay' (gridbench -list names them).
 BENCHFLAGS ?=
 bench: deps build
-	$(GO) test -run "^$$" -bench . -benchmem ./selection/... ./registry/...
+	$(GO) test -run "^$$" -bench . -benchmem ./selection/... ./registry/... ./workeragent/...
 	$(BIN)/gridbench $(BENCHFLAGS)
 
 fmt:

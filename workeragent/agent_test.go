@@ -28,7 +28,7 @@ type testAgent struct {
 	stop context.CancelFunc
 }
 
-func startAgent(t *testing.T, tweak func(*Config)) *testAgent {
+func startAgent(t testing.TB, tweak func(*Config)) *testAgent {
 	t.Helper()
 	srv := testenv.StartRedis(t)
 	cfg := Defaults()

@@ -1,10 +1,40 @@
-// Command gridbench measures the grid and prints every figure as a table of
-// ratios against a baseline measured in the same run on the same machine.
-// Each section lives in its own file and registers itself in init.
+// Command gridbench measures the grid and prints every figure as a
+// markdown table beside a baseline measured in the same run on the same
+// machine, with its target and whether it is met. A missed target is a
+// report, not a failure: only an error fails the run. Each section lives
+// in its own file and registers itself in init; where two paths are
+// compared their samples are interleaved, so that drift on a shared
+// machine hits both alike.
 //
-//	gridbench                 # every section
-//	gridbench -only redis     # sections whose name contains "redis"
-//	gridbench -only registry  # the section named "registry" alone
+//   - selection: the pure algorithms of package selection (no Redis):
+//     decision time per policy and pool size, vnode imbalance, restarts
+//     simulated.
+//   - claim: on a private redis-server, with 1,000 and 10,000 workers
+//     registered directly, each policy's claim and end inside Redis (INFO
+//     commandstats) beside PING's, and the claim's p50 as a client sees it
+//     beside a PING p50 taken interleaved on the same connection.
+//   - redis-cpu: sessions through bin/caddy to 8 bin/grid-worker agents:
+//     Redis CPU per session (INFO cpu) against Redis CPU per PING under
+//     redis-benchmark, and the commands each session costs.
+//   - connect: one bin/caddy serving the grid and a stock reverse_proxy
+//     least_conn over the same agents: connect p50 of both, the grid's
+//     extra time against a claim p50 plus half a PING, and sessions/s.
+//   - relay: what the agent costs: one agent against its fakebrowser
+//     dialled directly: connect p50, 1 KiB round trips per second, bulk
+//     echo throughput in 1 MiB messages.
+//   - recycle: two bin/caddy and two respawning agents with max_concurrent
+//     2 and max_lifetime 3, clients opening 200 ms sessions through ten
+//     worker restarts: free slots, time with none free, and each session's
+//     wait, with stagger_drains on (the default) and off.
+//
+// The real parts are found beside the gridbench binary, else in bin/
+// (make build); redis-server and redis-benchmark on PATH (make deps).
+//
+//	gridbench                  # every section (about two minutes)
+//	gridbench -only claim      # the section named claim alone
+//	gridbench -only relay -quick   # one section, small samples: a smoke run
+//	gridbench -quick           # every section, small samples (figures not meaningful)
+//	gridbench -list            # the sections' names
 package main
 
 import (
@@ -16,7 +46,7 @@ import (
 	"time"
 )
 
-// section is one table (or a few) of the report.
+// section is one part of the report: a heading and its tables.
 type section struct {
 	// name is short and unique; order sorts the report.
 	name  string
@@ -47,10 +77,6 @@ func main() {
 	list := flag.Bool("list", false, "list the sections and exit")
 	flag.Parse()
 
-	if *claimerAddr != "" {
-		// A claiming process started by the redis-targets section.
-		os.Exit(claimerMain())
-	}
 	if *list {
 		for _, s := range sections {
 			fmt.Println(s.name)
@@ -76,8 +102,9 @@ func main() {
 }
 
 // selectSections is what -only runs: every section for "", the section
-// named only when there is one (so that -only registry does not also run
-// registry-bounds), else the sections whose name contains only.
+// named only when there is one (so that -only claim does not also run a
+// section whose name contains "claim"), else the sections whose name
+// contains only.
 func selectSections(all []section, only string) []section {
 	if only == "" {
 		return all

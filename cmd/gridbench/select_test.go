@@ -5,20 +5,18 @@ import (
 	"testing"
 )
 
-// TestSelectSections: -only NAME runs the section of that name alone
-// (docs/redis.md: "bin/gridbench -only registry, about 15 s" must not also
-// run registry-bounds), and a word that names no section runs every
-// section containing it.
+// TestSelectSections: -only NAME runs the section of that name alone, and
+// a word that names no section runs every section containing it.
 func TestSelectSections(t *testing.T) {
-	all := []section{{name: "selection"}, {name: "registry"}, {name: "registry-bounds"}, {name: "proxy"}, {name: "redis-targets"}, {name: "redis-profile"}}
+	all := []section{{name: "selection"}, {name: "claim"}, {name: "redis-cpu"}, {name: "connect"}, {name: "relay"}, {name: "recycle"}}
 	for _, c := range []struct {
 		only string
 		want []string
 	}{
-		{"", []string{"selection", "registry", "registry-bounds", "proxy", "redis-targets", "redis-profile"}},
-		{"registry", []string{"registry"}},
-		{"bounds", []string{"registry-bounds"}},
-		{"redis", []string{"redis-targets", "redis-profile"}},
+		{"", []string{"selection", "claim", "redis-cpu", "connect", "relay", "recycle"}},
+		{"claim", []string{"claim"}},
+		{"re", []string{"redis-cpu", "relay", "recycle"}},
+		{"cpu", []string{"redis-cpu"}},
 		{"nothing", nil},
 	} {
 		var got []string

@@ -126,7 +126,7 @@ func TestEchoAndStats(t *testing.T) {
 
 // TestEchoesLargeMessages: a message far above the WebSocket library's
 // default read limit (32 KiB) is echoed whole, as a browser answers a
-// screenshot; gridbench's throughput runs echo 64 KiB messages.
+// screenshot; gridbench's bulk echo sends 1 MiB messages.
 func TestEchoesLargeMessages(t *testing.T) {
 	_, ep, _ := start(t, Behavior{})
 	c := dial(t, ep)
