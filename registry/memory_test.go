@@ -15,9 +15,9 @@ import (
 // Redis per registered worker and per session record, as docs/redis.md
 // reports it: used_memory (INFO memory) before and after n signed
 // Playwright workers register, after n sessions are claimed (without, then
-// with, a client hash and a label), and after every worker has served 100
-// sessions (each keeps its last 100 durations), with MEMORY USAGE of each
-// key. It prints the figures and asserts none of them: they depend on the
+// with, a client hash and a label), and after every worker, chosen by a
+// fair_share claim, has served 20 sessions (each keeps its last 20, fair
+// share's default window), with MEMORY USAGE of each key. It prints the figures and asserts none of them: they depend on the
 // Redis version and its allocator.
 //
 //	go test -count=1 -v -run TestRedisMemoryPerWorkerAndPerSession ./registry/
@@ -160,16 +160,29 @@ func TestRedisMemoryPerWorkerAndPerSession(t *testing.T) {
 	t.Logf("  MEMORY USAGE:%s", keyUsage(keySessions, keySIndex))
 	endAll(full)
 
-	// Every worker's last 100 durations (kept whatever the policy).
+	// A fair-share worker's last 20 durations (the default window): one
+	// fair_share claim chooses each worker in turn, then its sessions end.
+	fair := make([]string, len(ids))
+	for i := range ids {
+		fair[i] = strings.ToLower(hex(26))
+		c, _, err := r.Claim(ctx, ClaimRequest{Group: group, Policy: FairShare, Options: FairShareOptions{Window: 20},
+			Session: fair[i], StaleAfter: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.GiveBack(ctx, group, c.Worker.ID, false, 0, fair[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
 	afterEnds := used()
 	for _, id := range ids {
-		live := make([]string, 100)
-		ends := make([]Ended, 100)
+		live := make([]string, 20)
+		ends := make([]Ended, 20)
 		for j := range live {
 			live[j] = strings.ToLower(hex(26))
 			ends[j] = Ended{Session: live[j], Duration: time.Duration(5000+rnd.IntN(55000)) * time.Millisecond}
 		}
-		if _, err := r.Heartbeat(ctx, group, id, AgentState{Lifetime: 100, Sessions: live}); err != nil {
+		if _, err := r.Heartbeat(ctx, group, id, AgentState{Lifetime: 20, Sessions: live}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := r.EndServed(ctx, group, id, ends); err != nil {
@@ -177,7 +190,7 @@ func TestRedisMemoryPerWorkerAndPerSession(t *testing.T) {
 		}
 	}
 	afterHistory := used()
-	per("100 session durations per worker", afterEnds, afterHistory)
-	per("a worker that has served 100 sessions or more, in all", base, afterHistory)
+	per("a fair-share worker's 20 session durations", afterEnds, afterHistory)
+	per("a fair-share worker that has served 20 sessions or more, in all", base, afterHistory)
 	t.Logf("  MEMORY USAGE:%s", keyUsage(keyWorkers, keyState, keyIdxLF, keyIdxRing, keyIdxIdle, keyIdxIWRR, keySessions, keySIndex))
 }

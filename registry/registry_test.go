@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -177,4 +178,54 @@ func TestAWorkerPastALoweredMaxLifetimeIsToldToDrainOneAtATime(t *testing.T) {
 	if _, info2, _ := tryClaim(r, req); info2.Drained != "" {
 		t.Fatalf("a second worker told to drain: %s", info2.Drained)
 	}
+}
+
+// TestOnlyFairShareWorkersKeepTheirDurations: a worker's session durations
+// serve fair share's estimate alone. A worker no fair_share claim chose
+// keeps none, whatever it served; one that a fair_share claim chose keeps
+// its last window of them, and its estimate is their mean.
+func TestOnlyFairShareWorkersKeepTheirDurations(t *testing.T) {
+	r, _ := newTestRegistry(t)
+	ctx := context.Background()
+	register(t, r, "p", "plain", 0)
+	serve := func(id string, n int, d time.Duration) {
+		t.Helper()
+		var ends []Ended
+		for range n {
+			c := claim(t, r, ClaimRequest{Group: "p", Avoid: others(id)})
+			ends = append(ends, Ended{Session: c.Session, Duration: d})
+		}
+		if _, err := r.EndServed(ctx, "p", id, ends); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serve("plain", 5, 3*time.Second)
+	if ds := state(t, r, "p", "plain").Durations; len(ds) != 0 {
+		t.Errorf("a worker no fair_share claim chose keeps durations %v", ds)
+	}
+
+	register(t, r, "p", "fair", 0)
+	c := claim(t, r, ClaimRequest{Group: "p", Policy: FairShare, Options: FairShareOptions{Window: 3}, Avoid: []string{"plain"}})
+	if c.Worker.ID != "fair" {
+		t.Fatalf("the fair_share claim chose %s", c.Worker.ID)
+	}
+	if _, err := r.EndServed(ctx, "p", "fair", []Ended{{Session: c.Session, Duration: time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	serve("fair", 4, 4*time.Second)
+	st := state(t, r, "p", "fair")
+	if want := []time.Duration{4 * time.Second, 4 * time.Second, 4 * time.Second}; !slices.Equal(st.Durations, want) {
+		t.Errorf("the fair_share worker keeps durations %v, want its last window %v", st.Durations, want)
+	}
+	if st.Estimate != 4*time.Second {
+		t.Errorf("its estimate is %s, want 4s, the mean of its window", st.Estimate)
+	}
+}
+
+// others lists the workers a test avoids to send a claim to id.
+func others(id string) []string {
+	if id == "plain" {
+		return []string{"fair"}
+	}
+	return []string{"plain"}
 }

@@ -13,8 +13,7 @@ local function drain(keys, args)
   if not w then return 0 end
   if w.st == 'a' or w.st == 'r' then
     set_status(K, args[1], w, 'd')
-    put_state(K, args[1], w)
-    reindex(K, args[1], w, now_ms())
+    save(K, args[1], w, now_ms())
   end
   return 1
 end

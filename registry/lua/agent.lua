@@ -34,12 +34,10 @@ local function register(keys, args)
     local old = get_state(K, args[7])
     if old and (old.st == 'r' or old.st == 'd') then
       set_status(K, args[7], old, 'x')
-      put_state(K, args[7], old)
-      reindex(K, args[7], old, now)
+      save(K, args[7], old, now)
     end
   end
-  put_state(K, id, w)
-  reindex(K, id, w, now)
+  save(K, id, w, now)
   redis.call('SADD', K.groups, args[8])
   wakeup(K)
   return 'ok'
@@ -109,8 +107,7 @@ local function heartbeat(keys, args)
   elseif w.st == 'r' and kept == 0 then
     set_status(K, id, w, 'a')
   end
-  put_state(K, id, w)
-  reindex(K, id, w, now)
+  save(K, id, w, now)
   if w.a < was_a or (w.st == 'a' and was_st ~= 'a') then wakeup(K) end
   local out = { 'ok', drain }
   for _, sid in ipairs(ending) do out[#out + 1] = sid end
@@ -142,7 +139,9 @@ local function end_sessions(keys, args)
       ended = ended + 1
       if s.st == 'q' then last = true end
       local d = tonumber(args[i + 1])
-      if w and mode == 's' and d then
+      -- only a worker a fair-share claim chose (pe > 0) keeps durations:
+      -- fair share's estimate is all they are for
+      if w and mode == 's' and d and w.pe > 0 then
         h = h or get_history(K, id)
         h.d[#h.d + 1] = math.max(0, math.floor(d))
       end
@@ -157,12 +156,17 @@ local function end_sessions(keys, args)
   end
   if mode == 'f' then w.sus = now + tonumber(args[3]) end
   if h then
-    while #h.d > MAX_DURATIONS do table.remove(h.d, 1) end
+    -- the estimate reads the last window durations: no more are kept
+    local keep = math.max(1, h.window)
+    if #h.d > keep then
+      local t = {}
+      for i = #h.d - keep + 1, #h.d do t[#t + 1] = h.d[i] end
+      h.d = t
+    end
     put_history(K, id, h)
     w.est = estimate(h, h.window, h.median, h.default)
   end
-  put_state(K, id, w)
-  reindex(K, id, w, now)
+  save(K, id, w, now)
   if ended > 0 then wakeup(K) end
   return ended
 end

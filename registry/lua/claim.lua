@@ -149,8 +149,7 @@ local function claim(keys, args)
       local w = get_state(K, spent[1])
       if w and w.st == 'a' then
         set_status(K, spent[1], w, 'd')
-        put_state(K, spent[1], w)
-        reindex(K, spent[1], w, s.now)
+        save(K, spent[1], w, s.now)
         drained = spent[1]
         s.retiring = args[11] == '1'
       end
@@ -166,8 +165,7 @@ local function claim(keys, args)
   if s.on_claim then s.on_claim(id, w) end
   local last = s.ml > 0 and w.l >= s.ml
   if last then set_status(K, id, w, 'r') end
-  put_state(K, id, w)
-  reindex(K, id, w, s.now)
+  save(K, id, w, s.now)
   new_session(K, sid, { wid = id, ver = version, claimed = s.now, st = last and 'q' or 'p', client = client, inst = instance, label = label })
   return reply('ok', id, w, last)
 end

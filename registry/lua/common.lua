@@ -57,22 +57,20 @@ local function get_state(K, id)
   local st, a, l, cr, ch, hb, sus, hold, pe, est = string.match(v,
     '^([ardx]) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ([01]) (%d+) (%d+)$')
   if not st then return nil, 'bad' end
-  return {
+  local w = {
     st = st, a = tonumber(a), l = tonumber(l), cr = tonumber(cr), ch = tonumber(ch),
     hb = tonumber(hb), sus = tonumber(sus), hold = hold == '1', pe = tonumber(pe), est = tonumber(est),
   }
-end
-
-local function put_state(K, id, w)
-  redis.call('HSET', K.state, id, w.st .. ' ' .. n(w.a) .. ' ' .. n(w.l) .. ' ' .. n(w.cr) .. ' ' ..
-    n(w.ch) .. ' ' .. n(w.hb) .. ' ' .. n(w.sus) .. ' ' .. (w.hold and '1' or '0') .. ' ' ..
-    n(w.pe) .. ' ' .. n(w.est))
+  -- where save last put it in the indexes, so that it writes only what moves
+  w.was_pe, w.was_est = w.pe, w.est
+  w.was_ix = st == 'a' and (w.ch == 0 or w.a < w.ch)
+  return w
 end
 
 -- Fair share's history, field "<id> f" of K.state: "<window> <median> <default> <d1,d2,...>"
--- (the options of the last fair-share claim on the worker, 0 0 0 before
--- one, and its last durations in ms, oldest first, at most MAX_DURATIONS).
-local MAX_DURATIONS = 100
+-- (the options of the last fair-share claim on the worker, and the
+-- durations in ms of its last window sessions since that first claim,
+-- oldest first). A worker no fair-share claim chose has none.
 local DEFAULT_ESTIMATE, DEFAULT_WINDOW = 30000, 20
 
 local function get_history(K, id)
@@ -123,23 +121,36 @@ local function indexed(w)
   return w.st == 'a' and (w.ch == 0 or w.a < w.ch)
 end
 
--- reindex puts the worker where its state says in the count-ordered
--- indexes (idx:lifetime, idx:fair_idle, idx:fair_busy).
-local function reindex(K, id, w, now)
-  if not indexed(w) then
-    redis.call('ZREM', K.lf, id)
-    redis.call('ZREM', K.idle, id)
-    redis.call('ZREM', K.busy, id)
-    return
-  end
-  redis.call('ZADD', K.lf, -w.l * LF + w.a, id)
-  if w.pe > now then
-    redis.call('ZREM', K.idle, id)
-    redis.call('ZADD', K.busy, w.pe + w.est, id)
+-- save writes the worker's state and puts it where that state says in the
+-- count-ordered indexes (idx:lifetime, idx:fair_idle, idx:fair_busy). A
+-- worker read with get_state moves only in the indexes its change moves it
+-- in: one no fair-share claim ever chose (pe 0) stays in idx:fair_idle at
+-- its estimate. Every write of a state goes through save, which keeps that
+-- true.
+local function save(K, id, w, now)
+  redis.call('HSET', K.state, id, w.st .. ' ' .. n(w.a) .. ' ' .. n(w.l) .. ' ' .. n(w.cr) .. ' ' ..
+    n(w.ch) .. ' ' .. n(w.hb) .. ' ' .. n(w.sus) .. ' ' .. (w.hold and '1' or '0') .. ' ' ..
+    n(w.pe) .. ' ' .. n(w.est))
+  local ix = indexed(w)
+  if not ix then
+    if w.was_ix ~= false then
+      redis.call('ZREM', K.lf, id)
+      redis.call('ZREM', K.idle, id)
+      redis.call('ZREM', K.busy, id)
+    end
   else
-    redis.call('ZREM', K.busy, id)
-    redis.call('ZADD', K.idle, w.est, id)
+    redis.call('ZADD', K.lf, -w.l * LF + w.a, id)
+    if w.was_ix and w.pe == 0 and w.was_pe == 0 and w.est == w.was_est then
+      -- where it was: idx:fair_idle at the same estimate
+    elseif w.pe > now then
+      redis.call('ZREM', K.idle, id)
+      redis.call('ZADD', K.busy, w.pe + w.est, id)
+    else
+      redis.call('ZREM', K.busy, id)
+      redis.call('ZADD', K.idle, w.est, id)
+    end
   end
+  w.was_ix, w.was_pe, w.was_est = ix, w.pe, w.est
 end
 
 -- The ring and idx:iwrr hold every available worker, full or not (their
