@@ -113,7 +113,6 @@ type PoolDetail struct {
 	Configured *Configured     `json:"configured,omitempty"`
 	Workers    []WorkerStatus  `json:"workers"`
 	BadRecords []BadRecordOut  `json:"bad_records,omitempty"`
-	Margin     int             `json:"margin,omitempty"`
 	Groups     []GroupRetiring `json:"groups,omitempty"`
 }
 
@@ -322,9 +321,6 @@ func (a *App) pool(ctx context.Context, pool string) (*PoolDetail, error) {
 				d.BadRecords = append(d.BadRecords, BadRecordOut{ID: w.ID, Error: r.reason + ": " + r.err.Error()})
 			}
 		}
-	}
-	if d.Configured != nil && d.Configured.MaxLifetime > 0 && len(d.Workers) > 0 {
-		d.Margin = max(1, d.Configured.MaxLifetime/len(d.Workers))
 	}
 	return d, nil
 }

@@ -292,8 +292,6 @@ func renderStatus(pools []PoolDetail, now time.Time) string {
 			printable(p.Pool), len(p.Workers), p.Available, p.Retiring, p.Active, p.QueueDepth, limit)
 		if p.Configured == nil {
 			b.WriteString(" (this configuration does not name the pool)")
-		} else if p.Margin > 0 {
-			fmt.Fprintf(&b, ", margin %d", p.Margin)
 		}
 		if len(p.Versions) > 0 {
 			fmt.Fprintf(&b, ", Playwright %s", printable(strings.Join(p.Versions, ", ")))
