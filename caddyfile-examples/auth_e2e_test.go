@@ -153,6 +153,17 @@ func TestAuthRecipesWithPlaywright(t *testing.T) {
 				return got.active == 0 && got.lifetime == before.lifetime+1
 			})
 
+			// Served too: the same client to the https:// endpoint, which
+			// first reads its /json without the client's headers.
+			https := strings.Replace(srv.url(suffix), "wss://", "https://", 1)
+			if res := srv.playwrightAt(t, node, https, header); !res.OK {
+				t.Errorf("Playwright session with credentials to %s: %+v", https, res)
+			}
+			testenv.Eventually(t, 15*time.Second, "the second session's slot released", func() bool {
+				got := workerFigures(t, reg)
+				return got.active == 0 && got.lifetime == before.lifetime+2
+			})
+
 			t.Logf("session served after %s", time.Since(start).Round(time.Millisecond))
 			if rc.failedSession {
 				failedSession(t, reg, srv, suffix, header)
@@ -371,8 +382,13 @@ type sessionResult struct {
 // playwright runs one session of playwright/client.mjs: connect, new page,
 // setContent, title.
 func (s *recipeServer) playwright(t *testing.T, node, suffix, header string) sessionResult {
+	return s.playwrightAt(t, node, s.url(suffix), header)
+}
+
+// playwrightAt is playwright with the endpoint u (wss:// or https://).
+func (s *recipeServer) playwrightAt(t *testing.T, node, u, header string) sessionResult {
 	t.Helper()
-	args := []string{filepath.Join(testenv.RepoRoot(t), "playwright", "client.mjs"), "run", "--url", s.url(suffix), "--timeout", "20000"}
+	args := []string{filepath.Join(testenv.RepoRoot(t), "playwright", "client.mjs"), "run", "--url", u, "--timeout", "20000"}
 	if header != "" {
 		args = append(args, "--header", header)
 	}
@@ -454,10 +470,10 @@ func (s *recipeServer) checkLogs(t *testing.T, secret string, accessLog bool) {
 			}
 		}
 	}
-	// The refused Playwright client, two refused upgrades, the session and
-	// the failed one.
-	if accessLog && accessed != 5 {
-		t.Errorf("the access log recorded %d requests to /playwright/chromium, want 5", accessed)
+	// The refused Playwright client, two refused upgrades, the session,
+	// the https:// one's discovery and session, and the failed one.
+	if accessLog && accessed != 7 {
+		t.Errorf("the access log recorded %d requests to /playwright/chromium, want 7", accessed)
 	}
 
 	upstream, err := os.ReadFile(s.upstreamLog)

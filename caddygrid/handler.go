@@ -162,6 +162,17 @@ func (h *Handler) Validate() error {
 // ServeHTTP checks the request, proxies it to a claimed worker, and
 // answers itself when no worker takes it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if kind, base := discoveryOf(r); kind != notDiscovery {
+		// The endpoint's pool must be one this route serves.
+		u := *r.URL
+		u.Path, u.RawPath = base, ""
+		r2 := r.Clone(r.Context())
+		r2.URL = &u
+		if _, err := h.spec.resolve(r2); err != nil {
+			return h.reject(w, r, http.StatusBadRequest, "", err.Error())
+		}
+		return h.discover(w, r, kind, base)
+	}
 	if !isWebSocket(r) {
 		if r.ProtoMajor == 1 {
 			// Upgrade and Connection are HTTP/1 only: in an HTTP/2 or

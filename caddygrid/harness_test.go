@@ -157,6 +157,8 @@ type caddyOpts struct {
 	sites string
 	// stale is the grid's stale_threshold. Default: 3s.
 	stale string
+	// options go in the global options block after the grid option.
+	options string
 }
 
 func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) string {
@@ -183,13 +185,14 @@ func (o caddyOpts) caddyfile(adminPort, port, plainPort int, storage string) str
 		stale_threshold %s
 		%s
 	}
+	%s
 }
 
 %s {
 %s
 }
 %s
-`, adminPort, httpPort, https, storage, o.redisURL, o.stale, o.global, address, o.site, o.sites)
+`, adminPort, httpPort, https, storage, o.redisURL, o.stale, o.global, o.options, address, o.site, o.sites)
 }
 
 func startCaddy(t *testing.T, o caddyOpts) *caddy {

@@ -7,6 +7,8 @@
 //   node client.mjs run  --url wss://localhost:8443/playwright/chromium --sessions 36 --concurrency 3
 //   node client.mjs hold --url ...        # one session, open until stdin closes or SIGTERM
 //   node client.mjs cdp  --url ...        # one session through connectOverCDP
+//   node client.mjs puppeteer --url ...   # one session through Puppeteer: connect({ browserURL }) for an
+//                                         # http(s):// URL (no headers), { browserWSEndpoint } for ws(s)://
 //   node client.mjs run  --url ... --header 'Authorization: Bearer <token>'   # sent on the upgrade (repeatable)
 //   node client.mjs run  --url ... --playwright-version 1.64   # a client of another installed playwright-core
 //
@@ -49,8 +51,8 @@ function parseArgs(argv) {
 				throw new Error(`unknown argument '${key}'`);
 		}
 	}
-	if (!['run', 'hold', 'cdp'].includes(opts.mode)) {
-		throw new Error(`unknown mode '${opts.mode}' (want run, hold or cdp)`);
+	if (!['run', 'hold', 'cdp', 'puppeteer'].includes(opts.mode)) {
+		throw new Error(`unknown mode '${opts.mode}' (want run, hold, cdp or puppeteer)`);
 	}
 	if (!opts.url) throw new Error('--url is required');
 	for (const k of ['sessions', 'concurrency', 'timeout', 'holdMs']) {
@@ -77,9 +79,35 @@ async function loadPlaywright(want) {
 	chromium = (mod.default ?? mod).chromium;
 }
 
+// puppeteerSession is session for Puppeteer.
+async function puppeteerSession(opts, n) {
+	const start = Date.now();
+	let browser;
+	try {
+		const puppeteer = (await import('puppeteer-core')).default;
+		const target = opts.url.startsWith('http') ? { browserURL: opts.url } : { browserWSEndpoint: opts.url, headers: opts.headers };
+		browser = await puppeteer.connect({ ...target, protocolTimeout: opts.timeout });
+		const page = await browser.newPage();
+		await page.setContent(`<title>grid session ${n}</title>`);
+		const title = await page.title();
+		const answer = await page.evaluate(() => 6 * 7);
+		await page.close();
+		await browser.disconnect();
+		const ok = title === `grid session ${n}` && answer === 42;
+		emit({ event: 'session', n, ok, title, answer, ms: Date.now() - start });
+		return ok;
+	} catch (err) {
+		if (browser) await browser.disconnect().catch(() => {});
+		const msg = String(err?.message ?? err);
+		emit({ event: 'session', n, ok: false, error: msg.split('\n')[0], detail: msg.slice(0, 2000), ms: Date.now() - start });
+		return false;
+	}
+}
+
 // One short session: open a page, set its content, read the title back,
 // evaluate JavaScript, close.
 async function session(opts, n) {
+	if (opts.mode === 'puppeteer') return puppeteerSession(opts, n);
 	const start = Date.now();
 	let browser;
 	try {

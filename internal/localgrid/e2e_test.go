@@ -264,11 +264,18 @@ func TestKilledClientReleasesItsSlot(t *testing.T) {
 	})
 }
 
-func TestConnectOverCDPThroughTheGrid(t *testing.T) {
-	g := startGrid(t, Config{Workers: 0, MaxConcurrent: 2, MaxLifetime: 50, Launcher: "playwright"})
+// TestClientsFindTheEndpointOverHTTPS: the ways users connect, each
+// with a real client over TLS: Playwright's connect() and connectOverCDP
+// to a wss:// URL, the same to an https:// URL (they first read the
+// endpoint's /json or /json/version), and Puppeteer's connect() by
+// browserURL (no headers) and by browserWSEndpoint. The discovery answers
+// point back through the grid, hold no worker's address, and claim
+// nothing.
+func TestClientsFindTheEndpointOverHTTPS(t *testing.T) {
+	g := startGrid(t, Config{Workers: 1, MaxConcurrent: 2, MaxLifetime: 50, Launcher: "playwright"})
 	// One CDP worker in the pool the /cdp/ route serves.
 	g.cfg.Launcher, g.cfg.Pool = "cdp", "chromium-cdp"
-	if err := g.StartWorker(1); err != nil {
+	if err := g.StartWorker(2); err != nil {
 		t.Fatal(err)
 	}
 	g.cfg.Launcher, g.cfg.Pool = "playwright", "chromium"
@@ -277,14 +284,71 @@ func TestConnectOverCDPThroughTheGrid(t *testing.T) {
 	if err := g.WaitPool(ctx, "chromium-cdp", 1); err != nil {
 		t.Fatal(err)
 	}
-	out, err := client(t, g, "cdp", "--url", g.CDPURL()).CombinedOutput()
-	evs := parseEvents(t, out)
-	if err != nil || len(evs) != 1 || !evs[0].OK {
-		t.Fatalf("connectOverCDP through the grid failed: %v\n%s", err, out)
+	lifetimes := func() int {
+		n := 0
+		for _, pool := range []string{"chromium", "chromium-cdp"} {
+			p, err := g.PoolStatus(ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range p.Workers {
+				n += w.Lifetime
+			}
+		}
+		return n
 	}
-	testenv.Eventually(t, 10*time.Second, "the CDP slot to be released", func() bool {
-		return activeOf(t, g, "chromium-cdp") == 0
+
+	// On the wire, as the clients ask.
+	hc := httpsClient(t, g)
+	https := strings.Replace(g.URL(), "wss://", "https://", 1)
+	cdpHTTPS := strings.Replace(g.CDPURL(), "wss://", "https://", 1)
+	before := lifetimes()
+	get := func(u string) map[string]string {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, u, nil)
+		req.Header.Set("User-Agent", "Playwright/1.65.1 (x64; debian 12) node/20.19")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]string
+		if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d %v", u, resp.StatusCode, err)
+		}
+		return m
+	}
+	if m := get(https + "/json"); m["wsEndpointPath"] != "" || len(m) != 1 {
+		t.Errorf("GET /json answered %v, want a wsEndpointPath relative to the endpoint: \"\"", m)
+	}
+	for _, u := range []string{cdpHTTPS + "/json/version", cdpHTTPS + "/json/version/"} {
+		if m := get(u); m["webSocketDebuggerUrl"] != g.CDPURL() {
+			t.Errorf("GET %s: webSocketDebuggerUrl %q, want the endpoint through the grid, %s", u, m["webSocketDebuggerUrl"], g.CDPURL())
+		}
+	}
+	if after := lifetimes(); after != before {
+		t.Errorf("discovery requests claimed workers: lifetimes %d, then %d", before, after)
+	}
+
+	for _, c := range []struct{ mode, url string }{
+		{"run", https},
+		{"cdp", g.CDPURL()},
+		{"cdp", cdpHTTPS},
+		{"puppeteer", cdpHTTPS},
+		{"puppeteer", g.CDPURL()},
+	} {
+		out, err := client(t, g, c.mode, "--url", c.url).CombinedOutput()
+		evs := parseEvents(t, out)
+		if err != nil || len(evs) != 1 || !evs[0].OK {
+			t.Errorf("%s to %s: %v\n%s", c.mode, c.url, err, out)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "every slot to be released", func() bool {
+		return activeOf(t, g, "chromium") == 0 && activeOf(t, g, "chromium-cdp") == 0
 	})
+	if got := lifetimes() - before; got != 5 {
+		t.Errorf("the five sessions charged %d lifetimes", got)
+	}
 }
 
 // TestRecyclingUnderLoad is the grid's promise: workers reach their
