@@ -66,6 +66,16 @@ type Handler struct {
 	// go on after a reload; a second before it runs out, their agents end
 	// them with a close frame that says so. Default: max_session, or 1h.
 	StreamCloseDelay caddy.Duration `json:"stream_close_delay,omitempty"`
+	// LaunchOptions are the Playwright launch options a client may set
+	// for its session's browser (playwright-server workers apply them):
+	// of channel, headless (false), proxy, slowMo; ["none"]: none.
+	// Default: proxy, slowMo.
+	LaunchOptions []string `json:"launch_options,omitempty"`
+	// ExposeNetwork is whether a client may use Playwright's
+	// exposeNetwork, which sends its browser's matching traffic back
+	// through the client: "on", "off", or the patterns a client may ask
+	// for, comma-separated. Default: on.
+	ExposeNetwork string `json:"expose_network,omitempty"`
 
 	spec          poolSpec
 	proxy         *reverseproxy.Handler
@@ -156,7 +166,61 @@ func (h *Handler) Validate() error {
 	case h.StreamCloseDelay < 0:
 		return fmt.Errorf("browser_grid: stream_close_delay %s: must be 0 or more", time.Duration(h.StreamCloseDelay))
 	}
+	for _, o := range h.LaunchOptions {
+		if o != "none" && !slices.Contains(registry.AppliedOptions, o) {
+			return fmt.Errorf("browser_grid: launch_options %q: not an option Playwright's server applies (%s)", o, strings.Join(registry.AppliedOptions, ", "))
+		}
+	}
 	return nil
+}
+
+// DefaultLaunchOptions are the launch options a client may set without
+// launch_options.
+var DefaultLaunchOptions = []string{"proxy", "slowMo"}
+
+// checkLaunch refuses, with 400 and why, launch options and an
+// exposeNetwork pattern this route does not allow.
+func (h *Handler) checkLaunch(r *http.Request) string {
+	lr, err := registry.ReadLaunchRequest(r)
+	if err != nil {
+		return err.Error()
+	}
+	if len(lr.Ignored) > 0 {
+		return fmt.Sprintf("launch options %s are not applied by this grid's browsers: Playwright's server drops them in its safe mode; leave them out",
+			strings.Join(lr.Ignored, ", "))
+	}
+	allowed := h.LaunchOptions
+	if len(allowed) == 0 {
+		allowed = DefaultLaunchOptions
+	}
+	for _, name := range lr.Names() {
+		if !slices.Contains(allowed, name) {
+			return fmt.Sprintf("the launch option %s is not allowed here (launch_options): this grid allows %s", name, allowedList(allowed))
+		}
+	}
+	if lr.ExposeNetwork == "" {
+		return ""
+	}
+	switch h.ExposeNetwork {
+	case "", "on":
+		return ""
+	case "off":
+		return "exposeNetwork is off on this grid (expose_network)"
+	}
+	ok := strings.Split(h.ExposeNetwork, ",")
+	for _, p := range strings.Split(lr.ExposeNetwork, ",") {
+		if !slices.Contains(ok, strings.TrimSpace(p)) {
+			return fmt.Sprintf("exposeNetwork %q is not allowed here: this grid allows %s", strings.TrimSpace(p), h.ExposeNetwork)
+		}
+	}
+	return ""
+}
+
+func allowedList(names []string) string {
+	if len(names) == 0 || names[0] == "none" {
+		return "none"
+	}
+	return strings.Join(names, ", ")
 }
 
 // ServeHTTP checks the request, proxies it to a claimed worker, and
@@ -201,6 +265,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			w.Header().Set("Sec-WebSocket-Version", "13")
 		}
 		return h.reject(w, r, code, "", msg)
+	}
+	if msg := h.checkLaunch(r); msg != "" {
+		return h.reject(w, r, http.StatusBadRequest, pool, msg)
 	}
 	a := newAttempt(r, pool, *h.DialRetries)
 	proxyErr := h.proxy.ServeHTTP(w, r, next)
@@ -439,6 +506,8 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //	    dial_retries       <0-10>
 //	    upgrade_timeout    <duration>
 //	    stream_close_delay <duration>
+//	    launch_options     <none|channel headless proxy slowMo...>
+//	    expose_network     <on|off|pattern...>
 //	    # and every option of the policy (see Policy.UnmarshalCaddyfile):
 //	    max_concurrent <n>
 //	    max_lifetime   <n>
@@ -501,6 +570,27 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.DialRetries = &n
+		case "launch_options":
+			h.LaunchOptions = d.RemainingArgs()
+			if len(h.LaunchOptions) == 0 {
+				return d.ArgErr()
+			}
+			for _, o := range h.LaunchOptions {
+				if o == "none" && len(h.LaunchOptions) > 1 || o != "none" && !slices.Contains(registry.AppliedOptions, o) {
+					return d.Errf("invalid launch_options '%s': use none, or some of %s", o, strings.Join(registry.AppliedOptions, ", "))
+				}
+			}
+		case "expose_network":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			for _, a := range args {
+				if (a == "on" || a == "off") && len(args) > 1 || strings.ContainsAny(a, ", ") {
+					return d.Errf("invalid expose_network '%s': use on, off, or the patterns a client may ask for", a)
+				}
+			}
+			h.ExposeNetwork = strings.Join(args, ",")
 		case "upgrade_timeout", "stream_close_delay":
 			dur, err := durationArg(d, name)
 			if err != nil {

@@ -11,6 +11,10 @@
 //                                         # http(s):// URL (no headers), { browserWSEndpoint } for ws(s)://
 //   node client.mjs run  --url ... --header 'Authorization: Bearer <token>'   # sent on the upgrade (repeatable)
 //   node client.mjs run  --url ... --playwright-version 1.64   # a client of another installed playwright-core
+//   node client.mjs run  --url ... --video DIR        # the context records video into DIR (the session's
+//                                                     # line gives "video": the file and its size)
+//   node client.mjs run  --url ... --expose-network '<loopback>' --goto http://localhost:PORT/
+//                                                     # the page loads a URL of the client's own network
 //
 // --playwright-version loads the npm alias playwright-core-<major.minor>
 // (package.json installs 1.63, 1.64 and 1.65); default: playwright-core.
@@ -29,7 +33,7 @@ let version;
 
 function parseArgs(argv) {
 	const [mode = 'run', ...rest] = argv;
-	const opts = { mode, url: '', sessions: 1, concurrency: 1, timeout: 30000, holdMs: 0, headers: {}, playwrightVersion: '' };
+	const opts = { mode, url: '', sessions: 1, concurrency: 1, timeout: 30000, holdMs: 0, headers: {}, playwrightVersion: '', video: '', exposeNetwork: '', goto: '' };
 	for (let i = 0; i < rest.length; i++) {
 		const key = rest[i];
 		const val = rest[i + 1];
@@ -40,6 +44,9 @@ function parseArgs(argv) {
 			case '--timeout': opts.timeout = Number(val); i++; break;
 			case '--hold-ms': opts.holdMs = Number(val); i++; break;
 			case '--playwright-version': opts.playwrightVersion = val; i++; break;
+			case '--video': opts.video = val; i++; break;
+			case '--expose-network': opts.exposeNetwork = val; i++; break;
+			case '--goto': opts.goto = val; i++; break;
 			case '--header': {
 				const at = (val ?? '').indexOf(':');
 				if (at < 1) throw new Error(`--header wants 'Name: value', got '${val}'`);
@@ -113,11 +120,18 @@ async function session(opts, n) {
 	try {
 		browser = opts.mode === 'cdp'
 			? await chromium.connectOverCDP(opts.url, { timeout: opts.timeout, headers: opts.headers })
-			: await chromium.connect(opts.url, { timeout: opts.timeout, headers: opts.headers });
-		const context = opts.mode === 'cdp' ? (browser.contexts()[0] ?? await browser.newContext()) : await browser.newContext();
+			: await chromium.connect(opts.url, { timeout: opts.timeout, headers: opts.headers, exposeNetwork: opts.exposeNetwork || undefined });
+		const ctxOpts = opts.video ? { recordVideo: { dir: opts.video } } : {};
+		const context = opts.mode === 'cdp' ? (browser.contexts()[0] ?? await browser.newContext()) : await browser.newContext(ctxOpts);
 		const page = await context.newPage();
-		await page.setContent(`<title>grid session ${n}</title><p id="p">hello from session ${n}</p>`);
-		const title = await page.title();
+		let title;
+		if (opts.goto) {
+			await page.goto(opts.goto, { timeout: opts.timeout });
+			title = await page.title();
+		} else {
+			await page.setContent(`<title>grid session ${n}</title><p id="p">hello from session ${n}</p>`);
+			title = await page.title();
+		}
 		const answer = await page.evaluate(() => 6 * 7);
 		if (opts.holdMs > 0) await new Promise((r) => setTimeout(r, opts.holdMs));
 		if (opts.mode === 'hold') {
@@ -129,10 +143,18 @@ async function session(opts, n) {
 				process.on('SIGTERM', resolve);
 			});
 		}
+		const video = page.video();
 		await page.close();
+		let saved;
+		if (video) {
+			// a remote browser's video reaches the client by saveAs
+			const file = `${opts.video}/session-${n}.webm`;
+			await video.saveAs(file);
+			saved = { file, bytes: (await import('node:fs')).statSync(file).size };
+		}
 		await browser.close();
-		const ok = title === `grid session ${n}` && answer === 42;
-		emit({ event: 'session', n, ok, title, answer, ms: Date.now() - start });
+		const ok = (opts.goto ? true : title === `grid session ${n}`) && answer === 42 && (!opts.video || saved?.bytes > 0);
+		emit({ event: 'session', n, ok, title, answer, video: saved, ms: Date.now() - start });
 		return ok;
 	} catch (err) {
 		if (browser) await browser.close().catch(() => {});

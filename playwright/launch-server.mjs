@@ -1,8 +1,21 @@
-// The browser-server launcher grid-worker runs for `--launcher playwright`.
-// It starts Playwright's browser server (browserType.launchServer) with a
-// fixed WebSocket path and prints one JSON line on stdout once it listens:
+// The browser-server launcher grid-worker runs for `--launcher playwright`
+// and `--launcher playwright-server`. In the shared mode (playwright) it
+// starts Playwright's browser server (browserType.launchServer): one
+// browser whose contexts the worker's sessions share. In the per-session
+// mode (playwright-server) it starts Playwright's own run-server, which
+// launches a browser for each connection with the client's launch options
+// and closes it when the connection ends; it applies only the options its
+// safe mode allows, never the client's executable or args. Either way it
+// prints one JSON line on stdout once it listens:
 //
-//   {"event":"listening","wsEndpoint":"ws://127.0.0.1:PORT/playwright","browserPid":1234,"playwrightVersion":"1.65.1"}
+//   {"event":"listening","wsEndpoint":"ws://127.0.0.1:PORT/playwright","browserPid":1234,"playwrightVersion":"1.65.1","video":true}
+//
+// The browsers Playwright looks for in its own folders are the system's:
+// --browsers-dir is made the PLAYWRIGHT_BROWSERS_PATH of this process, and
+// holds, at the paths the loaded playwright-core expects for its revisions
+// (its browsers.json), links to --executable (as Chromium and its headless
+// shell) and to --ffmpeg, which records videos. "video" says whether
+// there is one.
 //
 // grid-worker reads wsEndpoint (any ws:// URL on a stdout line will do),
 // browserPid (Playwright starts the browser in its own process group, so
@@ -13,16 +26,18 @@
 // server answers 428 to any other).
 //
 //   node launch-server.mjs --browser chromium --executable /usr/bin/chromium \
-//        --host 127.0.0.1 --port 0 --ws-path /playwright [--playwright-version 1.64]
+//        --host 127.0.0.1 --port 0 --ws-path /playwright [--playwright-version 1.64] \
+//        [--mode shared|per-session] [--browsers-dir DIR --ffmpeg /usr/bin/ffmpeg]
 //
 // --playwright-version picks which installed playwright-core to load: the
 // npm alias playwright-core-<major.minor> (package.json installs two).
 // Default: the newest alias installed, else playwright-core itself.
 //
-// It exits when the browser exits (status 1) and closes the server on
-// SIGTERM or SIGINT (status 0).
+// It exits when the browser (or the run-server) exits (status 1) and closes
+// the server on SIGTERM or SIGINT (status 0).
 
 import { createRequire } from 'node:module';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 
@@ -40,9 +55,8 @@ function installedVersions() {
 	return out.sort((a, b) => a.major - b.major || a.minor - b.minor);
 }
 
-// loadPlaywright imports the playwright-core the flag names and reads the
-// version its own package.json declares.
-async function loadPlaywright(want) {
+// pickPlaywright names the playwright-core package the flag asks for.
+function pickPlaywright(want) {
 	const all = installedVersions();
 	let pkg = 'playwright-core';
 	if (want) {
@@ -56,9 +70,29 @@ async function loadPlaywright(want) {
 	} else if (all.length > 0) {
 		pkg = all[all.length - 1].name;
 	}
-	const version = require(`${pkg}/package.json`).version;
-	const mod = await import(pkg);
-	return { mod: mod.default ?? mod, version };
+	return pkg;
+}
+
+// prepareBrowsers links the system's browser and ffmpeg where the
+// playwright-core of pkg looks for its own builds, under dir. It returns
+// whether video can be recorded.
+function prepareBrowsers(pkg, dir, executable, ffmpeg) {
+	const revisions = {};
+	const root = path.dirname(require.resolve(`${pkg}/package.json`));
+	for (const b of JSON.parse(fs.readFileSync(path.join(root, 'browsers.json'), 'utf8')).browsers) revisions[b.name] = b.revision;
+	const link = (name, rel, target) => {
+		if (!revisions[name] || !target) return false;
+		const at = path.join(dir, `${name.replaceAll('-', '_')}-${revisions[name]}`, ...rel);
+		fs.mkdirSync(path.dirname(at), { recursive: true });
+		fs.rmSync(at, { force: true });
+		fs.symlinkSync(target, at);
+		return true;
+	};
+	if (executable) {
+		link('chromium', ['chrome-linux64', 'chrome'], executable);
+		link('chromium-headless-shell', ['chrome-headless-shell-linux64', 'chrome-headless-shell'], executable);
+	}
+	return link('ffmpeg', ['ffmpeg-linux'], ffmpeg);
 }
 
 // The Chromium flags that work on a machine without internet access
@@ -74,7 +108,7 @@ const CHROMIUM_ARGS = [
 ];
 
 function parseArgs(argv) {
-	const opts = { browser: 'chromium', executable: '', host: '127.0.0.1', port: 0, wsPath: '/playwright', args: [], playwrightVersion: '' };
+	const opts = { browser: 'chromium', executable: '', host: '127.0.0.1', port: 0, wsPath: '/playwright', args: [], playwrightVersion: '', mode: 'shared', browsersDir: '', ffmpeg: '' };
 	for (let i = 0; i < argv.length; i++) {
 		const key = argv[i];
 		const val = argv[i + 1];
@@ -87,6 +121,9 @@ function parseArgs(argv) {
 			case '--ws-path': opts.wsPath = val; break;
 			case '--arg': opts.args.push(val); break;
 			case '--playwright-version': opts.playwrightVersion = val; break;
+			case '--mode': opts.mode = val; break;
+			case '--browsers-dir': opts.browsersDir = val; break;
+			case '--ffmpeg': opts.ffmpeg = val; break;
 			default: throw new Error(`unknown argument '${key}'`);
 		}
 		i++;
@@ -94,19 +131,64 @@ function parseArgs(argv) {
 	if (!['chromium', 'firefox', 'webkit'].includes(opts.browser)) throw new Error(`--browser must be chromium, firefox or webkit, not '${opts.browser}'`);
 	if (!Number.isInteger(opts.port) || opts.port < 0 || opts.port > 65535) throw new Error('--port must be 0..65535');
 	if (!opts.wsPath.startsWith('/')) throw new Error('--ws-path must start with /');
+	if (!['shared', 'per-session'].includes(opts.mode)) throw new Error(`--mode must be shared or per-session, not '${opts.mode}'`);
 	return opts;
+}
+
+// runServer starts Playwright's run-server of pkg and resolves with its
+// endpoint once it listens.
+function runServer(pkg, opts) {
+	const cli = path.join(path.dirname(require.resolve(`${pkg}/package.json`)), 'cli.js');
+	const args = [cli, 'run-server', '--host', opts.host, '--port', String(opts.port), '--path', opts.wsPath];
+	if (opts.browsersDir) args.push('--artifacts-dir', path.join(opts.browsersDir, 'artifacts'));
+	const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'] });
+	return new Promise((resolve, reject) => {
+		let out = '';
+		child.stdout.on('data', (b) => {
+			out += b;
+			const m = /Listening on (ws:\/\/\S+)/.exec(out);
+			if (m) resolve({ child, wsEndpoint: m[1] });
+		});
+		child.on('exit', (code) => reject(new Error(`run-server exited with ${code} before listening: ${out.trim()}`)));
+	});
 }
 
 async function main() {
 	let opts;
 	let pw;
+	let pkg;
+	let video = false;
 	try {
 		opts = parseArgs(process.argv.slice(2));
-		pw = await loadPlaywright(opts.playwrightVersion);
+		pkg = pickPlaywright(opts.playwrightVersion);
+		if (opts.browsersDir) {
+			// before playwright-core loads: it reads the variable then
+			process.env.PLAYWRIGHT_BROWSERS_PATH = opts.browsersDir;
+			video = prepareBrowsers(pkg, opts.browsersDir, opts.browser === 'chromium' ? opts.executable : '', opts.ffmpeg);
+		}
+		const mod = await import(pkg);
+		pw = { mod: mod.default ?? mod, version: require(`${pkg}/package.json`).version };
 		opts.type = pw.mod[opts.browser];
 	} catch (e) {
 		process.stderr.write(`launch-server: ${e.message}\n`);
 		process.exit(2);
+	}
+	if (opts.mode === 'per-session') {
+		const { child, wsEndpoint } = await runServer(pkg, opts);
+		let closing = false;
+		child.on('exit', (code, signal) => {
+			if (closing) process.exit(0);
+			process.stderr.write(`launch-server: run-server exited (code ${code}, signal ${signal})\n`);
+			process.exit(1);
+		});
+		const close = () => {
+			closing = true;
+			child.kill('SIGTERM');
+		};
+		process.on('SIGTERM', close);
+		process.on('SIGINT', close);
+		process.stdout.write(JSON.stringify({ event: 'listening', wsEndpoint, playwrightVersion: pw.version, video }) + '\n');
+		return;
 	}
 	const launchOpts = {
 		headless: true,
@@ -141,7 +223,7 @@ async function main() {
 	};
 	process.on('SIGTERM', close);
 	process.on('SIGINT', close);
-	process.stdout.write(JSON.stringify({ event: 'listening', wsEndpoint: server.wsEndpoint(), browserPid: proc.pid, playwrightVersion: pw.version }) + '\n');
+	process.stdout.write(JSON.stringify({ event: 'listening', wsEndpoint: server.wsEndpoint(), browserPid: proc.pid, playwrightVersion: pw.version, video }) + '\n');
 }
 
 main().catch((e) => {

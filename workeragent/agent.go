@@ -309,7 +309,7 @@ func (a *Agent) install(b *Browser) error {
 	}
 	rec := registry.NewRecord(registry.Record{
 		ID: NewID(a.cfg.IDPrefix), Pool: a.cfg.Pool, Version: b.PlaywrightVersion, Browser: a.cfg.BrowserType,
-		Addr: a.addr, Path: path, Capacity: a.cfg.MaxConcurrent, Weight: a.cfg.Weight, Launcher: a.cfg.Launcher,
+		Addr: a.addr, Path: path, Capacity: a.cfg.MaxConcurrent, Weight: a.cfg.Weight, Launcher: a.cfg.Launcher, Video: b.Video,
 	}, a.cfg.VirtualNodes, a.secret)
 	wk := newWorker(rec, b, backend)
 	a.mu.Lock()

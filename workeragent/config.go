@@ -19,10 +19,15 @@ import (
 
 // Launcher names.
 const (
+	// LauncherPlaywright: Playwright's browser server, one browser the
+	// worker's sessions share.
 	LauncherPlaywright = "playwright"
-	LauncherCDP        = "cdp"
-	LauncherExec       = "exec"
-	LauncherFake       = "fake"
+	// LauncherPlaywrightServer: Playwright's run-server, a browser of
+	// its own for each session, with the client's launch options.
+	LauncherPlaywrightServer = "playwright-server"
+	LauncherCDP              = "cdp"
+	LauncherExec             = "exec"
+	LauncherFake             = "fake"
 )
 
 // Config is everything the agent needs. ParseFlags fills it from the
@@ -110,8 +115,11 @@ type Config struct {
 	// Executable is the browser binary. Default: /usr/bin/chromium for
 	// chromium, Playwright's own build for firefox and webkit.
 	Executable string
-	// Node is the node binary of the playwright launcher. Default: "node".
+	// Node is the node binary of the playwright launchers. Default: "node".
 	Node string
+	// FFmpeg records the playwright launchers' videos; "none": no video.
+	// Default: "ffmpeg" on PATH.
+	FFmpeg string
 	// LaunchScript is playwright/launch-server.mjs. Default: found beside
 	// the grid-worker binary (../playwright/ or ./playwright/) or in the
 	// working directory.
@@ -169,6 +177,7 @@ func Defaults() Config {
 		RedisRetryDelay:    time.Second,
 		RespawnMaxBackoff:  30 * time.Second,
 		Node:               "node",
+		FFmpeg:             "ffmpeg",
 		LogFormat:          "json",
 		LogLevel:           "info",
 	}
@@ -216,7 +225,7 @@ func bindings() []binding {
 		{Option{"key-prefix", "GRID_KEY_PREFIX", d.KeyPrefix, "registry key prefix; must match the Caddy side"}, str(func(c *Config) *string { return &c.KeyPrefix })},
 		{Option{"pool", "POOL", "the browser type", "pool to register in"}, str(func(c *Config) *string { return &c.Pool })},
 		{Option{"browser-type", "BROWSER_TYPE", d.BrowserType, "chromium, firefox or webkit"}, str(func(c *Config) *string { return &c.BrowserType })},
-		{Option{"launcher", "LAUNCHER", d.Launcher, "playwright, cdp, exec or fake"}, str(func(c *Config) *string { return &c.Launcher })},
+		{Option{"launcher", "LAUNCHER", d.Launcher, "playwright, playwright-server, cdp, exec or fake"}, str(func(c *Config) *string { return &c.Launcher })},
 		{Option{"advertise", "PRIVATE_HOSTNAME", "-host:-port", "host or host:port proxies dial (a bare host takes the agent's port)"}, str(func(c *Config) *string { return &c.Advertise })},
 		{Option{"host", "GRID_WORKER_HOST", d.Host, "address the agent listens on for proxies (0.0.0.0 in containers); the browser listens on loopback only"}, str(func(c *Config) *string { return &c.Host })},
 		{Option{"port", "GRID_WORKER_PORT", "0", "the agent's port (0: a free port)"}, num(func(c *Config) *int { return &c.Port })},
@@ -243,9 +252,10 @@ func bindings() []binding {
 		}},
 		{Option{"respawn-max-backoff", "RESPAWN_MAX_BACKOFF", "30s", "cap of the crash backoff (starts at 1s, doubles)"}, dur(func(c *Config) *time.Duration { return &c.RespawnMaxBackoff })},
 		{Option{"executable", "BROWSER_EXECUTABLE", "/usr/bin/chromium for chromium", "browser binary (firefox, webkit: Playwright's own build)"}, str(func(c *Config) *string { return &c.Executable })},
-		{Option{"node", "NODE", d.Node, "node binary for the playwright launcher"}, str(func(c *Config) *string { return &c.Node })},
-		{Option{"launch-script", "PLAYWRIGHT_LAUNCH_SCRIPT", "playwright/launch-server.mjs beside the binary", "the playwright launcher's script"}, str(func(c *Config) *string { return &c.LaunchScript })},
-		{Option{"playwright-version", "PLAYWRIGHT_VERSION", "the newest installed", "playwright-core major.minor the playwright launcher loads (e.g. 1.64)"}, str(func(c *Config) *string { return &c.PlaywrightVersion })},
+		{Option{"node", "NODE", d.Node, "node binary for the playwright launchers"}, str(func(c *Config) *string { return &c.Node })},
+		{Option{"ffmpeg", "FFMPEG", d.FFmpeg, "ffmpeg for the playwright launchers' videos (none: no video)"}, str(func(c *Config) *string { return &c.FFmpeg })},
+		{Option{"launch-script", "PLAYWRIGHT_LAUNCH_SCRIPT", "playwright/launch-server.mjs beside the binary", "the playwright launchers' script"}, str(func(c *Config) *string { return &c.LaunchScript })},
+		{Option{"playwright-version", "PLAYWRIGHT_VERSION", "the newest installed", "playwright-core major.minor the playwright launchers load (e.g. 1.64)"}, str(func(c *Config) *string { return &c.PlaywrightVersion })},
 		{Option{"exec", "EXEC_COMMAND", "", "command for the exec launcher (sh -c); prints its ws:// endpoint"}, str(func(c *Config) *string { return &c.Exec })},
 		{Option{"fakebrowser", "FAKEBROWSER", "beside the binary, else PATH", "fakebrowser binary for the fake launcher"}, str(func(c *Config) *string { return &c.Fakebrowser })},
 		{Option{"fake-args", "FAKEBROWSER_ARGS", "", "extra fakebrowser flags, space-separated"}, str(func(c *Config) *string { return &c.FakeArgs })},
@@ -376,12 +386,12 @@ func (c *Config) Validate() error {
 	if c.PlaywrightVersion != "" {
 		if err := registry.CheckVersion(c.PlaywrightVersion); err != nil {
 			add("-playwright-version: %v", err)
-		} else if c.Launcher != LauncherPlaywright {
-			add("-playwright-version picks the playwright launcher's playwright-core, but -launcher is %q", c.Launcher)
+		} else if c.Launcher != LauncherPlaywright && c.Launcher != LauncherPlaywrightServer {
+			add("-playwright-version picks the playwright launchers' playwright-core, but -launcher is %q", c.Launcher)
 		}
 	}
 	switch c.Launcher {
-	case LauncherPlaywright, LauncherFake:
+	case LauncherPlaywright, LauncherPlaywrightServer, LauncherFake:
 	case LauncherCDP:
 		if c.BrowserType != "chromium" {
 			add("-launcher cdp runs Chromium only, but -browser-type is %q", c.BrowserType)
@@ -391,7 +401,7 @@ func (c *Config) Validate() error {
 			add("-launcher exec needs -exec (the command that prints its ws:// endpoint)")
 		}
 	default:
-		add("-launcher must be playwright, cdp, exec or fake, got %q", c.Launcher)
+		add("-launcher must be playwright, playwright-server, cdp, exec or fake, got %q", c.Launcher)
 	}
 	if c.Pool == "" {
 		c.Pool = c.BrowserType

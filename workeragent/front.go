@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -102,6 +103,31 @@ func (f *front) refuse(w http.ResponseWriter, t registry.Ticket, wk *worker, rea
 	f.a.reports.giveBack(wk, group, t)
 }
 
+// unapplied says why the browser would not apply what the client asks of
+// it ("": it would): Playwright's browser server, whose browser the
+// worker's sessions share, applies no launch option and no
+// exposeNetwork; its run-server drops the unsafe options.
+func (f *front) unapplied(r *http.Request) string {
+	launcher := f.a.cfg.Launcher
+	if launcher != LauncherPlaywright && launcher != LauncherPlaywrightServer {
+		return ""
+	}
+	lr, err := registry.ReadLaunchRequest(r)
+	switch {
+	case err != nil:
+		return err.Error()
+	case len(lr.Ignored) > 0:
+		return fmt.Sprintf("launch options %s are not applied by this worker's browser: leave them out", strings.Join(lr.Ignored, ", "))
+	case launcher == LauncherPlaywright && (len(lr.Options) > 0 || lr.ExposeNetwork != ""):
+		what := strings.Join(lr.Names(), ", ")
+		if lr.ExposeNetwork != "" {
+			what = strings.TrimPrefix(what+", exposeNetwork", ", ")
+		}
+		return fmt.Sprintf("this worker's browser is shared by its sessions, so %s cannot apply to yours: connect to a pool of playwright-server workers", what)
+	}
+	return ""
+}
+
 var refusalText = map[string]string{
 	registry.RefusedFull:     "it holds as many sessions as it may at once",
 	registry.RefusedSpent:    "it has served its max_lifetime of sessions",
@@ -131,6 +157,14 @@ func (f *front) session(w http.ResponseWriter, r *http.Request) {
 	wk, held := a.find(t.Worker)
 	if wk == nil {
 		f.refuse(w, t, nil, registry.RefusedGone)
+		return
+	}
+	if msg := f.unapplied(r); msg != "" {
+		// the client's doing, on every worker of this kind: told, not
+		// retried elsewhere
+		a.metrics.refusals.WithLabelValues("launch_options").Inc()
+		http.Error(w, msg, http.StatusBadRequest)
+		a.reports.giveBack(wk, wk.rec.Group(), t)
 		return
 	}
 	adm := wk.admit(t, held)

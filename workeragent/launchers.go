@@ -42,7 +42,7 @@ func NewLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 	// through the agent.
 	cfg.Host, cfg.Port = "127.0.0.1", 0
 	switch cfg.Launcher {
-	case LauncherPlaywright:
+	case LauncherPlaywright, LauncherPlaywrightServer:
 		return playwrightLauncher(cfg, log)
 	case LauncherCDP:
 		return cdpLauncher(cfg, log)
@@ -105,7 +105,7 @@ func playwrightLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 	}
 	node, err := exec.LookPath(cfg.Node)
 	if err != nil {
-		return nil, fmt.Errorf("the playwright launcher needs node: %w", err)
+		return nil, fmt.Errorf("the playwright launchers need node: %w", err)
 	}
 	exe := cfg.Executable
 	if exe == "" && cfg.BrowserType == "chromium" {
@@ -116,20 +116,49 @@ func playwrightLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 			return nil, fmt.Errorf("browser executable: %w", err)
 		}
 	}
-	args := []string{script, "--browser", cfg.BrowserType, "--host", cfg.Host, "--port", strconv.Itoa(cfg.Port), "--ws-path", cfg.WSPath}
+	ffmpeg := ""
+	if cfg.FFmpeg != "none" {
+		if ffmpeg, err = exec.LookPath(cfg.FFmpeg); err != nil {
+			log.Warn("no ffmpeg: this worker's sessions cannot record video (install Debian's ffmpeg, or set -ffmpeg)",
+				zap.String("ffmpeg", cfg.FFmpeg))
+			ffmpeg = ""
+		}
+	}
+	mode := "shared"
+	if cfg.Launcher == LauncherPlaywrightServer {
+		mode = "per-session"
+	}
+	args := []string{script, "--browser", cfg.BrowserType, "--host", cfg.Host, "--port", strconv.Itoa(cfg.Port), "--ws-path", cfg.WSPath, "--mode", mode}
 	if exe != "" {
 		args = append(args, "--executable", exe)
+	}
+	if ffmpeg != "" {
+		args = append(args, "--ffmpeg", ffmpeg)
 	}
 	if cfg.PlaywrightVersion != "" {
 		args = append(args, "--playwright-version", cfg.PlaywrightVersion)
 	}
 	return func(ctx context.Context) (*Browser, error) {
+		// Each browser's own folder: the links to the system's browser
+		// and ffmpeg where playwright-core looks, and its temporary files
+		// (videos, traces, downloads), removed with it.
+		dir, err := os.MkdirTemp("", "grid-worker-browser-")
+		if err != nil {
+			return nil, fmt.Errorf("creating the browser's folder: %w", err)
+		}
+		tmp := filepath.Join(dir, "tmp")
+		if err := os.Mkdir(tmp, 0o700); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
 		return startProcess(ctx, log, startOptions{
 			name:    node,
-			args:    args,
+			args:    append(append([]string(nil), args...), "--browsers-dir", dir),
+			env:     []string{"TMPDIR=" + tmp},
 			timeout: cfg.StartTimeout,
 			// Playwright's server answers plain HTTP requests with "Running".
-			probe: func(u *url.URL) probe { return probe{httpURL: "http://" + dialAddr(u) + "/"} },
+			probe:   func(u *url.URL) probe { return probe{httpURL: "http://" + dialAddr(u) + "/"} },
+			cleanup: []func(){func() { os.RemoveAll(dir) }},
 		})
 	}, nil
 }

@@ -30,6 +30,9 @@ type Browser struct {
 	// PlaywrightVersion is the major.minor of the playwright-core the
 	// launcher loaded, as it reported it ("" for other launchers).
 	PlaywrightVersion string
+	// Video says the launcher can record video (an ffmpeg where
+	// playwright-core looks for one).
+	Video bool
 
 	probe   probe
 	cmd     *exec.Cmd
@@ -230,6 +233,9 @@ var pidRe = regexp.MustCompile(`"browserPid"\s*:\s*(\d+)`)
 // launch-server.mjs loaded (its package.json's), as major.minor.
 var playwrightVersionRe = regexp.MustCompile(`"playwrightVersion"\s*:\s*"(\d{1,4})\.(\d{1,4})\.`)
 
+// videoRe finds launch-server.mjs's word on video.
+var videoRe = regexp.MustCompile(`"video"\s*:\s*true\b`)
+
 // startOptions describe one process launch.
 type startOptions struct {
 	name    string
@@ -295,6 +301,9 @@ func startProcess(ctx context.Context, log *zap.Logger, o startOptions) (*Browse
 			if m := playwrightVersionRe.FindStringSubmatch(line); m != nil {
 				// before the endpoint is passed on: startProcess returns on it
 				b.PlaywrightVersion = m[1] + "." + m[2]
+			}
+			if videoRe.MatchString(line) {
+				b.Video = true
 			}
 			if m := wsURLRe.FindString(line); m != "" {
 				if u, err := url.Parse(m); err == nil && u.Host != "" {

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"text/template"
 	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/internal/netns"
 )
 
 // Pool is the pool every scenario serves.
@@ -148,7 +150,7 @@ func (e *env) startCaddy(name string, lim limits) (*caddyInst, error) {
 // caddyPlace is where a Caddy runs: its own network namespace, and the
 // Redis URL it uses (a black hole's), when not the defaults.
 type caddyPlace struct {
-	host     *netHost
+	host     *netns.Host
 	redisURL string
 }
 
@@ -170,8 +172,8 @@ func (e *env) startCaddyAt(name string, lim limits, at caddyPlace) (*caddyInst, 
 	c.config = filepath.Join(c.dir, "Caddyfile")
 	bin, args := filepath.Join(e.bins, "caddy"), []string{"run", "--config", c.config, "--adapter", "caddyfile"}
 	if at.host != nil {
-		c.host = at.host.inside
-		bin, args = "ip", append([]string{"netns", "exec", at.host.name, bin}, args...)
+		c.host = at.host.Inside
+		bin, args = "ip", append([]string{"netns", "exec", at.host.Name, bin}, args...)
 	}
 	if err := c.write(); err != nil {
 		return nil, fmt.Errorf("writing the Caddyfile of %s: %w", name, err)

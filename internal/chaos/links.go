@@ -1,19 +1,16 @@
 package chaos
 
 import (
-	"fmt"
 	"io"
 	"net"
-	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// The network faults: a link that stops carrying bytes without closing
-// anything (a black hole), and a host of its own (a network namespace)
-// whose link can be pulled so that no FIN or reset ever arrives.
+// The network fault of a link that stops carrying bytes without closing
+// anything (a black hole); a host whose link is pulled so that no FIN or
+// reset ever arrives is netns.Host.
 
 // blackhole forwards TCP from a listener to a target until it is holed:
 // then every connection, old and new, stays open and carries nothing, as
@@ -105,64 +102,4 @@ func (b *blackhole) pipe(dst, src net.Conn) {
 			return
 		}
 	}
-}
-
-// netHost is a network namespace joined to the root one by a veth pair:
-// a host of its own at inside, reached from the root namespace, which is
-// at outside. service is an address of the root namespace's loopback that
-// the namespace reaches over the veth: what runs in the root namespace
-// serves both there, and cutting the veth cuts only the namespace.
-type netHost struct {
-	name                     string
-	outside, inside, service string
-	vethOut                  string
-}
-
-var hostSeq atomic.Int64
-
-// newNetHost makes a namespace (root only: ip netns, iproute2).
-func newNetHost() (*netHost, error) {
-	n := hostSeq.Add(1)
-	subnet := 10 + int(time.Now().UnixNano()%200)
-	h := &netHost{
-		name:    fmt.Sprintf("gridchaos-%d-%d", subnet, n),
-		outside: fmt.Sprintf("10.%d.%d.1", 200+int(n%50), subnet), inside: fmt.Sprintf("10.%d.%d.2", 200+int(n%50), subnet),
-		service: fmt.Sprintf("10.%d.%d.100", 200+int(n%50), subnet),
-		vethOut: fmt.Sprintf("gc%dx%d", subnet, n),
-	}
-	vethIn := h.vethOut + "i"
-	steps := [][]string{
-		{"netns", "add", h.name},
-		{"link", "add", h.vethOut, "type", "veth", "peer", "name", vethIn},
-		{"link", "set", vethIn, "netns", h.name},
-		{"addr", "add", h.outside + "/24", "dev", h.vethOut},
-		{"link", "set", h.vethOut, "up"},
-		{"netns", "exec", h.name, "ip", "addr", "add", h.inside + "/24", "dev", vethIn},
-		{"netns", "exec", h.name, "ip", "link", "set", vethIn, "up"},
-		{"netns", "exec", h.name, "ip", "link", "set", "lo", "up"},
-		{"addr", "add", h.service + "/32", "dev", "lo"},
-		{"netns", "exec", h.name, "ip", "route", "add", h.service + "/32", "via", h.outside},
-	}
-	for _, s := range steps {
-		if out, err := exec.Command("ip", s...).CombinedOutput(); err != nil {
-			h.remove()
-			return nil, fmt.Errorf("ip %s: %w: %s (network namespaces need root and iproute2)", strings.Join(s, " "), err, out)
-		}
-	}
-	return h, nil
-}
-
-// cut pulls the host's link: nothing crosses it, nothing is told.
-func (h *netHost) cut() error {
-	out, err := exec.Command("ip", "link", "set", h.vethOut, "down").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip link set %s down: %w: %s", h.vethOut, err, out)
-	}
-	return nil
-}
-
-func (h *netHost) remove() {
-	_ = exec.Command("ip", "addr", "del", h.service+"/32", "dev", "lo").Run()
-	_ = exec.Command("ip", "link", "del", h.vethOut).Run()
-	_ = exec.Command("ip", "netns", "del", h.name).Run()
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/browsergrid/caddy-browser-grid/internal/netns"
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
@@ -839,11 +840,11 @@ var scenarios = []Scenario{
 			"live sessions through it: their agents find the dead connections within -proxy-timeout (3 s here, 15 s by " +
 			"default) and end them, so their slots come back; the other instance keeps serving.",
 		run: func(r *run) error {
-			host, err := newNetHost()
+			host, err := netns.New()
 			if err != nil {
 				return err
 			}
-			r.e.undo = append(r.e.undo, host.remove)
+			r.e.undo = append(r.e.undo, host.Remove)
 			lim := limits{MaxConcurrent: 8, MaxLifetime: noLifetime, SelectTimeout: selectTimeout}
 			t, err := r.e.startSingle(false)
 			if err != nil {
@@ -852,7 +853,7 @@ var scenarios = []Scenario{
 			r.e.topo = t
 			r.reg = registry.New(t.rdb, registry.Options{})
 			// The namespace reaches Redis through a forwarder on its link.
-			fwd, err := newBlackhole(host.service+":0", t.nodes[0].addr())
+			fwd, err := newBlackhole(host.Service+":0", t.nodes[0].addr())
 			if err != nil {
 				return err
 			}
@@ -864,7 +865,7 @@ var scenarios = []Scenario{
 				return err
 			}
 			for i := 1; i <= 4; i++ {
-				if _, err := r.e.startWorker(i, 8, "--host", "0.0.0.0", "--advertise", host.service); err != nil {
+				if _, err := r.e.startWorker(i, 8, "--host", "0.0.0.0", "--advertise", host.Service); err != nil {
 					return err
 				}
 			}
@@ -891,7 +892,7 @@ var scenarios = []Scenario{
 				}
 			}
 			at := time.Now()
-			if err := host.cut(); err != nil {
+			if err := host.Cut(); err != nil {
 				return err
 			}
 			r.killedFrontend = map[int]time.Time{1: at}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/browsergrid/caddy-browser-grid/internal/netns"
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
 	"github.com/browsergrid/caddy-browser-grid/registry"
 )
@@ -547,5 +549,85 @@ func TestRecyclingContinuousWithDefaults(t *testing.T) {
 	}
 	if retiring > 1 {
 		t.Errorf("%d workers retiring at once, want at most 1", retiring)
+	}
+}
+
+// TestExposeNetworkReachesTheClientsOwnLoopback: a playwright-server
+// worker (agent and browser) on a host of its own, a network namespace
+// that cannot reach the client's loopback. A client connected with
+// exposeNetwork '<loopback>' loads a page from a server listening only on
+// its own 127.0.0.1, through its connection; the same client without it
+// gets a connection error.
+func TestExposeNetworkReachesTheClientsOwnLoopback(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "network namespaces need root")
+	}
+	// The worker joins the pool of the grid's /cdp/ route, where no other
+	// worker is.
+	g := startGrid(t, Config{Workers: 1, MaxConcurrent: 2, MaxLifetime: 50, Launcher: "playwright"})
+	host, err := netns.New()
+	if err != nil {
+		testenv.Missing(t, "%v", err)
+	}
+	t.Cleanup(host.Remove)
+	// The namespace reaches the grid's Redis through a forwarder on the
+	// root namespace's address it can reach.
+	fwd, err := net.Listen("tcp", host.Service+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fwd.Close() })
+	go func() {
+		for {
+			c, err := fwd.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r, err := net.Dial("tcp", g.RedisAddr())
+				if err != nil {
+					return
+				}
+				defer r.Close()
+				go func() { _, _ = io.Copy(r, c); r.Close() }()
+				_, _ = io.Copy(c, r)
+			}()
+		}
+	}()
+	root := testenv.RepoRoot(t)
+	bin, _ := filepath.Abs(filepath.Join(g.cfg.BinDir, "grid-worker"))
+	testenv.Start(t, []string{"GRID_PLAYWRIGHT_DIR=" + filepath.Join(root, "playwright")}, "ip", "netns", "exec", host.Name, bin,
+		"-redis", "redis://"+fwd.Addr().String()+"/0", "-pool", "chromium-cdp", "-launcher", "playwright-server",
+		"-host", host.Inside, "-advertise", host.Inside, "-max-concurrent", "2", "-stale-threshold", "10s",
+		"-heartbeat-interval", "1s", "-log-format", "console")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := g.WaitPool(ctx, "chromium-cdp", 1); err != nil {
+		t.Fatal(err)
+	}
+
+	// A page only the client's own loopback serves.
+	page, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, "<title>the client's own loopback</title>")
+	})}
+	go srv.Serve(page)
+	t.Cleanup(func() { srv.Close() })
+	_, port, _ := net.SplitHostPort(page.Addr().String())
+	at := "http://localhost:" + port + "/"
+
+	out, err := client(t, g, "run", "--url", g.CDPURL(), "--goto", at, "--expose-network", "<loopback>").CombinedOutput()
+	evs := parseEvents(t, out)
+	if err != nil || len(evs) != 1 || !evs[0].OK || evs[0].Title != "the client's own loopback" {
+		t.Fatalf("with exposeNetwork '<loopback>': %v\n%s", err, out)
+	}
+	out, _ = client(t, g, "run", "--url", g.CDPURL(), "--goto", at).CombinedOutput()
+	evs = parseEvents(t, out)
+	if len(evs) != 1 || evs[0].OK || !strings.Contains(evs[0].Error, "ERR_CONNECTION_REFUSED") {
+		t.Fatalf("without exposeNetwork, the worker's host has nothing on that port: want a connection error, got\n%s", out)
 	}
 }

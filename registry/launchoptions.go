@@ -1,0 +1,93 @@
+package registry
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// What a Playwright client asks of a browser server on the upgrade
+// request: launch options (the x-playwright-launch-options header, or
+// the launch-options query parameter, JSON) and an exposeNetwork pattern
+// (x-playwright-proxy, or proxy). Playwright's run-server applies some
+// launch options to the browser it launches for the connection, and drops
+// the rest in its safe mode; its browser server (launchServer) applies
+// none. Caddy checks them against the operator's launch_options and
+// expose_network; the agent refuses what its browser would ignore.
+
+// LaunchRequest is what a client asked for.
+type LaunchRequest struct {
+	// Options are the launch options that change the browser (Applied),
+	// with their JSON values, by name.
+	Options map[string]json.RawMessage
+	// Ignored are the options Playwright's server drops in its safe mode
+	// (args, executablePath, …): a client asking for one gets told no.
+	Ignored []string
+	// ExposeNetwork is the exposeNetwork pattern ("" none).
+	ExposeNetwork string
+}
+
+// AppliedOptions are the launch options Playwright's run-server applies
+// in its safe mode, beyond the grid's own (headless).
+var AppliedOptions = []string{"channel", "headless", "proxy", "slowMo"}
+
+// inertOptions change nothing a client could see: the server keeps its
+// own value, or the value is the grid's (headless true).
+var inertOptions = []string{"handleSIGINT", "handleSIGTERM", "handleSIGHUP", "timeout", "tracesDir", "artifactsDir", "downloadsPath"}
+
+// maxLaunchOptions bounds the header and query a request may carry.
+const maxLaunchOptions = 16 << 10
+
+// ReadLaunchRequest reads r's launch options and exposeNetwork pattern.
+// The query's win over the headers, as Playwright's server reads them.
+func ReadLaunchRequest(r *http.Request) (LaunchRequest, error) {
+	var lr LaunchRequest
+	q := r.URL.Query()
+	raw := q.Get("launch-options")
+	if raw == "" {
+		raw = r.Header.Get("X-Playwright-Launch-Options")
+	}
+	lr.ExposeNetwork = q.Get("proxy")
+	if lr.ExposeNetwork == "" {
+		lr.ExposeNetwork = r.Header.Get("X-Playwright-Proxy")
+	}
+	if len(raw) > maxLaunchOptions || len(lr.ExposeNetwork) > maxLaunchOptions {
+		return lr, fmt.Errorf("the launch options or the exposeNetwork pattern are longer than %d bytes", maxLaunchOptions)
+	}
+	if strings.TrimSpace(raw) == "" {
+		return lr, nil
+	}
+	var all map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(raw), &all); err != nil {
+		return lr, fmt.Errorf("the launch options are not a JSON object: %v", err)
+	}
+	for k, v := range all {
+		switch {
+		case k == "headless" && bytes.Equal(bytes.TrimSpace(v), []byte("true")):
+		case slices.Contains(inertOptions, k):
+		case slices.Contains(AppliedOptions, k):
+			if lr.Options == nil {
+				lr.Options = map[string]json.RawMessage{}
+			}
+			lr.Options[k] = v
+		default:
+			lr.Ignored = append(lr.Ignored, k)
+		}
+	}
+	sort.Strings(lr.Ignored)
+	return lr, nil
+}
+
+// Names lists the options asked for, sorted.
+func (lr LaunchRequest) Names() []string {
+	out := make([]string, 0, len(lr.Options))
+	for k := range lr.Options {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
