@@ -92,7 +92,18 @@ function prepareBrowsers(pkg, dir, executable, ffmpeg) {
 		link('chromium', ['chrome-linux64', 'chrome'], executable);
 		link('chromium-headless-shell', ['chrome-headless-shell-linux64', 'chrome-headless-shell'], executable);
 	}
-	return link('ffmpeg', ['ffmpeg-linux'], ffmpeg);
+	const video = link('ffmpeg', ['ffmpeg-linux'], ffmpeg);
+	// Playwright's own builds where they are installed (its Firefox and
+	// WebKit, in Playwright's image): linked beside, where nothing of the
+	// system's stands.
+	const own = process.env.PLAYWRIGHT_BROWSERS_PATH || path.join(process.env.HOME || '/', '.cache', 'ms-playwright');
+	if (own !== dir && fs.existsSync(own)) {
+		for (const name of fs.readdirSync(own)) {
+			const at = path.join(dir, name);
+			if (!fs.existsSync(at)) fs.symlinkSync(path.join(own, name), at);
+		}
+	}
+	return video || fs.existsSync(path.join(dir, `ffmpeg-${revisions.ffmpeg}`, 'ffmpeg-linux'));
 }
 
 // The Chromium flags that work on a machine without internet access
@@ -162,9 +173,9 @@ async function main() {
 		opts = parseArgs(process.argv.slice(2));
 		pkg = pickPlaywright(opts.playwrightVersion);
 		if (opts.browsersDir) {
+			video = prepareBrowsers(pkg, opts.browsersDir, opts.browser === 'chromium' ? opts.executable : '', opts.ffmpeg);
 			// before playwright-core loads: it reads the variable then
 			process.env.PLAYWRIGHT_BROWSERS_PATH = opts.browsersDir;
-			video = prepareBrowsers(pkg, opts.browsersDir, opts.browser === 'chromium' ? opts.executable : '', opts.ffmpeg);
 		}
 		const mod = await import(pkg);
 		pw = { mod: mod.default ?? mod, version: require(`${pkg}/package.json`).version };

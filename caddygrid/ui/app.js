@@ -144,7 +144,8 @@ function renderPool(p, d) {
 
   const rows = p.workers.map((w) => el('tr', { 'data-worker': w.id },
     el('td', { class: 'id' }, w.id),
-    el('td', { class: 'status status-' + w.status }, w.status + (w.held ? ' (held)' : '') + (w.suspect_until ? ' (suspect)' : '')),
+    el('td', { class: 'status status-' + w.status }, w.status + (w.held ? ' (held)' : '') + (w.suspect_until ? ' (suspect)' : '') +
+      ((w.launcher || '').startsWith('playwright') && !w.video ? ' (no video)' : '')),
     el('td', { class: 'lifetime' }, meter(w.lifetime, p.max_lifetime)),
     el('td', { class: 'active' }, meter(w.active, w.cap)),
     el('td', { class: 'playwright' }, w.version || ''),

@@ -631,3 +631,78 @@ func TestExposeNetworkReachesTheClientsOwnLoopback(t *testing.T) {
 		t.Fatalf("without exposeNetwork, the worker's host has nothing on that port: want a connection error, got\n%s", out)
 	}
 }
+
+// TestPlaywrightTestSuiteThroughTheGrid runs the project's own Playwright
+// Test suite (playwright/tests) through the grid as a user's suite runs:
+// four test workers over wss://, once with PW_TEST_CONNECT_WS_ENDPOINT
+// against shared-browser workers, once with connectOptions against
+// playwright-server workers, and the grid's workers recycle during each
+// run. Every test passes: screenshot, large body, download, upload,
+// trace, video.
+func TestPlaywrightTestSuiteThroughTheGrid(t *testing.T) {
+	g := startGrid(t, Config{Workers: 2, MaxConcurrent: 2, MaxLifetime: 2, Launcher: "playwright"})
+	g.cfg.Launcher, g.cfg.Pool = "playwright-server", "chromium-cdp"
+	for i := 3; i <= 4; i++ {
+		if err := g.StartWorker(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.cfg.Launcher, g.cfg.Pool = "playwright", "chromium"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := g.WaitPool(ctx, "chromium-cdp", 2); err != nil {
+		t.Fatal(err)
+	}
+	root := testenv.RepoRoot(t)
+	dir := filepath.Join(root, "playwright")
+	for _, run := range []struct {
+		name, pool string
+		env        []string
+	}{
+		{"shared browsers, PW_TEST_CONNECT_WS_ENDPOINT", "chromium", []string{"PW_TEST_CONNECT_WS_ENDPOINT=" + g.URL()}},
+		{"per-session browsers, connectOptions", "chromium-cdp", []string{"GRID_WS_ENDPOINT=" + g.CDPURL()}},
+	} {
+		t.Run(run.name, func(t *testing.T) {
+			before := map[string]bool{}
+			p, err := g.PoolStatus(ctx, run.pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range p.Workers {
+				before[w.ID] = true
+			}
+			out := t.TempDir()
+			results := filepath.Join(out, "results.json")
+			cmd := exec.Command(filepath.Join(dir, "node_modules", ".bin", "playwright"), "test")
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), append(run.env, "NODE_EXTRA_CA_CERTS="+g.RootCA(),
+				"GRID_RESULTS="+results, "GRID_OUTPUT="+filepath.Join(out, "output"))...)
+			log, err := cmd.CombinedOutput()
+			var rep struct {
+				Stats struct {
+					Expected, Unexpected, Skipped, Flaky int
+				} `json:"stats"`
+			}
+			raw, rerr := os.ReadFile(results)
+			if rerr != nil || json.Unmarshal(raw, &rep) != nil {
+				t.Fatalf("playwright test wrote no results (%v, %v):\n%s", err, rerr, log)
+			}
+			t.Logf("%d passed, %d failed, %d skipped, %d flaky", rep.Stats.Expected, rep.Stats.Unexpected, rep.Stats.Skipped, rep.Stats.Flaky)
+			if err != nil || rep.Stats.Unexpected > 0 || rep.Stats.Expected != 6 || rep.Stats.Skipped > 0 || rep.Stats.Flaky > 0 {
+				t.Fatalf("playwright test: %v\n%s", err, log)
+			}
+			testenv.Eventually(t, 60*time.Second, "a worker of the pool replaced during the run", func() bool {
+				p, err := g.PoolStatus(ctx, run.pool)
+				if err != nil {
+					return false
+				}
+				for _, w := range p.Workers {
+					if !before[w.ID] {
+						return true
+					}
+				}
+				return false
+			})
+		})
+	}
+}
