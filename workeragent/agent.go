@@ -344,7 +344,7 @@ func (a *Agent) install(b *Browser) error {
 }
 
 // watch posts evCrash when the browser exits or fails ProbeFailures
-// probes in a row.
+// probes in a row, and retires it when its temporary files pass DiskMax.
 func (a *Agent) watch(wk *worker) {
 	failures := 0
 	tick := time.NewTicker(a.cfg.HeartbeatInterval)
@@ -357,6 +357,11 @@ func (a *Agent) watch(wk *worker) {
 			a.post(event{kind: evCrash, wk: wk, err: fmt.Errorf("the browser process exited: %v; its last output:\n%s", wk.proc.ExitError(), wk.proc.Output())})
 			return
 		case <-tick.C:
+			if d := wk.proc.Dir; d != "" && a.cfg.DiskMax > 0 && !wk.isRetiring() {
+				if n := diskUse(d); n > a.cfg.DiskMax {
+					a.retiring(wk, fmt.Sprintf("its temporary files (videos, traces, downloads) take %d MB, past -disk-max", n>>20))
+				}
+			}
 			if a.cfg.ProbeTimeout <= 0 {
 				continue
 			}

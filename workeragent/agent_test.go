@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -323,4 +325,36 @@ func TestAnOperatorsDrainReachesTheAgentAtOnce(t *testing.T) {
 	if len(ta.workersIn()) != 0 || time.Since(start) > 4*time.Second {
 		t.Fatalf("after the drain: %+v in %s", ta.workersIn(), time.Since(start))
 	}
+}
+
+// TestABrowserPastItsDiskBoundRetires: a browser's temporary files (a
+// shared browser keeps its sessions' videos, traces and downloads until it
+// closes) are bounded: past -disk-max the browser retires, its live
+// session finishing, and its replacement starts with an empty folder.
+func TestABrowserPastItsDiskBoundRetires(t *testing.T) {
+	ta := startAgent(t, func(c *Config) { c.Respawn = true; c.DiskMax = 1 << 20 })
+	ws, c := open(t, ta, registry.Limits{})
+	ta.mu.Lock()
+	first := ta.current
+	ta.mu.Unlock()
+	if first == nil || first.proc.Dir == "" {
+		t.Fatal("the browser has no folder of its own")
+	}
+	if err := os.WriteFile(filepath.Join(first.proc.Dir, "video.webm"), make([]byte, 2<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "a replacement registered", func() bool {
+		for _, w := range ta.workersIn() {
+			if w.ID != c.Worker.ID && w.Status == "available" {
+				return true
+			}
+		}
+		return false
+	})
+	echo(t, ws) // the live session goes on
+	ws.Close(websocket.StatusNormalClosure, "")
+	testenv.Eventually(t, 5*time.Second, "the old browser and its folder gone", func() bool {
+		_, err := os.Stat(first.proc.Dir)
+		return os.IsNotExist(err) && len(ta.workersIn()) == 1
+	})
 }

@@ -120,6 +120,10 @@ type Config struct {
 	// FFmpeg records the playwright launchers' videos; "none": no video.
 	// Default: "ffmpeg" on PATH.
 	FFmpeg string
+	// DiskMax bounds a browser's temporary files (videos, traces,
+	// downloads a shared browser keeps until it closes), in bytes: past
+	// it the browser retires. 0: no bound. Default: 2 GiB.
+	DiskMax int64
 	// LaunchScript is playwright/launch-server.mjs. Default: found beside
 	// the grid-worker binary (../playwright/ or ./playwright/) or in the
 	// working directory.
@@ -178,6 +182,7 @@ func Defaults() Config {
 		RespawnMaxBackoff:  30 * time.Second,
 		Node:               "node",
 		FFmpeg:             "ffmpeg",
+		DiskMax:            2 << 30,
 		LogFormat:          "json",
 		LogLevel:           "info",
 	}
@@ -254,6 +259,14 @@ func bindings() []binding {
 		{Option{"executable", "BROWSER_EXECUTABLE", "/usr/bin/chromium for chromium", "browser binary (firefox, webkit: Playwright's own build)"}, str(func(c *Config) *string { return &c.Executable })},
 		{Option{"node", "NODE", d.Node, "node binary for the playwright launchers"}, str(func(c *Config) *string { return &c.Node })},
 		{Option{"ffmpeg", "FFMPEG", d.FFmpeg, "ffmpeg for the playwright launchers' videos (none: no video)"}, str(func(c *Config) *string { return &c.FFmpeg })},
+		{Option{"disk-max", "DISK_MAX", "2048", "MB a browser's temporary files (videos, traces, downloads) may take before it retires (0: no bound)"}, func(c *Config, v string) error {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil || n < 0 {
+				return fmt.Errorf("not a whole number of MB")
+			}
+			c.DiskMax = n << 20
+			return nil
+		}},
 		{Option{"launch-script", "PLAYWRIGHT_LAUNCH_SCRIPT", "playwright/launch-server.mjs beside the binary", "the playwright launchers' script"}, str(func(c *Config) *string { return &c.LaunchScript })},
 		{Option{"playwright-version", "PLAYWRIGHT_VERSION", "the newest installed", "playwright-core major.minor the playwright launchers load (e.g. 1.64)"}, str(func(c *Config) *string { return &c.PlaywrightVersion })},
 		{Option{"exec", "EXEC_COMMAND", "", "command for the exec launcher (sh -c); prints its ws:// endpoint"}, str(func(c *Config) *string { return &c.Exec })},

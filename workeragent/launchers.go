@@ -159,6 +159,7 @@ func playwrightLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 			// Playwright's server answers plain HTTP requests with "Running".
 			probe:   func(u *url.URL) probe { return probe{httpURL: "http://" + dialAddr(u) + "/"} },
 			cleanup: []func(){func() { os.RemoveAll(dir) }},
+			dir:     tmp,
 		})
 	}, nil
 }
@@ -246,11 +247,20 @@ func fakeLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 	args := []string{"-addr", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)), "-path", cfg.WSPath}
 	args = append(args, strings.Fields(cfg.FakeArgs)...)
 	return func(ctx context.Context) (*Browser, error) {
+		// A folder of its own, as a real browser's: what it holds counts
+		// against -disk-max.
+		dir, err := os.MkdirTemp("", "grid-worker-browser-")
+		if err != nil {
+			return nil, fmt.Errorf("creating the browser's folder: %w", err)
+		}
 		return startProcess(ctx, log, startOptions{
 			name:    bin,
 			args:    args,
+			env:     []string{"TMPDIR=" + dir},
 			timeout: cfg.StartTimeout,
 			probe:   func(u *url.URL) probe { return probe{httpURL: "http://" + dialAddr(u) + "/health"} },
+			cleanup: []func(){func() { os.RemoveAll(dir) }},
+			dir:     dir,
 		})
 	}, nil
 }

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -33,6 +35,8 @@ type Browser struct {
 	// Video says the launcher can record video (an ffmpeg where
 	// playwright-core looks for one).
 	Video bool
+	// Dir is the browser's own folder of temporary files ("" none).
+	Dir string
 
 	probe   probe
 	cmd     *exec.Cmd
@@ -245,6 +249,22 @@ type startOptions struct {
 	// probe builds the probe once the endpoint is known.
 	probe   func(ep *url.URL) probe
 	cleanup []func()
+	// dir is the browser's folder of temporary files, removed with it.
+	dir string
+}
+
+// diskUse is how many bytes the files under dir take.
+func diskUse(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
 }
 
 // startProcess launches a browser server in its own process group and
@@ -275,7 +295,7 @@ func startProcess(ctx context.Context, log *zap.Logger, o startOptions) (*Browse
 	}
 	outW.Close()
 	errW.Close()
-	b := &Browser{Pid: cmd.Process.Pid, cmd: cmd, done: make(chan struct{}), log: log, cleanup: o.cleanup, groups: []int{cmd.Process.Pid}}
+	b := &Browser{Pid: cmd.Process.Pid, cmd: cmd, done: make(chan struct{}), log: log, cleanup: o.cleanup, groups: []int{cmd.Process.Pid}, Dir: o.dir}
 	go func() {
 		b.waitErr = cmd.Wait()
 		close(b.done)
