@@ -20,8 +20,9 @@
 // (package.json installs 1.63, 1.64 and 1.65); default: playwright-core.
 // Every line carries "version", the version of the playwright-core loaded.
 //
-// Every session prints one JSON line on stdout:
-//   {"event":"session","n":1,"ok":true,"title":"grid session 1","answer":42,"ms":312}
+// Every session prints one JSON line on stdout, firstPageMs the time from
+// the connect to a page with its content:
+//   {"event":"session","n":1,"ok":true,"title":"grid session 1","answer":42,"firstPageMs":250,"ms":312}
 // and `run` ends with {"event":"summary","sessions":36,"ok":36,"failed":0,"ms":...}.
 // The exit code is 0 only when every session succeeded.
 
@@ -132,6 +133,7 @@ async function session(opts, n) {
 			await page.setContent(`<title>grid session ${n}</title><p id="p">hello from session ${n}</p>`);
 			title = await page.title();
 		}
+		const firstPageMs = Date.now() - start;
 		const answer = await page.evaluate(() => 6 * 7);
 		if (opts.holdMs > 0) await new Promise((r) => setTimeout(r, opts.holdMs));
 		if (opts.mode === 'hold') {
@@ -154,7 +156,7 @@ async function session(opts, n) {
 		}
 		await browser.close();
 		const ok = (opts.goto ? true : title === `grid session ${n}`) && answer === 42 && (!opts.video || saved?.bytes > 0);
-		emit({ event: 'session', n, ok, title, answer, video: saved, ms: Date.now() - start });
+		emit({ event: 'session', n, ok, title, answer, video: saved, firstPageMs, ms: Date.now() - start });
 		return ok;
 	} catch (err) {
 		if (browser) await browser.close().catch(() => {});
