@@ -63,6 +63,9 @@ type Agent struct {
 	mu      sync.Mutex
 	current *worker // serving
 	old     *worker // draining, replaced by current
+	// joining is the browser being registered: its record is claimable
+	// in Redis before Register returns, so a claim may reach it first.
+	joining *worker
 	// chans is signalled when the set of workers, and so of command
 	// channels, changes.
 	chans chan struct{}
@@ -145,6 +148,8 @@ func (a *Agent) find(id string) (wk *worker, held bool) {
 		return a.current, a.old != nil
 	case a.old != nil && a.old.rec.ID == id:
 		return a.old, false
+	case a.joining != nil && a.joining.rec.ID == id:
+		return a.joining, a.current != nil && a.current.isRetiring()
 	}
 	return nil, false
 }
@@ -318,13 +323,17 @@ func (a *Agent) install(b *Browser) error {
 	if prev != nil && prev.isRetiring() {
 		replaces = prev.rec.ID
 	}
+	a.joining = wk
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
 	defer cancel()
-	if err := a.reg.Register(ctx, rec, wk.state(replaces != ""), replaces); err != nil {
+	err := a.reg.Register(ctx, rec, wk.state(replaces != ""), replaces)
+	a.mu.Lock()
+	a.joining = nil
+	if err != nil {
+		a.mu.Unlock()
 		return err
 	}
-	a.mu.Lock()
 	if replaces != "" {
 		prev.retire(registry.Replaced)
 		a.old = prev

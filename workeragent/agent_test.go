@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -357,4 +359,75 @@ func TestABrowserPastItsDiskBoundRetires(t *testing.T) {
 		_, err := os.Stat(first.proc.Dir)
 		return os.IsNotExist(err) && len(ta.workersIn()) == 1
 	})
+}
+
+// TestABrowserTakesAClaimThatArrivesWhileItRegisters: a browser's record
+// is claimable as soon as Redis holds it, before the agent has heard
+// Redis' answer; a claim that arrives in between is served, and the
+// record stays.
+func TestABrowserTakesAClaimThatArrivesWhileItRegisters(t *testing.T) {
+	ta := startAgent(t, func(c *Config) {
+		addr := strings.TrimSuffix(strings.TrimPrefix(c.RedisURL, "redis://"), "/0")
+		c.RedisURL = "redis://" + slowAnswers(t, addr, 250*time.Millisecond) + "/0"
+	})
+	// startAgent returns once the record is in Redis: the agent is still
+	// waiting for Register's answer.
+	ws, c := open(t, ta, registry.Limits{})
+	echo(t, ws)
+	if got := ta.worker(t, c.Worker.ID).Active; got != 1 {
+		t.Fatalf("the worker's record counts %d sessions, want 1", got)
+	}
+}
+
+// slowAnswers forwards TCP to target and delivers target's bytes delay
+// late, as a distant Redis does.
+func slowAnswers(t *testing.T, target string, delay time.Duration) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			t.Cleanup(func() { c.Close(); s.Close() })
+			go io.Copy(s, c)
+			type chunk struct {
+				b   []byte
+				due time.Time
+			}
+			q := make(chan chunk, 1024)
+			go func() {
+				defer close(q)
+				for {
+					b := make([]byte, 32<<10)
+					n, err := s.Read(b)
+					if n > 0 {
+						q <- chunk{b[:n], time.Now().Add(delay)}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+			go func() {
+				for ch := range q {
+					time.Sleep(time.Until(ch.due))
+					if _, err := c.Write(ch.b); err != nil {
+						return
+					}
+				}
+				c.Close()
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
