@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
@@ -359,6 +360,51 @@ func TestABrowserPastItsDiskBoundRetires(t *testing.T) {
 		_, err := os.Stat(first.proc.Dir)
 		return os.IsNotExist(err) && len(ta.workersIn()) == 1
 	})
+}
+
+// TestAClientThatStopsReadingStillGetsItsLimits: a client that floods
+// its browser and reads nothing back fills every buffer on the way, so
+// the agent's writes toward it block. Its max_session still ends the
+// session at once (within a second of close grace), not when the
+// connection times out (-proxy-timeout, 15 s), and the agent's heartbeats
+// go on meanwhile.
+func TestAClientThatStopsReadingStillGetsItsLimits(t *testing.T) {
+	ta := startAgent(t, nil)
+	c, _, err := ta.reg.Claim(context.Background(), registry.ClaimRequest{
+		Group: "chromium", Policy: registry.LifetimeFirst, Session: fmt.Sprintf("s%d", seq.Add(1)), StaleAfter: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := registry.Ticket{Session: c.Session, Group: c.Group, Worker: c.Worker.ID, MaxSession: time.Second}.Signed(ta.secret)
+	ws, _, err := dial(context.Background(), c, tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	start := time.Now()
+	go func() {
+		msg := make([]byte, 64<<10)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			err := ws.Write(ctx, websocket.MessageBinary, msg)
+			cancel()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	before := testutil.ToFloat64(ta.metrics.heartbeats)
+	testenv.Eventually(t, 10*time.Second, "the session ends in Redis", func() bool {
+		_, ok, _ := ta.reg.GetSession(context.Background(), "chromium", c.Session)
+		return !ok
+	})
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the session ended %s after it opened, want about max_session (1s) and the close grace", took.Round(100*time.Millisecond))
+	}
+	if testutil.ToFloat64(ta.metrics.heartbeats) == before {
+		t.Error("no heartbeat went out while the client read nothing")
+	}
 }
 
 // TestABrowserTakesAClaimThatArrivesWhileItRegisters: a browser's record

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // The relay joins a session's two connections: the proxy's (Caddy's,
@@ -52,8 +54,10 @@ type relay struct {
 	// toProxy and toBrowser count the bytes relayed each way.
 	toProxy, toBrowser atomic.Int64
 
-	// mu orders what is written to the proxy: the browser's frames, and
-	// the agent's close frame, which goes only between two of them.
+	// wmu orders what is written to the proxy: the browser's frames, and
+	// the agent's close frame, which goes only between two of them. It is
+	// held across a write; mu, never held across I/O, guards the rest.
+	wmu       sync.Mutex
 	mu        sync.Mutex
 	mid       bool   // the browser→proxy copy is inside a frame
 	closeWith []byte // the agent's close frame, until it is written
@@ -97,27 +101,51 @@ func (r *relay) run() {
 
 // end ends the session: a close frame of code and reason to the client
 // (at once, or when the browser's frame being copied is done), then both
-// connections close. why names the cause for metrics.
+// connections close. why names the cause for metrics. It never waits on a
+// client that stopped reading for longer than closeGrace: a write stuck
+// on one fails by then.
 func (r *relay) end(code int, why, reason string) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.ending {
+		r.mu.Unlock()
 		return
 	}
 	r.ending = true
 	r.why.Store(&why)
 	frame := closeFrame(code, reason)
+	_ = r.proxy.SetWriteDeadline(time.Now().Add(closeGrace))
 	if r.mid {
-		r.closeWith = frame
-		// a browser that never finishes its frame does not hold the end
-		time.AfterFunc(5*closeGrace, func() { r.browser.Close() })
+		r.closeAfterFrame(frame)
+		r.mu.Unlock()
 		return
 	}
-	_ = r.proxy.SetWriteDeadline(time.Now().Add(closeGrace))
-	_, _ = r.proxy.Write(frame)
-	// The browser→proxy copy stops at its next write; closing the
-	// browser's connection ends its read.
-	r.browser.Close()
+	r.mu.Unlock()
+	// A frame being written ends first (or by the deadline); no other
+	// begins, the session ending.
+	r.wmu.Lock()
+	r.mu.Lock()
+	mid := r.mid // a frame begun as the session was told to end
+	if mid {
+		r.closeAfterFrame(frame)
+	}
+	r.mu.Unlock()
+	if !mid {
+		_, _ = r.proxy.Write(frame)
+	}
+	r.wmu.Unlock()
+	if !mid {
+		// The browser→proxy copy stops at its next write; closing the
+		// browser's connection ends its read.
+		r.browser.Close()
+	}
+}
+
+// closeAfterFrame leaves the close frame to the browser→proxy copy, which
+// writes it when its frame is done (r.mu held); a browser that never
+// finishes its frame does not hold the end.
+func (r *relay) closeAfterFrame(frame []byte) {
+	r.closeWith = frame
+	time.AfterFunc(5*closeGrace, func() { r.browser.Close() })
 }
 
 // idle is how long no data frame passed.
@@ -266,21 +294,29 @@ func (r *relay) write(dst net.Conn, b []byte, toProxy, mid bool) bool {
 		_, err := dst.Write(b)
 		return err == nil || r.isEnding()
 	}
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.ending && !r.mid {
-		return false
+	stop := r.ending && !r.mid
+	r.mu.Unlock()
+	if stop {
+		return false // ended between two frames: its close frame is written
 	}
 	if len(b) > 0 {
 		if _, err := dst.Write(b); err != nil {
 			return false
 		}
 	}
+	r.mu.Lock()
 	r.mid = mid
-	if !mid && r.closeWith != nil {
-		_ = dst.SetWriteDeadline(time.Now().Add(closeGrace))
-		_, _ = dst.Write(r.closeWith)
+	closeWith := r.closeWith
+	if !mid {
 		r.closeWith = nil
+	}
+	r.mu.Unlock()
+	if !mid && closeWith != nil {
+		_ = dst.SetWriteDeadline(time.Now().Add(closeGrace))
+		_, _ = dst.Write(closeWith)
 		return false
 	}
 	return true
@@ -290,7 +326,11 @@ func (r *relay) write(dst net.Conn, b []byte, toProxy, mid bool) bool {
 // reason, the reason cut to the 123 bytes a control frame allows.
 func closeFrame(code int, reason string) []byte {
 	if len(reason) > 123 {
-		reason = reason[:123]
+		// whole characters only: a close reason is UTF-8
+		reason = strings.ToValidUTF8(reason[:123], "")
+		for !utf8.ValidString(reason) {
+			reason = reason[:len(reason)-1]
+		}
 	}
 	b := make([]byte, 0, 4+len(reason))
 	b = append(b, 0x88, byte(2+len(reason)))
