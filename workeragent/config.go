@@ -419,6 +419,12 @@ func (c *Config) Validate() error {
 	if c.Pool == "" {
 		c.Pool = c.BrowserType
 	}
+	if c.Launcher == LauncherCDP && c.MaxConcurrent == 0 {
+		// A CDP session drives the whole browser: it sees and can close
+		// every other session's pages. One at a time, unless the operator
+		// says more.
+		c.MaxConcurrent = 1
+	}
 	if !validName(c.Pool) {
 		add("-pool %q: use letters, digits, '.', '_' and '-' only", c.Pool)
 	}

@@ -168,5 +168,16 @@ func TestOperationsDocListsEveryFlag(t *testing.T) {
 	}
 }
 
-// A lease TTL above the drain timeout is allowed but warned about: after
-// a record loss the drain would end before the proxies re-assert.
+// TestACDPWorkerTakesOneSessionUnlessTold: a CDP session drives its whole
+// browser, seeing and able to close every other session's pages, so a cdp
+// worker's capacity is 1 unless -max-concurrent says more.
+func TestACDPWorkerTakesOneSessionUnlessTold(t *testing.T) {
+	c, err := ParseFlags([]string{"-launcher", "cdp"}, env(nil), io.Discard)
+	if err != nil || c.MaxConcurrent != 1 {
+		t.Fatalf("cdp by default: max concurrent %d (%v), want 1", c.MaxConcurrent, err)
+	}
+	c, err = ParseFlags([]string{"-launcher", "cdp", "-max-concurrent", "3"}, env(nil), io.Discard)
+	if err != nil || c.MaxConcurrent != 3 {
+		t.Fatalf("cdp -max-concurrent 3: %d (%v)", c.MaxConcurrent, err)
+	}
+}
