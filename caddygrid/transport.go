@@ -97,7 +97,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	b := t.app.backend
 	ticket := registry.Ticket{
-		Session: claim.Session, Group: claim.Group, Worker: claim.Worker.ID, Limits: a.limits().Limits,
+		Session: claim.Session, Group: claim.Group, Worker: claim.Worker.ID, Client: a.client, Limits: a.limits().Limits,
 		MaxSession: a.limits().MaxSession, IdleTimeout: a.limits().IdleTimeout,
 	}.Signed(t.app.dial.secret)
 	req.Header.Set(registry.HeaderClaim, ticket.String())
@@ -135,7 +135,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		reason := resp.Header.Get(registry.HeaderRefused)
 		resp.Body.Close()
 		metrics.refusals.WithLabelValues(pool, refusalLabel(reason)).Inc()
-		// the agent gave the claim back itself
+		if reason == registry.RefusedGone {
+			// the agent runs no such browser: the claim is Caddy's to
+			// give back
+			giveBack(b, claim, false)
+		}
+		// otherwise the agent gave the claim back itself
 		a.settle(false, true)
 		return nil, reverseproxy.NewDialError(fmt.Errorf("worker %s refused the session: %s", claim.Worker.ID, reason))
 	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusNotFound || resp.StatusCode < 400:

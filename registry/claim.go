@@ -224,6 +224,10 @@ func (r *Registry) claim(ctx context.Context, req ClaimRequest, dry bool) (Claim
 	raw, _ := out[2].(string)
 	c := Claim{Session: req.Session, Group: req.Group, Lifetime: toInt(out[3]), Last: toInt(out[4]) == 1}
 	rec, err := DecodeRecord(id, raw)
+	if err == nil && rec.Group() != req.Group {
+		// a record moved from another group: what it signs is its own
+		err = fmt.Errorf("worker %q: record of group %q stored in group %q", id, rec.Group(), req.Group)
+	}
 	if err != nil {
 		if !dry {
 			// never dialled: give it back, lifetime too

@@ -133,7 +133,7 @@ func (p *eqPool) step() {
 		}
 	case k < 14: // a heartbeat
 		st := state(p.t, p.ops, "eq", id)
-		as := AgentState{Lifetime: st.Lifetime, Sessions: p.sessions[id], Hold: p.rnd.IntN(4) == 0}
+		as := AgentState{Lifetime: st.Lifetime, Sessions: live(p.sessions[id]...), Hold: p.rnd.IntN(4) == 0}
 		if p.req.Limits.MaxLifetime > 0 && st.Lifetime >= p.req.Limits.MaxLifetime || st.Status == "draining" {
 			as.Status = Draining
 		}

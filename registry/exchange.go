@@ -43,6 +43,8 @@ type Ticket struct {
 	// Group is the worker's version group; Worker its ID.
 	Group  string
 	Worker string
+	// Client is the hash of the client's key ("" none), for client_limit.
+	Client string
 	Limits Limits
 	// MaxSession and IdleTimeout end the session when they pass (0: never).
 	MaxSession  time.Duration
@@ -71,7 +73,7 @@ func (t Ticket) Fresh(now time.Time) error {
 const ticketLabel = "browser-grid claim v1"
 
 func (t Ticket) fields() []string {
-	return []string{strconv.Itoa(t.Protocol), t.Session, t.Group, t.Worker, strconv.Itoa(t.Limits.MaxConcurrent),
+	return []string{strconv.Itoa(t.Protocol), t.Session, t.Group, t.Worker, orDash(t.Client), strconv.Itoa(t.Limits.MaxConcurrent),
 		strconv.Itoa(t.Limits.MaxLifetime), strconv.FormatInt(t.MaxSession.Milliseconds(), 10),
 		strconv.FormatInt(t.IdleTimeout.Milliseconds(), 10), strconv.FormatInt(t.Issued.UnixMilli(), 10)}
 }
@@ -92,8 +94,8 @@ func (t Ticket) Signed(secret []byte) Ticket {
 // String is the header's value.
 func (t Ticket) String() string {
 	f := t.fields()
-	s := "v=" + f[0] + ";session=" + f[1] + ";group=" + f[2] + ";worker=" + f[3] + ";max-concurrent=" + f[4] +
-		";max-lifetime=" + f[5] + ";max-session=" + f[6] + ";idle-timeout=" + f[7] + ";at=" + f[8]
+	s := "v=" + f[0] + ";session=" + f[1] + ";group=" + f[2] + ";worker=" + f[3] + ";client=" + f[4] + ";max-concurrent=" + f[5] +
+		";max-lifetime=" + f[6] + ";max-session=" + f[7] + ";idle-timeout=" + f[8] + ";at=" + f[9]
 	if t.Sig != "" {
 		s += ";sig=" + t.Sig
 	}
@@ -131,6 +133,10 @@ func ParseTicket(v string, secret []byte) (Ticket, error) {
 			t.Group, err = val, CheckPool(val)
 		case "worker":
 			t.Worker, err = val, CheckID(val)
+		case "client":
+			if err = CheckID(val); err == nil && val != "-" {
+				t.Client = val
+			}
 		case "max-concurrent":
 			err = num(&t.Limits.MaxConcurrent)
 		case "max-lifetime":

@@ -30,7 +30,7 @@ func TestAfterRedisLostItsDataTheAgentRestoresItsCounts(t *testing.T) {
 	ctx := context.Background()
 	rec := register(t, r, "p", "w1", 4)
 	a, b := claim(t, r, ClaimRequest{Group: "p"}), claim(t, r, ClaimRequest{Group: "p"})
-	live := AgentState{Lifetime: 2, Sessions: []string{a.Session, b.Session}}
+	live := AgentState{Lifetime: 2, Sessions: live(a.Session, b.Session)}
 	if _, err := r.Heartbeat(ctx, "p", "w1", live); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestAHeartbeatEndsALiveSessionTheAgentNoLongerHolds(t *testing.T) {
 	ctx := context.Background()
 	register(t, r, "p", "w1", 4)
 	c := claim(t, r, ClaimRequest{Group: "p"})
-	if _, err := r.Heartbeat(ctx, "p", "w1", AgentState{Lifetime: 1, Sessions: []string{c.Session}}); err != nil {
+	if _, err := r.Heartbeat(ctx, "p", "w1", AgentState{Lifetime: 1, Sessions: live(c.Session)}); err != nil {
 		t.Fatal(err)
 	}
 	if s, _, _ := r.GetSession(ctx, "p", c.Session); s.State != "live" {
@@ -102,7 +102,7 @@ func TestAHeartbeatCountsWhatTheAgentReportsOverWhatRedisSays(t *testing.T) {
 	register(t, r, "p", "w1", 2)
 	// Redis knows of no session, but the agent serves two (a snapshot
 	// restored from before they were claimed).
-	if _, err := r.Heartbeat(ctx, "p", "w1", AgentState{Lifetime: 5, Sessions: []string{"x1", "x2"}}); err != nil {
+	if _, err := r.Heartbeat(ctx, "p", "w1", AgentState{Lifetime: 5, Sessions: live("x1", "x2")}); err != nil {
 		t.Fatal(err)
 	}
 	if st := state(t, r, "p", "w1"); st.Active != 2 || st.Lifetime != 5 {
@@ -118,7 +118,7 @@ func TestAnOperatorsDrainAndEndReachTheAgentByItsHeartbeat(t *testing.T) {
 	ctx := context.Background()
 	register(t, r, "p", "w1", 4)
 	c := claim(t, r, ClaimRequest{Group: "p"})
-	if _, err := r.Heartbeat(ctx, "p", "w1", AgentState{Lifetime: 1, Sessions: []string{c.Session}}); err != nil {
+	if _, err := r.Heartbeat(ctx, "p", "w1", AgentState{Lifetime: 1, Sessions: live(c.Session)}); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := r.EndSession(ctx, "p", c.Session, 1000, "ended by the operator"); err != nil || !ok {
@@ -133,7 +133,7 @@ func TestAnOperatorsDrainAndEndReachTheAgentByItsHeartbeat(t *testing.T) {
 	if _, _, err := tryClaim(r, ClaimRequest{Group: "p"}); !errors.Is(err, ErrNoWorker) {
 		t.Fatalf("claim of a drained worker: %v", err)
 	}
-	rep, err := r.Heartbeat(ctx, "p", "w1", AgentState{Lifetime: 1, Sessions: []string{c.Session}})
+	rep, err := r.Heartbeat(ctx, "p", "w1", AgentState{Lifetime: 1, Sessions: live(c.Session)})
 	if err != nil || !rep.Drain || !slices.Equal(rep.End, []string{c.Session}) {
 		t.Fatalf("heartbeat reply %+v %v", rep, err)
 	}
@@ -204,4 +204,46 @@ func TestAClientLimitCountsAcrossVersionGroups(t *testing.T) {
 	}
 	req.Client = "c2"
 	claim(t, r, req)
+}
+
+// live lists sessions an agent reports, with no client.
+func live(ids ...string) []LiveSession {
+	out := make([]LiveSession, len(ids))
+	for i, id := range ids {
+		out[i].ID = id
+	}
+	return out
+}
+
+// TestASessionRedisLostComesBackWithItsClient: after Redis lost a live
+// session (its record, or everything: a restart, an older snapshot), the
+// agent's heartbeat or registration brings it back with its client's
+// hash, so it counts against the client's client_limit again and a
+// second session of that client is refused.
+func TestASessionRedisLostComesBackWithItsClient(t *testing.T) {
+	for _, lost := range []string{"the session", "everything"} {
+		t.Run(lost, func(t *testing.T) {
+			r, _ := newTestRegistry(t)
+			ctx := context.Background()
+			rec := register(t, r, "p", "w1", 0)
+			c := claim(t, r, ClaimRequest{Group: "p", Client: "alice", ClientLimit: 1})
+			st := AgentState{Lifetime: 1, Sessions: []LiveSession{{ID: c.Session, Client: "alice"}}}
+			rdb := r.Client()
+			if lost == "the session" {
+				rdb.HDel(ctx, r.Key("p", keySessions), c.Session)
+				rdb.ZRem(ctx, r.Key("p", keySIndex), "w w1 "+c.Session, "c alice "+c.Session)
+				if _, err := r.Heartbeat(ctx, "p", "w1", st); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				rdb.FlushAll(ctx)
+				if err := r.Register(ctx, rec, st, ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, _, err := tryClaim(r, ClaimRequest{Group: "p", Client: "alice", ClientLimit: 1}); !errors.Is(err, ErrClientLimit) {
+				t.Fatalf("a second claim of the client: %v, want ErrClientLimit", err)
+			}
+		})
+	}
 }

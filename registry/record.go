@@ -51,8 +51,8 @@ type Record struct {
 	Video bool `json:"video,omitempty"`
 	// Registered is when the browser registered (Unix ms).
 	Registered int64 `json:"registered"`
-	// Sig signs Pool, ID, Addr and Path with the worker secret, or is
-	// empty.
+	// Sig signs Pool, Version, ID, Addr and Path with the worker secret,
+	// or is empty.
 	Sig string `json:"sig,omitempty"`
 }
 

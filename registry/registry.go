@@ -111,7 +111,15 @@ type AgentState struct {
 	// one may not take its last session meanwhile.
 	Hold bool
 	// Sessions are the browser's live sessions.
-	Sessions []string
+	Sessions []LiveSession
+}
+
+// LiveSession is one session an agent relays.
+type LiveSession struct {
+	ID string
+	// Client is the hash of the client's key the claim carried ("" none):
+	// a session Redis lost comes back counted against its client_limit.
+	Client string
 }
 
 func (s AgentState) args() []any {
@@ -147,7 +155,7 @@ func (r *Registry) Register(ctx context.Context, rec Record, st AgentState, repl
 	args := append([]any{rec.ID, string(raw), rec.Capacity}, st.args()...)
 	args = append(args, replaces, version)
 	for _, s := range st.Sessions {
-		args = append(args, s)
+		args = append(args, s.ID, orDash(s.Client))
 	}
 	if _, err := r.fcall(ctx, "register", rec.Group(), false, args...); err != nil {
 		return fmt.Errorf("registering worker %s in pool %q: %w", rec.ID, rec.Group(), err)
@@ -170,7 +178,7 @@ func (r *Registry) Heartbeat(ctx context.Context, group, id string, st AgentStat
 	args := append([]any{id}, st.args()...)
 	args = append(args, PendingGrace.Milliseconds())
 	for _, s := range st.Sessions {
-		args = append(args, s)
+		args = append(args, s.ID, orDash(s.Client))
 	}
 	res, err := r.fcall(ctx, "heartbeat", group, false, args...)
 	if err != nil {
@@ -267,10 +275,19 @@ func ParseCommand(msg string) (cmd, session string, code int, reason string) {
 	if err != nil {
 		return "", "", 0, ""
 	}
+	if !SendableCloseCode(c) {
+		c = 1000
+	}
 	if len(f) == 4 {
 		reason = f[3]
 	}
 	return commandEnd, f[1], c, reason
+}
+
+// SendableCloseCode reports whether an endpoint may send code in a close
+// frame (RFC 6455 7.4): 1000-1003, 1007-1014, or 3000-4999.
+func SendableCloseCode(code int) bool {
+	return code >= 1000 && code <= 1003 || code >= 1007 && code <= 1014 || code >= 3000 && code <= 4999
 }
 
 // Drain tells a worker to drain: it takes no new session from now on, and

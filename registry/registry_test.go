@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -228,4 +229,90 @@ func others(id string) []string {
 		return []string{"fair"}
 	}
 	return []string{"plain"}
+}
+
+// TestAChangedMaxConcurrentFindsTheFreeSlots: the cap hint a claim leaves
+// on a worker cannot hide free capacity for long. Workers full under
+// max_concurrent 2 take sessions again under 4 once their agents have
+// reported (one heartbeat), and workers with room under 4 but full under
+// a lowered 2 are passed in one claim however many they are, to the idle
+// ones behind them.
+func TestAChangedMaxConcurrentFindsTheFreeSlots(t *testing.T) {
+	ctx := context.Background()
+	t.Run("raised", func(t *testing.T) {
+		r, _ := newTestRegistry(t)
+		var sessions = map[string][]LiveSession{}
+		for i := range 10 {
+			register(t, r, "p", fmt.Sprintf("w%02d", i), 4)
+		}
+		for range 20 {
+			c := claim(t, r, ClaimRequest{Group: "p", Limits: Limits{MaxConcurrent: 2}})
+			sessions[c.Worker.ID] = append(sessions[c.Worker.ID], LiveSession{ID: c.Session})
+		}
+		for id, ss := range sessions {
+			if _, err := r.Heartbeat(ctx, "p", id, AgentState{Lifetime: len(ss), Sessions: ss}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range 20 {
+			if _, _, err := tryClaim(r, ClaimRequest{Group: "p", Limits: Limits{MaxConcurrent: 4}}); err != nil {
+				t.Fatalf("claim %d under the raised max_concurrent 4: %v", i+1, err)
+			}
+		}
+	})
+	t.Run("lowered", func(t *testing.T) {
+		r, _ := newTestRegistry(t)
+		for i := range 100 {
+			register(t, r, "p", fmt.Sprintf("w%03d", i), 4)
+		}
+		// 70 workers hold 3 sessions each: room under 4, full under 2
+		for i := range 70 {
+			var ss []LiveSession
+			for j := range 3 {
+				ss = append(ss, LiveSession{ID: fmt.Sprintf("s%d-%d", i, j)})
+			}
+			if _, err := r.Heartbeat(ctx, "p", fmt.Sprintf("w%03d", i), AgentState{Lifetime: 3, Sessions: ss}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range 30 {
+			c, _, err := tryClaim(r, ClaimRequest{Group: "p", Limits: Limits{MaxConcurrent: 2, MaxLifetime: 1000}, MaxScan: 16})
+			if err != nil {
+				t.Fatalf("claim %d under the lowered max_concurrent 2: %v", i+1, err)
+			}
+			if st := state(t, r, "p", c.Worker.ID); st.Active > 2 {
+				t.Fatalf("claim %d went to %s, at %d sessions", i+1, c.Worker.ID, st.Active)
+			}
+		}
+	})
+}
+
+// TestARecordMovedToAnotherGroupIsNeverClaimed: a Redis writer who copies
+// a worker's record into another pool or Playwright version gains
+// nothing. The claim refuses the record, and its signature, which covers
+// the version, does not verify once the version is rewritten.
+func TestARecordMovedToAnotherGroupIsNeverClaimed(t *testing.T) {
+	ctx := context.Background()
+	r, _ := newTestRegistry(t)
+	secret := []byte("s3cret")
+	rec := NewRecord(Record{ID: "w1", Pool: "chromium", Version: "1.64", Browser: "chromium", Addr: "127.0.0.1:9", Path: "/", Capacity: 2}, 0, secret)
+	if err := r.Register(ctx, rec, AgentState{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	register(t, r, "chromium@1.65", "w1", 2)
+	raw, err := r.rdb.HGet(ctx, r.Key("chromium@1.64", "workers"), "w1").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.rdb.HSet(ctx, r.Key("chromium@1.65", "workers"), "w1", raw).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err := tryClaim(r, ClaimRequest{Group: "chromium@1.65"}); err == nil {
+		t.Fatalf("claimed %s in chromium@1.65 from a record of chromium@1.64", c.Worker.ID)
+	}
+	moved := rec
+	moved.Version = "1.65"
+	if err := moved.CheckSignature(secret); err == nil {
+		t.Fatal("a record's signature verifies with its version rewritten")
+	}
 }

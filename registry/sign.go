@@ -12,9 +12,10 @@ import (
 // proxy dials (pool, ID, address, path), and Caddy dials only records
 // whose signature verifies: a Redis writer without the secret can neither
 // point a record at another address nor move a signature onto another
-// worker's record. Caddy signs each claim it sends to an agent the same
-// way, so an agent with the secret serves only Caddy's sessions. The
-// secret itself is never stored.
+// worker's record, another pool or another Playwright version. Caddy
+// signs each claim it sends to an agent the same way, so an agent with
+// the secret serves only Caddy's sessions. The secret itself is never
+// stored.
 
 // Errors of Record.CheckSignature.
 var (
@@ -43,7 +44,7 @@ func SignatureOK(got, want string) bool { return hmac.Equal([]byte(got), []byte(
 const recordLabel = "browser-grid worker record v1"
 
 func (rec *Record) signature(secret []byte) string {
-	return Sign(secret, recordLabel, rec.Pool, rec.ID, rec.Addr, rec.Path)
+	return Sign(secret, recordLabel, rec.Pool, rec.Version, rec.ID, rec.Addr, rec.Path)
 }
 
 // CheckSignature verifies the record's signature with secret: nil, or

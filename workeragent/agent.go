@@ -598,7 +598,7 @@ func (a *Agent) status() AgentStatus {
 	for _, wk := range a.workers() {
 		st := wk.state(false)
 		out.Browsers = append(out.Browsers, BrowserStatus{ID: wk.rec.ID, Pool: wk.rec.Group(), Backend: wk.backend,
-			Status: statusWords[st.Status], Active: len(st.Sessions), Lifetime: st.Lifetime, Sessions: st.Sessions})
+			Status: statusWords[st.Status], Active: len(st.Sessions), Lifetime: st.Lifetime, Sessions: sessionIDs(st.Sessions)})
 	}
 	return out
 }
@@ -607,3 +607,11 @@ var statusWords = map[registry.Status]string{registry.Serving: "serving", regist
 
 // errNoRedis marks a report that could not reach Redis.
 var errNoRedis = errors.New("redis unreachable")
+
+func sessionIDs(ss []registry.LiveSession) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = s.ID
+	}
+	return out
+}

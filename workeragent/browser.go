@@ -147,8 +147,8 @@ func (w *worker) state(hold bool) registry.AgentState {
 	if w.retiring && st.Status == registry.Serving {
 		st.Status = registry.Draining
 	}
-	for id := range w.live {
-		st.Sessions = append(st.Sessions, id)
+	for id, s := range w.live {
+		st.Sessions = append(st.Sessions, registry.LiveSession{ID: id, Client: s.ticket.Client})
 	}
 	return st
 }

@@ -159,6 +159,13 @@ func (f *front) session(w http.ResponseWriter, r *http.Request) {
 		f.refuse(w, t, nil, registry.RefusedGone)
 		return
 	}
+	if t.Group != wk.rec.Group() {
+		// a claim made where this worker is not registered: Redis was
+		// written by someone else; serving it would move a pool's clients
+		a.metrics.refusals.WithLabelValues("bad_claim").Inc()
+		http.Error(w, fmt.Sprintf("%s header: worker %s is of group %s, not %s", registry.HeaderClaim, t.Worker, wk.rec.Group(), t.Group), http.StatusBadRequest)
+		return
+	}
 	if msg := f.unapplied(r); msg != "" {
 		// the client's doing, on every worker of this kind: told, not
 		// retried elsewhere

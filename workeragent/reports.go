@@ -54,19 +54,19 @@ func (rp *reports) ended(wk *worker, e registry.Ended) {
 // giveBack queues a claim the agent refused, and a heartbeat to follow
 // it: the refusal says Redis' counts were off.
 func (rp *reports) giveBack(wk *worker, group string, t registry.Ticket) {
-	if group == "" {
-		group = t.Group
+	if wk == nil {
+		// A claim for a browser this agent does not run: not this
+		// agent's to give back (Caddy does; a replayed claim must end
+		// nobody's session). A record left at this agent's address by a
+		// browser gone from it goes, with its sessions.
+		go rp.a.forgetStale(t.Group, t.Worker)
+		return
 	}
 	rp.mu.Lock()
 	k := giveKey{group, t.Worker}
 	rp.gives[k] = append(rp.gives[k], t.Session)
-	if wk != nil {
-		rp.beating = true
-	}
+	rp.beating = true
 	rp.mu.Unlock()
-	if wk == nil {
-		go rp.a.forgetStale(group, t.Worker)
-	}
 	rp.poke()
 }
 

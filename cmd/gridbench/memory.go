@@ -196,11 +196,11 @@ func measureMemory(n int) (*memoryFigures, error) {
 	}
 	beforeHistory := used()
 	for _, id := range ids {
-		live := make([]string, 20)
+		live := make([]registry.LiveSession, 20)
 		ends := make([]registry.Ended, 20)
 		for j := range live {
-			live[j] = strings.ToLower(hex(26))
-			ends[j] = registry.Ended{Session: live[j], Duration: time.Duration(5000+rnd.IntN(55000)) * time.Millisecond}
+			live[j].ID = strings.ToLower(hex(26))
+			ends[j] = registry.Ended{Session: live[j].ID, Duration: time.Duration(5000+rnd.IntN(55000)) * time.Millisecond}
 		}
 		if _, err := reg.Heartbeat(ctx, group, id, registry.AgentState{Lifetime: 20, Sessions: live}); err != nil {
 			return nil, err

@@ -7,8 +7,8 @@
 --   sindex, groups.
 -- ARGV: id, record (JSON), capacity, status (a, d or x), lifetime (the
 --   browser's sessions so far), hold (0/1), replaces (the id of the worker
---   this browser replaces, or ''), version (or '-'), then the ids of its
---   live sessions.
+--   this browser replaces, or ''), version (or '-'), then its live
+--   sessions: pairs of id and client hash (or '-').
 -- Returns: 'ok'. Complexity: O(log N) per session and ring position.
 local function register(keys, args)
   local K = keyset(keys)
@@ -20,14 +20,14 @@ local function register(keys, args)
   redis.call('HSET', K.workers, id, args[2])
   local cap = tonumber(args[3])
   local w = {
-    st = 'x', a = #args - 8, l = tonumber(args[5]), cr = cap, ch = cap, hb = now, sus = 0,
+    st = 'x', a = (#args - 8) / 2, l = tonumber(args[5]), cr = cap, ch = cap, hb = now, sus = 0,
     hold = args[6] == '1', pe = 0, est = DEFAULT_ESTIMATE,
   }
   set_status(K, id, w, args[4])
-  for i = 9, #args do
+  for i = 9, #args, 2 do
     local sid = args[i]
     if redis.call('HEXISTS', K.sessions, sid) == 0 then
-      new_session(K, sid, { wid = id, ver = args[8], claimed = now, st = 'l', client = '-', inst = '-', label = '' })
+      new_session(K, sid, { wid = id, ver = args[8], claimed = now, st = 'l', client = args[i + 1], inst = '-', label = '' })
     end
   end
   if args[7] ~= '' then
@@ -49,7 +49,8 @@ end
 -- KEYS: state, retiring, lf, ring, iwrr, idle, busy, workers, sessions,
 --   sindex, groups (for the wake-up channel).
 -- ARGV: id, status (a serving, d draining, x replaced), lifetime, hold
---   (0/1), grace (ms), then the ids of its live sessions.
+--   (0/1), grace (ms), then its live sessions: pairs of id and client
+--   hash (or '-').
 -- Returns: {'unregistered'} when the worker has no record, else
 --   {'ok', drain, ids...}: drain 1 when an operator's drain is pending for
 --   it, and the live sessions told to end.
@@ -63,14 +64,14 @@ local function heartbeat(keys, args)
   if not w then return { 'unregistered' } end
   local now, grace = now_ms(), tonumber(args[5])
   local reported, live, ending = {}, 0, {}
-  for i = 6, #args do
+  for i = 6, #args, 2 do
     local sid = args[i]
     if not reported[sid] then
       reported[sid] = true
       live = live + 1
       local s = get_session(K, sid)
       if not s then
-        new_session(K, sid, { wid = id, ver = '-', claimed = now, st = 'l', client = '-', inst = '-', label = '' })
+        new_session(K, sid, { wid = id, ver = '-', claimed = now, st = 'l', client = args[i + 1], inst = '-', label = '' })
       elseif s.wid == id then
         if s.st == 'p' or s.st == 'q' then
           s.st = 'l'
@@ -96,6 +97,11 @@ local function heartbeat(keys, args)
   end
   local was_a, was_st = w.a, w.st
   w.a, w.l, w.hold, w.hb = live + kept, tonumber(args[3]) + kept, args[4] == '1', now
+  -- The cap of the last claim is a hint that can go out of date (a
+  -- raised max_concurrent, another route's): back to the worker's own
+  -- capacity, so a worker full under an old cap is found again; a claim
+  -- that finds it full under its own sets it back.
+  w.ch = w.cr
   local drain = 0
   local agent = args[2]
   if agent == 'x' then

@@ -53,6 +53,9 @@ local function examine(s, id, strict)
     local full = w.st ~= 'a' or (cap > 0 and w.a >= cap) or (s.ml > 0 and w.l >= s.ml)
     if full and not strict then
       s.debris = s.debris + 1
+      if w.st == 'a' and cap > 0 and w.a >= cap and w.ch ~= cap then
+        s.full[#s.full + 1] = { id = id, w = w, cap = cap }
+      end
       return nil
     end
     if not stale and not full then
@@ -115,7 +118,7 @@ local function claim(keys, args)
   local s = {
     K = K, now = now_ms(), mc = tonumber(args[9]), ml = tonumber(args[10]),
     stale = tonumber(args[12]), budget = tonumber(args[13]), avoid = {},
-    scanned = 0, debris = 0, cache = {}, stale_ids = {}, stale_seen = {}, retiring = false,
+    scanned = 0, debris = 0, cache = {}, stale_ids = {}, stale_seen = {}, retiring = false, full = {},
     args = args, dry = dry,
   }
   if s.budget == 0 then s.budget = -1 end
@@ -157,7 +160,24 @@ local function claim(keys, args)
   end
   local pick = WALKS[policy]
   if not pick then return redis.error_reply('ERR unknown policy ' .. tostring(policy)) end
+  -- The workers full under this claim's cap leave the count-ordered
+  -- indexes until their counts change, so claims like it do not walk past
+  -- them again (after the walk: its pages must not shift); a walk they
+  -- stopped runs once more without them.
+  local function shrink()
+    local n = #s.full
+    for _, f in ipairs(s.full) do
+      f.w.ch = f.cap
+      save(K, f.id, f.w, s.now)
+    end
+    s.full, s.debris = {}, 0
+    return n
+  end
   local id, w = pick(s)
+  if not dry and shrink() > 0 and not id then
+    id, w = pick(s)
+    shrink()
+  end
   if not id then return reply('none') end
   if dry then return reply('ok', id, w, s.ml > 0 and w.l + 1 >= s.ml) end
 
