@@ -59,9 +59,13 @@ type PoolSummary struct {
 	Active   int `json:"active"`
 	Capacity int `json:"capacity"`
 	Uncapped int `json:"uncapped,omitempty"`
-	// QueueDepth and LocalSessions are this instance's.
-	QueueDepth    int `json:"queue_depth"`
-	LocalSessions int `json:"local_sessions"`
+	// QueueDepth is the requests waiting in the pool's queue, across
+	// every instance, and OldestWaitMS how long the oldest has waited, as
+	// this instance last read them (every second); LocalSessions are
+	// this instance's sessions.
+	QueueDepth    int   `json:"queue_depth"`
+	OldestWaitMS  int64 `json:"oldest_wait_ms"`
+	LocalSessions int   `json:"local_sessions"`
 	// Versions are the Playwright versions its workers serve, oldest
 	// first.
 	Versions []string `json:"versions,omitempty"`
@@ -207,7 +211,8 @@ func (a *App) summary(ctx context.Context, pool string) (PoolSummary, []registry
 	if err != nil {
 		return PoolSummary{}, nil, err
 	}
-	s := PoolSummary{Pool: pool, Versions: vs.Versions, QueueDepth: a.backend.queue(pool).depth(),
+	depth, oldest := a.backend.queue(pool).poolState()
+	s := PoolSummary{Pool: pool, Versions: vs.Versions, QueueDepth: depth, OldestWaitMS: oldest.Milliseconds(),
 		LocalSessions: a.backend.sessions.count(pool)}
 	conf := a.configured(pool)
 	for _, gi := range infos {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"strconv"
 	"sync"
@@ -103,6 +104,7 @@ func (b *backend) start() {
 		ps := b.pubsub
 		b.mu.Unlock()
 		go b.wakeups(ps)
+		go b.keepQueues()
 	})
 }
 
@@ -150,6 +152,58 @@ func (b *backend) wakeups(ps *redis.PubSub) {
 			b.mu.Unlock()
 		}
 	}
+}
+
+// keepEvery is how often an instance keeps its waiters in their pools'
+// queues (registry.QueueKeepFor is the bound it must stay under), and
+// readEvery how often it reads the queue of a pool it has no waiter in.
+const keepEvery, readEvery = 250 * time.Millisecond, time.Second
+
+// keepQueues keeps this instance's waiters in their pools' queues, and
+// reads each queue's depth and oldest wait for the metrics and the
+// waiters' places.
+func (b *backend) keepQueues() {
+	t := time.NewTicker(keepEvery)
+	defer t.Stop()
+	for n := 0; ; n++ {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-t.C:
+		}
+		b.mu.Lock()
+		qs := maps.Clone(b.queues)
+		b.mu.Unlock()
+		for pool, q := range qs {
+			ws, kept := q.kept()
+			if len(ws) == 0 && n%int(readEvery/keepEvery) != 0 {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(b.ctx, keepEvery)
+			st, err := b.reg.QueueKeep(ctx, pool, kept)
+			cancel()
+			if err != nil {
+				metrics.redisErrors.WithLabelValues("queue").Inc()
+				continue
+			}
+			now := time.Now()
+			q.read(ws, st, now)
+			metrics.poolQueue.WithLabelValues(pool).Set(float64(st.Depth))
+			metrics.poolQueueAge.WithLabelValues(pool).Set(st.OldestWait.Seconds())
+		}
+	}
+}
+
+// leaveQueue takes a waiter out of its pool's queue, in the background:
+// should the call fail, the waiter leaves once no one keeps it.
+func (b *backend) leaveQueue(pool, id string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(b.ctx, claimCallTimeout)
+		defer cancel()
+		if err := b.reg.QueueLeave(ctx, pool, id); err != nil {
+			metrics.redisErrors.WithLabelValues("queue").Inc()
+		}
+	}()
 }
 
 // queue is the wait queue of a pool (every version group of it).

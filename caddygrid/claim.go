@@ -88,6 +88,9 @@ type attempt struct {
 	passed   int  // a status of the browser's the client gets as it is
 	outcome  outcome
 	message  string // the answer's text, for some outcomes
+	// queuePos is the request's last place in the pool's queue (-1: it
+	// had none), for Retry-After.
+	queuePos int
 }
 
 // attemptOf returns the request's attempt, nil when there is none.
@@ -101,7 +104,7 @@ func newAttempt(r *http.Request, pool string, dialRetries int) *attempt {
 	if a := attemptOf(r); a != nil {
 		return a
 	}
-	a := &attempt{pool: pool, version: clientVersion(r), label: sessionLabel(r), start: time.Now(), dialRetries: dialRetries}
+	a := &attempt{pool: pool, version: clientVersion(r), label: sessionLabel(r), start: time.Now(), dialRetries: dialRetries, queuePos: -1}
 	caddyhttp.SetVar(r.Context(), varAttempt, a)
 	return a
 }
@@ -267,18 +270,32 @@ func (c *claimer) next(r *http.Request, a *attempt) *registry.Claim {
 }
 
 // wait claims a worker, waiting in the pool's queue while none is free,
-// until select_timeout from the request's start.
+// until select_timeout from the request's start. A waiter holds a place
+// in this instance's queue, which orders its wake-ups, and in the pool's
+// queue in Redis, which orders the waiters of every instance: a claim
+// that finds an older waiter could take its worker waits its turn.
 func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []string) (*registry.Claim, outcome, string) {
 	b.watch(a.pool)
 	q := b.queue(a.pool)
 	deadline := a.start.Add(time.Duration(c.claim.SelectTimeout))
 	var w *waiter
+	served := false
 	defer func() {
-		if w != nil {
-			q.leave(w)
-			metrics.queueDepth.WithLabelValues(a.pool).Dec()
-			metrics.queueWait.WithLabelValues(a.pool).Observe(time.Since(a.start).Seconds())
+		if w == nil {
+			return
 		}
+		pos := q.position(w)
+		if pos >= 0 {
+			a.mu.Lock()
+			a.queuePos = pos
+			a.mu.Unlock()
+			if !served {
+				b.leaveQueue(a.pool, w.id)
+			}
+		}
+		q.leave(w)
+		metrics.queueDepth.WithLabelValues(a.pool).Dec()
+		metrics.queueWait.WithLabelValues(a.pool).Observe(time.Since(a.start).Seconds())
 	}()
 	if q.depth() > 0 {
 		// others of this instance wait already: first in, first served
@@ -296,10 +313,19 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 		}
 		if w != nil {
 			q.setKey(w, groups, avoid)
+			if o := c.enqueue(ctx, b, q, w, a); o != outcomeNone {
+				return nil, o, ""
+			}
 		}
+		behind := false
 		if w == nil || q.isHead(w) {
-			claim, o, msg, workers := c.claimIn(ctx, b, a, groups, avoid)
+			id := ""
+			if w != nil {
+				id = w.id
+			}
+			claim, o, msg, workers, yielded := c.claimIn(ctx, b, a, groups, avoid, id)
 			if claim != nil {
+				served = true
 				q.wakeHead() // more slots may be free: the next waiter looks
 				return claim, outcomeNone, ""
 			}
@@ -309,9 +335,10 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 			if everyWorkerFailed(a, workers) {
 				return nil, outcomeFailed, failedMessage(a.pool)
 			}
-			if w != nil {
+			if w != nil && !yielded {
 				q.wakeNext(w)
 			}
+			behind = yielded
 		}
 		if w == nil {
 			var ok bool
@@ -319,12 +346,21 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 				return nil, outcomeQueueFull, ""
 			}
 			q.setKey(w, groups, avoid)
+			if o := c.enqueue(ctx, b, q, w, a); o != outcomeNone {
+				return nil, o, ""
+			}
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			return nil, outcomeTimeout, ""
 		}
-		t := time.NewTimer(min(left, pollEvery))
+		every := pollEvery
+		if behind {
+			// an older waiter holds the worker found; should it not take
+			// it up, its grant passes
+			every = registry.QueueGrant + 20*time.Millisecond
+		}
+		t := time.NewTimer(min(left, every))
 		select {
 		case <-w.wake:
 		case <-t.C:
@@ -334,6 +370,33 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 		}
 		t.Stop()
 	}
+}
+
+// enqueue gives w its place in the pool's queue when it has none (it has
+// not joined yet, or its instance lost it: cut off from Redis longer than
+// registry.QueueKeepFor). A full queue is outcomeQueueFull.
+func (c *claimer) enqueue(ctx context.Context, b *backend, q *waitQueue, w *waiter, a *attempt) outcome {
+	if q.position(w) >= 0 {
+		return outcomeNone
+	}
+	ws := q.registryWaiter(w)
+	cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
+	pos, ok, err := b.reg.QueueJoin(cctx, a.pool, ws, c.claim.QueueSize)
+	cancel()
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return outcomeCanceled
+	case err != nil:
+		metrics.redisErrors.WithLabelValues("queue").Inc()
+		return outcomeRedis
+	case !ok:
+		a.mu.Lock()
+		a.queuePos = pos // the depth: it would have been last
+		a.mu.Unlock()
+		return outcomeQueueFull
+	}
+	q.setPosition(w, pos)
+	return outcomeNone
 }
 
 // failedMessage is the 502's sentence.
@@ -362,15 +425,15 @@ func (c *claimer) join(q *waitQueue, a *attempt) (*waiter, bool) {
 
 // claimIn tries each group once; nil and outcomeNone: none is free now,
 // of the workers the groups hold (as the claims counted them).
-func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, avoid []string) (*registry.Claim, outcome, string, int) {
-	refused, workers := 0, 0
+func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, avoid []string, waiter string) (claimed *registry.Claim, o outcome, msg string, workers int, behind bool) {
+	refused := 0
 	for _, g := range groups {
 		for {
 			req := registry.ClaimRequest{
 				Group: g, Policy: c.policy, Options: c.options, Limits: c.limits.Limits,
 				Session: newSessionID(), Client: a.client, ClientLimit: c.claim.ClientLimit,
 				Instance: b.instance, Label: a.label, Avoid: avoid,
-				StaleAfter: time.Duration(c.app.StaleThreshold), MaxScan: c.claim.MaxScan,
+				StaleAfter: time.Duration(c.app.StaleThreshold), MaxScan: c.claim.MaxScan, Waiter: waiter,
 			}
 			cctx, cancel := context.WithTimeout(ctx, claimCallTimeout)
 			start := time.Now()
@@ -383,15 +446,17 @@ func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, a
 			switch {
 			case err == nil:
 			case errors.Is(err, registry.ErrNoWorker):
+			case errors.Is(err, registry.ErrBehind):
+				behind = true
 			case errors.Is(err, registry.ErrClientLimit):
-				return nil, outcomeClientLimited, fmt.Sprintf("client limit reached: this client holds its client_limit of %d live sessions in pool %s; retry when one has ended", c.claim.ClientLimit, a.pool), 0
+				return nil, outcomeClientLimited, fmt.Sprintf("client limit reached: this client holds its client_limit of %d live sessions in pool %s; retry when one has ended", c.claim.ClientLimit, a.pool), 0, false
 			case ctx.Err() != nil:
-				return nil, outcomeCanceled, "", 0
+				return nil, outcomeCanceled, "", 0, false
 			case errors.Is(err, registry.ErrSchema):
 				if b.firstReport("schema", g) {
 					c.logger.Error("the pool's registry was written by another schema; upgrade the older side", zap.String("pool", g), zap.Error(err))
 				}
-				return nil, outcomeMisconfigured, "the grid's registry was written by another release of the grid; the operator must upgrade the older side", 0
+				return nil, outcomeMisconfigured, "the grid's registry was written by another release of the grid; the operator must upgrade the older side", 0, false
 			default:
 				metrics.redisErrors.WithLabelValues("claim").Inc()
 				if b.firstReport("claim", g) {
@@ -400,7 +465,7 @@ func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, a
 				if strings.Contains(err.Error(), "record") {
 					break // a record that did not decode: given back, try again
 				}
-				return nil, outcomeRedis, "", 0
+				return nil, outcomeRedis, "", 0, false
 			}
 			if err != nil {
 				workers += info.Workers // the group's, as the claim counted them
@@ -409,7 +474,7 @@ func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, a
 			if addr, r := c.app.dial.check(ctx, &claim.Worker); r != nil {
 				c.refuseRecord(b, &claim, r)
 				if refused++; refused >= maxRefusedRecords {
-					return nil, outcomeTimeout, "", 0
+					return nil, outcomeTimeout, "", 0, false
 				}
 				avoid = append(avoid, claim.Worker.ID)
 				continue
@@ -425,10 +490,10 @@ func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, a
 			if claim.Last {
 				metrics.drains.WithLabelValues(a.pool).Inc()
 			}
-			return &claim, outcomeNone, "", 0
+			return &claim, outcomeNone, "", 0, false
 		}
 	}
-	return nil, outcomeNone, "", workers
+	return nil, outcomeNone, "", workers, behind
 }
 
 // refuseRecord reports a record the dial policy refuses and gives its

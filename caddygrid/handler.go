@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -36,6 +37,8 @@ const (
 	// DefaultStreamCloseDelay is how long live sessions of a replaced
 	// config go on after a reload, without max_session.
 	DefaultStreamCloseDelay = time.Hour
+	// maxRetryAfter bounds the Retry-After estimate (seconds).
+	maxRetryAfter = 600
 )
 
 // Handler is the browser_grid handler, the request path's front: it
@@ -289,12 +292,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return proxyErr
 	}
 	retry := strconv.Itoa(max(1, int(h.selectTimeout/time.Second)))
+	a.mu.Lock()
+	pos := a.queuePos
+	a.mu.Unlock()
+	if b := currentBackend(); b != nil {
+		if d, ok := b.queue(pool).retryAfter(pos); ok {
+			// when the pool's queue, served at its recent rate, reaches a
+			// request at this place
+			retry = strconv.Itoa(min(maxRetryAfter, max(1, int(math.Ceil(d.Seconds())))))
+		}
+	}
 	switch o {
 	case outcomeQueueFull:
 		w.Header().Set("Retry-After", retry)
 		return h.reject(w, r, http.StatusTooManyRequests, pool, fmt.Sprintf("too many clients wait for a %s browser; retry later", pool))
 	case outcomeClientLimited:
-		w.Header().Set("Retry-After", retry)
+		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(h.selectTimeout/time.Second))))
 		return h.reject(w, r, http.StatusTooManyRequests, pool, msg)
 	case outcomeTimeout:
 		w.Header().Set("Retry-After", retry)

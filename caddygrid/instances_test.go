@@ -3,6 +3,7 @@ package caddygrid_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -72,4 +73,57 @@ func TestTwoInstancesOnOneRedisNeverPushAWorkerPastMaxConcurrent(t *testing.T) {
 	if life != 8 {
 		t.Errorf("the workers served %d sessions, want 8", life)
 	}
+}
+
+// A freed slot goes to the request that has waited longest, whichever of
+// two instances it waits in: one worker of capacity 1, a request waiting
+// in instance B, then one in instance A, where the slot frees. Round
+// after round, B's is served first. queue_size bounds both instances'
+// waiters together.
+func TestTheRequestWaitingLongestIsServedFirstAcrossInstances(t *testing.T) {
+	t.Parallel()
+	g := newGrid(t)
+	g.agent("chromium", nil)
+	opts := caddyOpts{redisURL: g.redis.URL(), site: site("max_concurrent 1\n\t\t\tselect_timeout 20s\n\t\t\tqueue_size 2")}
+	ia, ib := startCaddy(t, opts), startCaddy(t, opts)
+	u := func(c *caddy) string { return c.url("/playwright/chromium") }
+	holder := mustDial(t, u(ia))
+	for round := range 4 {
+		type served struct {
+			who string
+			s   *session
+			err error
+		}
+		got := make(chan served, 2)
+		wait := func(who string, c *caddy) {
+			s, err := dial(context.Background(), u(c))
+			got <- served{who, s, err}
+		}
+		go wait("B", ib)
+		testenv.Eventually(t, 5*time.Second, "B's request is queued", func() bool { return ib.metric(`caddy_grid_queue_depth{pool="chromium"}`) == 1 })
+		go wait("A", ia)
+		testenv.Eventually(t, 5*time.Second, "A's request is queued", func() bool { return ia.metric(`caddy_grid_queue_depth{pool="chromium"}`) == 1 })
+		if round == 0 {
+			// the queue holds queue_size 2 across both instances
+			_, err := dial(context.Background(), u(ia))
+			if r := refusal(err); r == nil || r.StatusCode != http.StatusTooManyRequests || r.Header.Get("Retry-After") == "" {
+				t.Fatalf("a third waiter under queue_size 2: %v, want 429 with Retry-After", err)
+			}
+		}
+		holder.close()
+		first := <-got
+		if first.err != nil {
+			t.Fatalf("round %d: %s: %v", round, first.who, first.err)
+		}
+		if first.who != "B" {
+			t.Fatalf("round %d: A's request was served before B's, which waited longer", round)
+		}
+		first.s.close()
+		second := <-got
+		if second.err != nil {
+			t.Fatalf("round %d: %s: %v", round, second.who, second.err)
+		}
+		holder = second.s
+	}
+	holder.close()
 }

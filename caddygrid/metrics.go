@@ -15,6 +15,8 @@ var metrics = struct {
 	selectDuration *prometheus.HistogramVec
 	queueWait      *prometheus.HistogramVec
 	queueDepth     *prometheus.GaugeVec
+	poolQueue      *prometheus.GaugeVec
+	poolQueueAge   *prometheus.GaugeVec
 	activeSessions *prometheus.GaugeVec
 	rejections     *prometheus.CounterVec
 	refusals       *prometheus.CounterVec
@@ -32,6 +34,10 @@ var metrics = struct {
 		Help: "Time a request waited for a free worker, whatever the outcome.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"pool"}),
 	queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "caddy", Subsystem: "grid", Name: "queue_depth",
 		Help: "Requests waiting for a free worker in this instance."}, []string{"pool"}),
+	poolQueue: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "caddy", Subsystem: "grid", Name: "pool_queue_depth",
+		Help: "Requests waiting for a free worker in the pool's queue, across every instance."}, []string{"pool"}),
+	poolQueueAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "caddy", Subsystem: "grid", Name: "pool_queue_oldest_seconds",
+		Help: "How long the oldest request in the pool's queue has waited."}, []string{"pool"}),
 	activeSessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "caddy", Subsystem: "grid", Name: "active_sessions",
 		Help: "Sessions this instance carries now."}, []string{"pool"}),
 	rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "caddy", Subsystem: "grid", Name: "rejections_total",
@@ -55,7 +61,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.selections, metrics.selectDuration, metrics.queueWait, metrics.queueDepth,
+	for _, c := range []prometheus.Collector{metrics.selections, metrics.selectDuration, metrics.queueWait, metrics.queueDepth, metrics.poolQueue, metrics.poolQueueAge,
 		metrics.activeSessions, metrics.rejections, metrics.refusals, metrics.dialFailures, metrics.drains,
 		metrics.redisErrors, metrics.versions, metrics.reaped, badRecords} {
 		if err := reg.Register(c); err != nil {

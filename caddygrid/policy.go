@@ -93,7 +93,7 @@ func (interleavedWeightedRoundRobin) options(PolicyOptions) registry.PolicyOptio
 const (
 	// DefaultSelectTimeout is how long a request waits for a free worker.
 	DefaultSelectTimeout = 5 * time.Second
-	// DefaultQueueSize bounds the requests waiting per pool and instance.
+	// DefaultQueueSize bounds the requests waiting per pool.
 	DefaultQueueSize = 100
 	// DefaultMaxScan bounds the unusable workers one decision walks past.
 	DefaultMaxScan = selection.DefaultVnodeMaxScan
@@ -137,8 +137,9 @@ type ClaimOptions struct {
 	// SelectTimeout is how long a request waits for a free worker, then
 	// 503 with Retry-After. Default: 5s.
 	SelectTimeout caddy.Duration `json:"select_timeout,omitempty"`
-	// QueueSize is how many requests may wait per pool in this instance;
-	// the next gets 429 with Retry-After. Default: 100.
+	// QueueSize is how many requests may wait for a pool, across every
+	// instance sharing the Redis; the next gets 429 with Retry-After.
+	// Default: 100.
 	QueueSize int `json:"queue_size,omitempty"`
 	// ClientLimit is the most live sessions one client (ClientKey) may
 	// hold in a pool, across every instance; the next gets 429. 0: no

@@ -4,10 +4,15 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
+
+	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 // waitQueue is one pool's bounded FIFO of requests waiting for a free
-// worker in this Caddy instance.
+// worker in this Caddy instance. Each waiter also holds a place in the
+// pool's queue in Redis (registry.QueueJoin), which orders the waiters
+// of every instance: this one orders only the wake-ups.
 //
 // A freed slot wakes only the waiter at the head (not every waiter, which
 // would send a burst of claims to Redis for one slot). A waiter that then
@@ -18,11 +23,25 @@ import (
 type waitQueue struct {
 	mu      sync.Mutex
 	waiters []*waiter
+	// served and at are the pool queue's count of requests served, as
+	// last read, and when; rate its recent rate (per second); poolDepth
+	// and oldest its depth and oldest wait as last read.
+	served    int64
+	at        time.Time
+	rate      float64
+	poolDepth int
+	oldest    time.Duration
 }
 
 // waiter is one queued request. wake holds at most one pending wake-up.
 type waiter struct {
 	wake chan struct{}
+	// id names it in the pool's queue; pos is its place there as last
+	// read (0: first).
+	id  string
+	pos int
+	// versions and avoid are what its claims may take (registry.Waiter).
+	versions, avoid []string
 	// client is the request's client key (client_limit; "" none).
 	client string
 	// key names what the waiter's claims can take: its version groups
@@ -34,10 +53,94 @@ type waiter struct {
 // setKey records what w's claims can take (see wakeNext).
 func (q *waitQueue) setKey(w *waiter, groups, avoid []string) {
 	key := strings.Join(groups, " ") + "|" + strings.Join(slices.Sorted(slices.Values(avoid)), " ")
+	vs := make([]string, len(groups))
+	for i, g := range groups {
+		_, vs[i] = registry.SplitGroup(g)
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	w.key = key
+	w.key, w.versions, w.avoid = key, vs, slices.Clone(avoid)
 }
+
+// kept lists the waiters for registry.QueueKeep.
+func (q *waitQueue) kept() ([]*waiter, []registry.Waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var ws []*waiter
+	var out []registry.Waiter
+	for _, w := range q.waiters {
+		if w.pos >= 0 { // joined the pool's queue
+			ws = append(ws, w)
+			out = append(out, registry.Waiter{ID: w.id, Versions: w.versions, Avoid: w.avoid})
+		}
+	}
+	return ws, out
+}
+
+// read records what QueueKeep read: each waiter's place, and the pool's
+// rate of sessions served from the queue.
+func (q *waitQueue) read(ws []*waiter, st registry.QueueState, now time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.poolDepth, q.oldest = st.Depth, st.OldestWait
+	for i, w := range ws {
+		if i < len(st.Positions) {
+			w.pos = st.Positions[i]
+		}
+	}
+	if dt := now.Sub(q.at); !q.at.IsZero() && dt >= rateWindow {
+		r := float64(st.Served-q.served) / dt.Seconds()
+		if r < 0 {
+			r = 0
+		}
+		q.rate = r
+		q.served, q.at = st.Served, now
+	} else if q.at.IsZero() {
+		q.served, q.at = st.Served, now
+	}
+}
+
+// retryAfter estimates when a request at place pos (0: first) would be
+// served, from the rate the pool's queue is served at; ok false without
+// one.
+func (q *waitQueue) retryAfter(pos int) (time.Duration, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.rate <= 0 || pos < 0 {
+		return 0, false
+	}
+	return time.Duration(float64(pos+1) / q.rate * float64(time.Second)), true
+}
+
+// poolState is the pool queue's depth and oldest wait as last read.
+func (q *waitQueue) poolState() (int, time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.poolDepth, q.oldest
+}
+
+// registryWaiter is w as the pool's queue holds it.
+func (q *waitQueue) registryWaiter(w *waiter) registry.Waiter {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return registry.Waiter{ID: w.id, Versions: w.versions, Avoid: w.avoid}
+}
+
+func (q *waitQueue) setPosition(w *waiter, pos int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w.pos = pos
+}
+
+// position is w's place in the pool's queue as last read.
+func (q *waitQueue) position(w *waiter) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return w.pos
+}
+
+// rateWindow is how long the queue's rate is measured over.
+const rateWindow = 10 * time.Second
 
 // join appends a waiter unless the queue already holds limit waiters.
 func (q *waitQueue) join(limit int) (*waiter, bool) {
@@ -46,7 +149,7 @@ func (q *waitQueue) join(limit int) (*waiter, bool) {
 	if len(q.waiters) >= limit {
 		return nil, false
 	}
-	w := &waiter{wake: make(chan struct{}, 1)}
+	w := &waiter{wake: make(chan struct{}, 1), id: newSessionID(), pos: -1}
 	q.waiters = append(q.waiters, w)
 	return w, true
 }
@@ -73,7 +176,7 @@ func (q *waitQueue) joinClient(limit int, client string, perClient int) (w *wait
 			return nil, false, true
 		}
 	}
-	w = &waiter{wake: make(chan struct{}, 1), client: client}
+	w = &waiter{wake: make(chan struct{}, 1), client: client, id: newSessionID(), pos: -1}
 	q.waiters = append(q.waiters, w)
 	return w, true, false
 }

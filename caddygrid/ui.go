@@ -77,8 +77,8 @@ var uiFiles embed.FS
 // (GET /grid/pools/{pool}), and keeps 15 minutes of samples in memory;
 // requests are answered from memory and never reach Redis. Sessions per
 // second are derived from the workers' lifetimes, which Redis counts for
-// the whole grid, so they are the whole pool's across Caddy instances; the
-// queue depth is this instance's.
+// the whole grid, so they are the whole pool's across Caddy instances, as
+// is the queue.
 type UIHandler struct {
 	// Interval is how often the sampler reads every pool, and how often
 	// the page refreshes. Default: 2s; at least 500ms.

@@ -128,6 +128,9 @@ type ClaimRequest struct {
 	Instance, Label string
 	// Avoid lists workers this request failed on already.
 	Avoid []string
+	// Waiter is the request's place in the pool's queue ("" none): see
+	// QueueJoin.
+	Waiter string
 	// StaleAfter is the heartbeat age past which a worker is skipped.
 	StaleAfter time.Duration
 	// MaxScan bounds the unusable workers a walk passes (0: unbounded).
@@ -185,6 +188,7 @@ func (r *Registry) claim(ctx context.Context, req ClaimRequest, dry bool) (Claim
 		string(req.Policy), flag(dry), orDash(req.Session), orDash(version), orDash(req.Client), req.ClientLimit,
 		orDash(req.Instance), req.Label, req.Limits.MaxConcurrent, req.Limits.MaxLifetime,
 		flag(req.Limits.StaggerDrains), req.StaleAfter.Milliseconds(), req.MaxScan, strings.Join(req.Avoid, " "),
+		orDash(req.Waiter),
 	}
 	if req.Options != nil {
 		args = append(args, req.Options.walkArgs(r.rand)...)
@@ -219,6 +223,8 @@ func (r *Registry) claim(ctx context.Context, req ClaimRequest, dry bool) (Claim
 		return Claim{}, info, ErrClientLimit
 	case "none":
 		return Claim{}, info, ErrNoWorker
+	case "behind":
+		return Claim{}, info, ErrBehind
 	}
 	id, _ := out[1].(string)
 	raw, _ := out[2].(string)

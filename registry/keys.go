@@ -26,6 +26,9 @@ const (
 	keySessions = "sessions"      // HASH session id -> record (common.lua)
 	keySIndex   = "session_index" // ZSET (lex) "w <worker> <session>", "c <client> <session>"
 	keyGroups   = "groups"        // SET the pool's version groups ("-": the pool itself)
+	keyQueue    = "queue"         // ZSET waiter -> arrival number (common.lua)
+	keyQAlive   = "queue_alive"   // ZSET waiter -> deadline (Unix ms)
+	keyQInfo    = "queue_info"    // HASH waiter -> grant, joined, versions, avoid; " seq", " served"
 	// Global: the directory's list of pools, outside any pool's slot.
 	keyPools = "pools" // SET
 	// Pub/sub channels (not keys).
@@ -37,11 +40,11 @@ const (
 // keyset), in order. The first eight are the group's, the rest the pool's.
 var groupKeyNames = []string{
 	keyWorkers, keyState, keyRetiring, keyIdxLF, keyIdxRing, keyIdxIdle, keyIdxBusy, keyIdxIWRR,
-	keySessions, keySIndex, keyGroups,
+	keySessions, keySIndex, keyGroups, keyQueue, keyQAlive, keyQInfo,
 }
 
 // poolWide are the keys a pool's version groups share with the pool.
-var poolWide = map[string]bool{keySessions: true, keySIndex: true, keyGroups: true}
+var poolWide = map[string]bool{keySessions: true, keySIndex: true, keyGroups: true, keyQueue: true, keyQAlive: true, keyQInfo: true}
 
 // maxNameLen bounds pool names, worker and session IDs.
 const maxNameLen = 200

@@ -28,6 +28,8 @@ var (
 	luaAgent string
 	//go:embed lua/admin.lua
 	luaAdmin string
+	//go:embed lua/queue.lua
+	luaQueue string
 )
 
 // walksMark is the line of claim.lua where the policies' walks go.
@@ -44,7 +46,7 @@ func buildLibrary() (name, source string) {
 	if !strings.Contains(luaClaim, walksMark) {
 		panic("registry: claim.lua has no " + walksMark)
 	}
-	body := luaCommon + "\n" + strings.Replace(luaClaim, walksMark, walks.String(), 1) + "\n" + luaAgent + "\n" + luaAdmin
+	body := luaCommon + "\n" + strings.Replace(luaClaim, walksMark, walks.String(), 1) + "\n" + luaAgent + "\n" + luaAdmin + "\n" + luaQueue
 	sum := sha1.Sum([]byte(body))
 	name = "grid_" + hex.EncodeToString(sum[:6])
 	return name, "#!lua name=" + name + "\n" + strings.ReplaceAll(body, "@LIB@", name)

@@ -22,6 +22,9 @@ import (
 var (
 	// ErrNoWorker: no worker of the group may take the session now.
 	ErrNoWorker = errors.New("no eligible worker")
+	// ErrBehind: a worker is free, but an older request in the pool's
+	// queue may take it; the request waits its turn.
+	ErrBehind = errors.New("an older request waits for the worker")
 	// ErrClientLimit: the client holds its client_limit of live sessions.
 	ErrClientLimit = errors.New("client holds its limit of sessions")
 	// ErrNotRegistered: the worker has no record (it expired, or Redis

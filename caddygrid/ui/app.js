@@ -37,6 +37,12 @@ function fmtRate(x) {
   return x >= 10 ? x.toFixed(0) : x.toFixed(2);
 }
 
+// fmtWait prints a wait in ms: "0", "850ms", "12.5s".
+function fmtWait(ms) {
+  if (!ms) return '0';
+  return ms < 1000 ? ms + 'ms' : (ms / 1000).toFixed(1) + 's';
+}
+
 // chart draws time series over [start, now]: lines [{t, v, color, step,
 // gone}] and bars {t, v, color}. A step line holds its last value up to
 // now, unless the series is gone: then it ends at its last sample.
@@ -134,6 +140,7 @@ function renderPool(p, d) {
     figure('active', p.active, 'active'),
     figure('capacity', cap, 'capacity'),
     figure('queue depth', p.queue_depth, 'queue_depth'),
+    figure('oldest wait', fmtWait(p.oldest_wait_ms), 'oldest_wait'),
     figure('sessions here', p.local_sessions, 'local_sessions'),
     figure('sessions/s (1 min)', fmtRate(rate), 'sessions_per_sec'),
     figure('drains (15 min)', drains, 'drains'),

@@ -4,15 +4,17 @@
 -- API's pick).
 --
 -- KEYS: common.lua's layout; reads workers, state, retiring, the index of
---   the policy (lf, ring, idle and busy, iwrr) and sindex; writes state,
---   retiring, lf, ring, idle, busy, iwrr, sessions and sindex.
+--   the policy (lf, ring, idle and busy, iwrr), sindex and the queue
+--   (queue, qalive, qinfo); writes state, retiring, lf, ring, idle, busy,
+--   iwrr, sessions, sindex and the queue.
 -- ARGV: registry/claim.go's claimArgs, in order:
 --   policy dry session version client client_limit instance label
---   max_concurrent max_lifetime stagger stale_ms max_scan avoid
---   then the policy's own arguments (each walk says which).
+--   max_concurrent max_lifetime stagger stale_ms max_scan avoid waiter
+--   then the policy's own arguments, from s.wa on (each walk says which).
 -- Returns: {outcome, worker id, record, lifetime, last, scanned, stale,
---   workers, drained}: outcome 'ok', 'none' (no usable worker) or 'client'
---   (the client holds client_limit live sessions); lifetime is the
+--   workers, drained}: outcome 'ok', 'none' (no usable worker), 'client'
+--   (the client holds client_limit live sessions) or 'behind' (an older
+--   request in the pool's queue may take the worker found); lifetime is the
 --   worker's after the claim, last 1 when the claim brought it to
 --   max_lifetime, scanned the index entries examined, stale the stale or
 --   missing workers walked past, workers the group's registered workers,
@@ -22,6 +24,9 @@
 -- or another instance's is higher) takes no session of it, and no claim
 -- would be its last: the claim tells it to drain instead, one at a time
 -- under stagger_drains (none while another worker retires).
+-- waiter is the request's place in the pool's queue ('-': none); the
+-- claim yields to an older waiter (queue_ahead) and, made, takes the
+-- waiter out of the queue.
 -- Complexity: O(log N) per index read, at most max_scan unusable entries
 --   and DEBRIS_MAX entries full for this claim's limits.
 
@@ -119,7 +124,7 @@ local function claim(keys, args)
     K = K, now = now_ms(), mc = tonumber(args[9]), ml = tonumber(args[10]),
     stale = tonumber(args[12]), budget = tonumber(args[13]), avoid = {},
     scanned = 0, debris = 0, cache = {}, stale_ids = {}, stale_seen = {}, retiring = false, full = {},
-    args = args, dry = dry,
+    args = args, dry = dry, wa = 16,
   }
   if s.budget == 0 then s.budget = -1 end
   for id in string.gmatch(args[14], '%S+') do s.avoid[id] = true end
@@ -180,6 +185,12 @@ local function claim(keys, args)
   end
   if not id then return reply('none') end
   if dry then return reply('ok', id, w, s.ml > 0 and w.l + 1 >= s.ml) end
+  local waiter = args[15]
+  if queue_ahead(K, s.now, waiter, version, id) then return reply('behind') end
+  if waiter ~= '-' and redis.call('ZSCORE', K.queue, waiter) then
+    queue_drop(K, waiter)
+    redis.call('HINCRBY', K.qinfo, ' served', 1)
+  end
 
   w.a, w.l, w.ch = w.a + 1, w.l + 1, effcap(w.cr, s.mc)
   if s.on_claim then s.on_claim(id, w) end

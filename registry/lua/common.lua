@@ -4,7 +4,7 @@
 --
 -- Every function takes the same KEYS, the layout of registry/keys.go
 -- (groupKeyNames): a version group's workers, state, retiring set and
--- indexes, then its pool's sessions, session index and groups. They share
+-- indexes, then its pool's sessions, session index, groups and queue. They share
 -- one hash tag, so a call touches one Cluster slot.
 
 local function keyset(k)
@@ -12,6 +12,7 @@ local function keyset(k)
     workers = k[1], state = k[2], retiring = k[3],
     lf = k[4], ring = k[5], idle = k[6], busy = k[7], iwrr = k[8],
     sessions = k[9], sindex = k[10], groups = k[11],
+    queue = k[12], qalive = k[13], qinfo = k[14],
   }
 end
 
@@ -267,4 +268,76 @@ end
 -- free: pub/sub channel "<pool tag>:wakeup" (K.groups is "<pool tag>:groups").
 local function wakeup(K)
   redis.call('PUBLISH', string.sub(K.groups, 1, -7) .. 'wakeup', '1')
+end
+
+-- The pool's queue of waiting requests, across every Caddy instance:
+-- K.queue ZSET waiter -> arrival number (HINCRBY of K.qinfo's ' seq'),
+-- K.qalive ZSET waiter -> deadline (Unix ms) its instance keeps pushing
+-- back, K.qinfo HASH waiter -> "<grant ms> <joined ms> <versions>|<avoid>"
+-- (the versions of the pool's groups it may claim in, '-' the pool's own).
+-- grant is when a younger request first found a worker this waiter could
+-- take (0: none since); the waiter holds it for GRANT_MS, then it passes.
+local GRANT_MS, QUEUE_SCAN = 250, 128
+
+local function queue_drop(K, m)
+  redis.call('ZREM', K.queue, m)
+  redis.call('ZREM', K.qalive, m)
+  redis.call('HDEL', K.qinfo, m)
+end
+
+-- queue_prune drops the waiters whose instance stopped keeping them.
+local function queue_prune(K, now)
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', K.qalive, '-inf', '(' .. n(now), 'LIMIT', 0, 64)) do
+    queue_drop(K, m)
+  end
+end
+
+local function get_waiter(K, m)
+  local v = redis.call('HGET', K.qinfo, m)
+  if not v then return nil end
+  local grant, joined, versions, avoid = string.match(v, '^(%d+) (%d+) ([^|]*)|(.*)$')
+  if not grant then return nil end
+  return { grant = tonumber(grant), joined = tonumber(joined), versions = ' ' .. versions .. ' ', avoid = ' ' .. avoid .. ' ' }
+end
+
+local function put_waiter(K, m, q)
+  redis.call('HSET', K.qinfo, m, n(q.grant) .. ' ' .. n(q.joined) .. ' ' .. string.sub(q.versions, 2, -2) .. '|' .. string.sub(q.avoid, 2, -2))
+end
+
+-- queue_ahead returns the waiter ahead of waiter ('-': a request not
+-- queued) that may take worker id of version: alive, waiting for it,
+-- not avoiding it, and holding its grant. Finding one grants it, once,
+-- and wakes the instances so its own claims.
+local function queue_ahead(K, now, waiter, version, id)
+  if redis.call('ZCARD', K.queue) == 0 then return nil end
+  local stop = QUEUE_SCAN - 1
+  if waiter ~= '-' then
+    local r = redis.call('ZRANK', K.queue, waiter)
+    if r then
+      local q = get_waiter(K, waiter)
+      if q and q.grant > 0 and now - q.grant >= GRANT_MS then
+        -- back after its grant passed: it may hold the next one
+        q.grant = 0
+        put_waiter(K, waiter, q)
+      end
+      if r == 0 then return nil end
+      stop = math.min(stop, r - 1)
+    end
+  end
+  for _, m in ipairs(redis.call('ZRANGE', K.queue, 0, stop)) do
+    local dl = redis.call('ZSCORE', K.qalive, m)
+    local q = dl and tonumber(dl) >= now and get_waiter(K, m)
+    if not q then
+      queue_drop(K, m)
+    elseif string.find(q.versions, ' ' .. version .. ' ', 1, true) and not string.find(q.avoid, ' ' .. id .. ' ', 1, true) then
+      if q.grant == 0 then
+        q.grant = now
+        put_waiter(K, m, q)
+        wakeup(K)
+        return m
+      end
+      if now - q.grant < GRANT_MS then return m end
+    end
+  end
+  return nil
 end

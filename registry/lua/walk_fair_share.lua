@@ -31,7 +31,7 @@ end
 
 WALKS.fair_share = function(s)
   local K, now = s.K, s.now
-  local window, median, default = tonumber(s.args[15]), s.args[16] == '1', tonumber(s.args[17])
+  local window, median, default = tonumber(s.args[s.wa]), s.args[s.wa + 1] == '1', tonumber(s.args[s.wa + 2])
   local idle, busy, late, moved = zstream(K.idle), zstream(K.busy), {}, {}
   local function state(id)
     local w = s.cache[id]

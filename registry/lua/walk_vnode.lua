@@ -10,10 +10,11 @@
 
 WALKS.vnode = function(s)
   local K, a = s.K, s.args
-  local k = tonumber(a[15])
+  local o = s.wa
+  local k = tonumber(a[o])
   local cands, seen = {}, {}
   for i = 1, k do
-    local pivot, jitter = a[15 + i], tonumber(a[15 + k + i])
+    local pivot, jitter = a[o + i], tonumber(a[o + k + i])
     local id, w = walk(s, 'ZRANGEBYLEX', K.ring, '[' .. pivot, '+', 34, true)
     if not id and not w then
       id, w = walk(s, 'ZRANGEBYLEX', K.ring, '-', '(' .. pivot, 34, true)
@@ -35,6 +36,6 @@ WALKS.vnode = function(s)
   for _, c in ipairs(cands) do
     if c.slots == lo then tied[#tied + 1] = c end
   end
-  local c = tied[(tonumber(a[16 + 2 * k]) % #tied) + 1]
+  local c = tied[(tonumber(a[o + 1 + 2 * k]) % #tied) + 1]
   return c.id, c.w
 end
