@@ -320,7 +320,7 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 		behind := false
 		if w == nil || q.isHead(w) {
 			id := ""
-			if w != nil {
+			if w != nil && c.claim.shared() {
 				id = w.id
 			}
 			claim, o, msg, workers, yielded := c.claimIn(ctx, b, a, groups, avoid, id)
@@ -376,7 +376,7 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 // not joined yet, or its instance lost it: cut off from Redis longer than
 // registry.QueueKeepFor). A full queue is outcomeQueueFull.
 func (c *claimer) enqueue(ctx context.Context, b *backend, q *waitQueue, w *waiter, a *attempt) outcome {
-	if q.position(w) >= 0 {
+	if !c.claim.shared() || q.position(w) >= 0 {
 		return outcomeNone
 	}
 	ws := q.registryWaiter(w)

@@ -153,6 +153,12 @@ type ClaimOptions struct {
 	// major.minor, and answers 428 for a version no worker serves.
 	// Default: on.
 	VersionRouting *bool `json:"version_routing,omitempty"`
+	// SharedQueue orders the requests waiting for a pool across every
+	// instance sharing the Redis, and bounds them there by QueueSize; off,
+	// each instance queues its own, which saves the queue's Redis calls
+	// but lets a busy instance's waiters lose slots to a quiet one's.
+	// Default: on.
+	SharedQueue *bool `json:"shared_queue,omitempty"`
 }
 
 // PolicyOptions are the policies' own options; each policy takes only
@@ -331,6 +337,7 @@ func (p *Policy[K]) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ ht
 //	    client_limit     <n>
 //	    client_key       <placeholder>
 //	    version_routing  [on|off]
+//	    shared_queue     [on|off]
 //	    samples          <1-8>         # vnode
 //	    slot_jitter      <0-64>        # vnode
 //	    window           <1-100>       # fair_share
@@ -382,7 +389,7 @@ func (b *policyBlock) parse(d *caddyfile.Dispenser) (bool, error) {
 		"samples": {1, selection.MaxSamples}, "slot_jitter": {0, selection.MaxSlotJitter}, "window": {1, 100},
 	}
 	switch name {
-	case "stagger_drains", "version_routing", "median", "client_key", "max_session", "idle_timeout", "select_timeout", "default_estimate":
+	case "stagger_drains", "version_routing", "shared_queue", "median", "client_key", "max_session", "idle_timeout", "select_timeout", "default_estimate":
 	default:
 		if _, ok := ranges[name]; !ok {
 			return false, nil
@@ -394,7 +401,7 @@ func (b *policyBlock) parse(d *caddyfile.Dispenser) (bool, error) {
 	b.seen[name] = true
 	b.lines[name] = fmt.Sprintf("%s:%d", d.File(), d.Line())
 	switch name {
-	case "stagger_drains", "version_routing":
+	case "stagger_drains", "version_routing", "shared_queue":
 		on := true
 		if d.NextArg() {
 			switch d.Val() {
@@ -408,10 +415,13 @@ func (b *policyBlock) parse(d *caddyfile.Dispenser) (bool, error) {
 		if d.NextArg() {
 			return true, d.ArgErr()
 		}
-		if name == "stagger_drains" {
+		switch name {
+		case "stagger_drains":
 			o.StaggerDrains = &on
-		} else {
+		case "version_routing":
 			o.VersionRouting = &on
+		default:
+			o.SharedQueue = &on
 		}
 	case "median":
 		if d.NextArg() {
@@ -489,6 +499,9 @@ func (b *policyBlock) check(k policyKind) error {
 
 // routing resolves VersionRouting with its default (on).
 func (o ClaimOptions) routing() bool { return o.VersionRouting == nil || *o.VersionRouting }
+
+// shared resolves SharedQueue with its default (on).
+func (o ClaimOptions) shared() bool { return o.SharedQueue == nil || *o.SharedQueue }
 
 // checkClientKeyPlaceholder refuses a client_key without a placeholder:
 // every client would share one budget.

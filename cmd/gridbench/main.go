@@ -26,6 +26,13 @@
 //     2 and max_lifetime 3, clients opening 200 ms sessions through ten
 //     worker restarts: free slots, time with none free, and each session's
 //     wait, with stagger_drains on (the default) and off.
+//   - fairness: two bin/caddy sharing a pool of 4 slots, one taking 4× the
+//     other's arrivals at 1.2× capacity: each instance's clients' waits,
+//     with the shared queue and with shared_queue off.
+//   - first-page: a Playwright client's connect and first page on the
+//     playwright and playwright-server launchers, through the grid and
+//     direct.
+//   - memory: Redis memory per worker and per live session record.
 //
 // The real parts are found beside the gridbench binary, else in bin/
 // (make build); redis-server and redis-benchmark on PATH (make deps).
