@@ -149,6 +149,9 @@ type SessionOut struct {
 	Label    string    `json:"label,omitempty"`
 	Started  time.Time `json:"started"`
 	AgeMS    int64     `json:"age_ms"`
+	// IdleMS is how long no data frame has passed, as its agent last
+	// reported (at most a heartbeat ago).
+	IdleMS int64 `json:"idle_ms"`
 }
 
 // SessionsPage is GET /grid/sessions.
@@ -423,7 +426,8 @@ func (a *App) drain(ctx context.Context, pool, id string) (map[string]string, er
 
 func sessionOut(s registry.Session, now time.Time) SessionOut {
 	return SessionOut{ID: s.ID, Pool: s.Pool, Version: s.Version, Worker: s.Worker, State: s.State, Instance: s.Instance,
-		Client: s.Client, Label: s.Label, Started: s.Claimed, AgeMS: now.Sub(s.Claimed).Milliseconds()}
+		Client: s.Client, Label: s.Label, Started: s.Claimed, AgeMS: now.Sub(s.Claimed).Milliseconds(),
+		IdleMS: max(0, now.Sub(s.Active).Milliseconds())}
 }
 
 // sessionsPage lists sessions a page at a time. The cursor is

@@ -213,3 +213,26 @@ func sorted(s ...string) []string {
 	slices.Sort(s)
 	return s
 }
+
+// A session's entry says how long it has carried no data frame, as its
+// agent's heartbeats report it: it grows while the client is quiet and
+// starts again from zero after a frame.
+func TestTheAdminAPIShowsHowLongASessionHasBeenIdle(t *testing.T) {
+	t.Parallel()
+	g := newGrid(t)
+	g.agent("chromium", nil)
+	c := startCaddy(t, caddyOpts{redisURL: g.redis.URL(), site: site("max_concurrent 2")})
+	s := mustDial(t, c.url("/playwright/chromium"))
+	defer s.close()
+	id := s.resp.Header.Get(registry.HeaderSession)
+	idle := func() time.Duration {
+		var out caddygrid.SessionOut
+		c.adminJSON(http.MethodGet, "/grid/sessions/"+id, &out)
+		return time.Duration(out.IdleMS) * time.Millisecond
+	}
+	testenv.Eventually(t, 10*time.Second, "the quiet session is shown idle 2s or more", func() bool { return idle() >= 2*time.Second })
+	if err := s.echo("awake"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "after a frame, idle under 1s", func() bool { return idle() < time.Second })
+}

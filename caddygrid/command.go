@@ -243,10 +243,11 @@ func renderSessions(ss []SessionOut) string {
 	}
 	sort.Slice(ss, func(i, j int) bool { return ss[i].Started.Before(ss[j].Started) })
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%-26s  %-10s  %-8s  %-7s  %-24s  %-8s  %s\n", "SESSION", "POOL", "VERSION", "STATE", "WORKER", "AGE", "LABEL")
+	fmt.Fprintf(&b, "%-26s  %-10s  %-8s  %-7s  %-24s  %-8s  %-8s  %s\n", "SESSION", "POOL", "VERSION", "STATE", "WORKER", "AGE", "IDLE", "LABEL")
 	for _, s := range ss {
-		fmt.Fprintf(&b, "%-26s  %-10s  %-8s  %-7s  %-24s  %-8s  %s\n", printable(s.ID), printable(s.Pool), printable(s.Version),
-			s.State, printable(s.Worker), (time.Duration(s.AgeMS) * time.Millisecond).Round(time.Second), printable(s.Label))
+		fmt.Fprintf(&b, "%-26s  %-10s  %-8s  %-7s  %-24s  %-8s  %-8s  %s\n", printable(s.ID), printable(s.Pool), printable(s.Version),
+			s.State, printable(s.Worker), (time.Duration(s.AgeMS) * time.Millisecond).Round(time.Second),
+			(time.Duration(s.IdleMS) * time.Millisecond).Round(time.Second), printable(s.Label))
 	}
 	return b.String()
 }

@@ -121,15 +121,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.failed(b, a, claim, err.Error())
 		return nil, reverseproxy.NewDialError(err)
 	case resp.StatusCode == http.StatusSwitchingProtocols:
-		b.sessions.add(claim.Session, liveSession{pool: pool, group: claim.Group, worker: claim.Worker.ID, started: time.Now(), owner: t})
+		started := time.Now()
+		b.sessions.add(claim.Session, liveSession{pool: pool, group: claim.Group, worker: claim.Worker.ID, started: started, owner: t})
 		a.connected()
+		// the session's ID joins these lines to the access log's, which
+		// holds it as the Grid-Session response header
+		t.logger.Info("session started", zap.String("session", claim.Session), zap.String("pool", claim.Group),
+			zap.String("worker_id", claim.Worker.ID), zap.String("label", a.label))
+		end := func() {
+			b.sessions.remove(claim.Session)
+			t.logger.Info("session ended", zap.String("session", claim.Session), zap.String("pool", claim.Group),
+				zap.String("worker_id", claim.Worker.ID), zap.Duration("duration", time.Since(started)))
+		}
 		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {
-			resp.Body = &sessionBody{ReadWriteCloser: rwc, end: func() { b.sessions.remove(claim.Session) }}
+			resp.Body = &sessionBody{ReadWriteCloser: rwc, end: end}
 		}
 		resp.Header.Set(registry.HeaderSession, claim.Session)
-		if c := t.logger.Check(zap.DebugLevel, "session started"); c != nil {
-			c.Write(zap.String("session", claim.Session), zap.String("pool", claim.Group), zap.String("worker_id", claim.Worker.ID))
-		}
 		return resp, nil
 	case resp.Header.Get(registry.HeaderRefused) != "":
 		reason := resp.Header.Get(registry.HeaderRefused)

@@ -123,6 +123,8 @@ type LiveSession struct {
 	// Client is the hash of the client's key the claim carried ("" none):
 	// a session Redis lost comes back counted against its client_limit.
 	Client string
+	// Idle is how long no data frame has passed.
+	Idle time.Duration
 }
 
 func (s AgentState) args() []any {
@@ -158,7 +160,7 @@ func (r *Registry) Register(ctx context.Context, rec Record, st AgentState, repl
 	args := append([]any{rec.ID, string(raw), rec.Capacity}, st.args()...)
 	args = append(args, replaces, version)
 	for _, s := range st.Sessions {
-		args = append(args, s.ID, orDash(s.Client))
+		args = append(args, s.ID, orDash(s.Client), s.Idle.Milliseconds())
 	}
 	if _, err := r.fcall(ctx, "register", rec.Group(), false, args...); err != nil {
 		return fmt.Errorf("registering worker %s in pool %q: %w", rec.ID, rec.Group(), err)
@@ -181,7 +183,7 @@ func (r *Registry) Heartbeat(ctx context.Context, group, id string, st AgentStat
 	args := append([]any{id}, st.args()...)
 	args = append(args, PendingGrace.Milliseconds())
 	for _, s := range st.Sessions {
-		args = append(args, s.ID, orDash(s.Client))
+		args = append(args, s.ID, orDash(s.Client), s.Idle.Milliseconds())
 	}
 	res, err := r.fcall(ctx, "heartbeat", group, false, args...)
 	if err != nil {

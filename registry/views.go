@@ -186,20 +186,27 @@ type Session struct {
 	// Client is the hash of the client's key ("" none); Instance the Caddy
 	// that claimed it; Label the client's own label.
 	Client, Instance, Label string
+	// Active is when a data frame last passed, as its agent last reported
+	// (at most a heartbeat ago); Claimed until the agent reports it.
+	Active time.Time
 }
 
 var sessionStates = map[string]string{"p": "pending", "q": "pending", "l": "live", "e": "ending"}
 
 func parseSession(pool, id, v string) (Session, bool) {
-	f := strings.SplitN(v, " ", 7)
-	if len(f) < 6 || sessionStates[f[3]] == "" {
+	f := strings.SplitN(v, " ", 8)
+	if len(f) < 7 || sessionStates[f[3]] == "" {
 		return Session{}, false
 	}
 	ms, err := strconv.ParseInt(f[2], 10, 64)
 	if err != nil {
 		return Session{}, false
 	}
-	s := Session{ID: id, Pool: pool, Worker: f[0], Claimed: time.UnixMilli(ms), State: sessionStates[f[3]]}
+	active, err := strconv.ParseInt(f[6], 10, 64)
+	if err != nil {
+		return Session{}, false
+	}
+	s := Session{ID: id, Pool: pool, Worker: f[0], Claimed: time.UnixMilli(ms), State: sessionStates[f[3]], Active: time.UnixMilli(active)}
 	undash := func(x string) string {
 		if x == "-" {
 			return ""
@@ -207,8 +214,8 @@ func parseSession(pool, id, v string) (Session, bool) {
 		return x
 	}
 	s.Version, s.Client, s.Instance = undash(f[1]), undash(f[4]), undash(f[5])
-	if len(f) == 7 {
-		s.Label = f[6]
+	if len(f) == 8 {
+		s.Label = f[7]
 	}
 	return s, true
 }

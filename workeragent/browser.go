@@ -148,7 +148,11 @@ func (w *worker) state(hold bool) registry.AgentState {
 		st.Status = registry.Draining
 	}
 	for id, s := range w.live {
-		st.Sessions = append(st.Sessions, registry.LiveSession{ID: id, Client: s.ticket.Client})
+		ls := registry.LiveSession{ID: id, Client: s.ticket.Client}
+		if s.relay != nil {
+			ls.Idle = s.relay.idle()
+		}
+		st.Sessions = append(st.Sessions, ls)
 	}
 	return st
 }

@@ -216,12 +216,13 @@ function sessionTable(p, d) {
     el('td', {}, s.instance || ''),
     el('td', {}, s.state),
     el('td', {}, fmtAge(s.age_ms)),
+    el('td', {}, fmtAge(s.idle_ms)),
   ));
   const more = p.sessions_hidden ? el('p', { class: 'muted', 'data-hidden-sessions': String(p.sessions_hidden) },
     `${p.sessions_hidden} more sessions not listed (the admin API lists every one)`) : null;
   return el('div', { class: 'sessions' }, el('h3', {}, `sessions (${ss.length + (p.sessions_hidden || 0)})`),
     ss.length === 0 ? el('p', { class: 'muted' }, 'no live session') : el('table', { class: 'sessions' },
-      el('thead', {}, el('tr', {}, ...['session', 'label', 'worker', 'Playwright', 'instance', 'state', 'age'].map((h) => el('th', {}, h)))),
+      el('thead', {}, el('tr', {}, ...['session', 'label', 'worker', 'Playwright', 'instance', 'state', 'age', 'idle'].map((h) => el('th', {}, h)))),
       el('tbody', {}, ...rows)), more);
 }
 

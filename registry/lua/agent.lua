@@ -8,7 +8,7 @@
 -- ARGV: id, record (JSON), capacity, status (a, d or x), lifetime (the
 --   browser's sessions so far), hold (0/1), replaces (the id of the worker
 --   this browser replaces, or ''), version (or '-'), then its live
---   sessions: pairs of id and client hash (or '-').
+--   sessions: triples of id, client hash (or '-') and idle time (ms).
 -- Returns: 'ok'. Complexity: O(log N) per session and ring position.
 local function register(keys, args)
   local K = keyset(keys)
@@ -20,14 +20,15 @@ local function register(keys, args)
   redis.call('HSET', K.workers, id, args[2])
   local cap = tonumber(args[3])
   local w = {
-    st = 'x', a = (#args - 8) / 2, l = tonumber(args[5]), cr = cap, ch = cap, hb = now, sus = 0,
+    st = 'x', a = (#args - 8) / 3, l = tonumber(args[5]), cr = cap, ch = cap, hb = now, sus = 0,
     hold = args[6] == '1', pe = 0, est = DEFAULT_ESTIMATE,
   }
   set_status(K, id, w, args[4])
-  for i = 9, #args, 2 do
+  for i = 9, #args, 3 do
     local sid = args[i]
     if redis.call('HEXISTS', K.sessions, sid) == 0 then
-      new_session(K, sid, { wid = id, ver = args[8], claimed = now, st = 'l', client = args[i + 1], inst = '-', label = '' })
+      new_session(K, sid, { wid = id, ver = args[8], claimed = now, st = 'l', client = args[i + 1], inst = '-',
+        active = now - tonumber(args[i + 2]), label = '' })
     end
   end
   if args[7] ~= '' then
@@ -49,8 +50,8 @@ end
 -- KEYS: state, retiring, lf, ring, iwrr, idle, busy, workers, sessions,
 --   sindex, groups (for the wake-up channel).
 -- ARGV: id, status (a serving, d draining, x replaced), lifetime, hold
---   (0/1), grace (ms), then its live sessions: pairs of id and client
---   hash (or '-').
+--   (0/1), grace (ms), then its live sessions: triples of id, client
+--   hash (or '-') and idle time (ms).
 -- Returns: {'unregistered'} when the worker has no record, else
 --   {'ok', drain, ids...}: drain 1 when an operator's drain is pending for
 --   it, and the live sessions told to end.
@@ -64,20 +65,27 @@ local function heartbeat(keys, args)
   if not w then return { 'unregistered' } end
   local now, grace = now_ms(), tonumber(args[5])
   local reported, live, ending = {}, 0, {}
-  for i = 6, #args, 2 do
+  for i = 6, #args, 3 do
     local sid = args[i]
     if not reported[sid] then
       reported[sid] = true
       live = live + 1
       local s = get_session(K, sid)
+      local active = now - tonumber(args[i + 2])
       if not s then
-        new_session(K, sid, { wid = id, ver = '-', claimed = now, st = 'l', client = args[i + 1], inst = '-', label = '' })
+        new_session(K, sid, { wid = id, ver = '-', claimed = now, st = 'l', client = args[i + 1], inst = '-', active = active, label = '' })
       elseif s.wid == id then
+        -- rewritten when its state or, by a second or more, its last
+        -- activity changed
+        local changed = math.abs(active - s.active) >= 1000
         if s.st == 'p' or s.st == 'q' then
-          s.st = 'l'
-          put_session(K, sid, s)
+          s.st, changed = 'l', true
         elseif s.st == 'e' then
           ending[#ending + 1] = sid
+        end
+        if changed then
+          s.active = active
+          put_session(K, sid, s)
         end
       end
     end

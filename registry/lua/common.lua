@@ -201,22 +201,23 @@ local function set_status(K, id, w, st)
 end
 
 -- Session records, K.sessions field <session id>:
---   "<worker> <version|-> <claimed ms> <p|q|l|e> <client|-> <instance|-> <label>"
+--   "<worker> <version|-> <claimed ms> <p|q|l|e> <client|-> <instance|-> <active ms> <label>"
 -- p pending (claimed, not yet reported by the agent), q pending and the
 -- worker's last under its claim's max_lifetime, l live, e live and told to
--- end. K.sindex holds "w <worker> <session>" for every session and
+-- end. active is when a data frame last passed, as the agent's heartbeat
+-- last reported it (the claim's time until then). K.sindex holds "w <worker> <session>" for every session and
 -- "c <client> <session>" for those with a client.
 local function get_session(K, sid)
   local v = redis.call('HGET', K.sessions, sid)
   if not v then return nil end
-  local wid, ver, claimed, st, client, inst, label = string.match(v, '^(%S+) (%S+) (%d+) ([pqle]) (%S+) (%S+) ?(.*)$')
+  local wid, ver, claimed, st, client, inst, active, label = string.match(v, '^(%S+) (%S+) (%d+) ([pqle]) (%S+) (%S+) (%d+) ?(.*)$')
   if not wid then return nil end
-  return { wid = wid, ver = ver, claimed = tonumber(claimed), st = st, client = client, inst = inst, label = label }
+  return { wid = wid, ver = ver, claimed = tonumber(claimed), st = st, client = client, inst = inst, active = tonumber(active), label = label }
 end
 
 local function put_session(K, sid, s)
   redis.call('HSET', K.sessions, sid, s.wid .. ' ' .. s.ver .. ' ' .. n(s.claimed) .. ' ' .. s.st .. ' ' ..
-    s.client .. ' ' .. s.inst .. ' ' .. s.label)
+    s.client .. ' ' .. s.inst .. ' ' .. n(s.active or s.claimed) .. ' ' .. s.label)
 end
 
 local function new_session(K, sid, s)
