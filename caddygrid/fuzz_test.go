@@ -3,7 +3,9 @@ package caddygrid
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -44,8 +46,11 @@ var fuzzSpecs = []poolSpec{
 // implementation: coder/websocket's, the fake browser's), with
 // extensions that parse (RFC 6455 9.1, checked by a parser of its own
 // here), to a pool the route serves, so the browser's answer cannot
-// blame the worker for the client's request. A well-formed upgrade to a
-// served pool is let through whatever other headers it carries.
+// blame the worker for the client's request, and with no launch option
+// or exposeNetwork pattern the route does not allow, in the header or the
+// query, read as Playwright's server reads them (the query's first value,
+// else every header value joined). A well-formed upgrade to a served
+// pool is let through whatever other headers it carries.
 func FuzzClientRequest(f *testing.F) {
 	valid := "Connection: Upgrade\nUpgrade: websocket\nSec-WebSocket-Version: 13\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\n"
 	f.Add("GET", "/playwright/chromium", "", 1, valid, int8(0), false, uint8(0), false)
@@ -59,6 +64,10 @@ func FuzzClientRequest(f *testing.F) {
 	f.Add("CONNECT", "/playwright/chromium", "", 2, ":protocol: websocket\nSec-WebSocket-Version: 13", int8(-1), false, uint8(0), false)
 	f.Add("GET", "/playwright/"+strings.Repeat("a", 70), "", 1, valid, int8(0), false, uint8(0), false)
 	f.Add("GET", "/playwright/chromium", "", 1, "Connection: Upgrade\nUpgrade: h2c, websocket\nSec-WebSocket-Version: 13\nSec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==", int8(0), false, uint8(0), false)
+	f.Add("GET", "/playwright/chromium", "", 1, valid+`X-Playwright-Launch-Options: {"proxy":{"server":"http://p:1"},"args":["--x"]}`, int8(0), false, uint8(0), false)
+	f.Add("GET", "/playwright/chromium", `launch-options={"executablePath":"/bin/sh"}`, 1, valid, int8(0), false, uint8(0), false)
+	f.Add("GET", "/playwright/chromium", "proxy=*", 1, valid+"X-Playwright-Proxy: localhost", int8(0), false, uint8(0), false)
+	f.Add("GET", "/playwright/chromium", "", 1, valid+`X-Playwright-Launch-Options: {"slowMo":1}`+"\n"+`X-Playwright-Launch-Options: "headless":false}`, int8(0), false, uint8(0), false)
 	f.Fuzz(func(t *testing.T, method, path, query string, proto int, headers string, bodyLen int8, chunked bool, specN uint8, canonical bool) {
 		spec := fuzzSpecs[int(specN)%len(fuzzSpecs)]
 		r, plain := fuzzRequest(method, path, query, proto, headers, bodyLen, chunked, canonical)
@@ -82,7 +91,8 @@ func FuzzClientRequest(f *testing.F) {
 		clone := r.Clone(r.Context())
 		code, _ := checkHandshake(clone)
 		body := r.ProtoMajor == 1 && (r.ContentLength != 0 || len(r.TransferEncoding) > 0)
-		if !isWebSocket(r) || body || poolErr != nil || code != 0 {
+		launchRefused := h.checkLaunch(clone) != ""
+		if !isWebSocket(r) || body || poolErr != nil || code != 0 || launchRefused {
 			rec := httptest.NewRecorder()
 			if err := h.ServeHTTP(rec, r, nil); err != nil {
 				t.Fatalf("ServeHTTP: %v", err)
@@ -99,7 +109,7 @@ func FuzzClientRequest(f *testing.F) {
 			if attemptOf(r) != nil {
 				t.Fatal("a refused request began a claim")
 			}
-			if plain && poolErr == nil {
+			if plain && poolErr == nil && !launchRefused {
 				t.Fatalf("a well-formed upgrade to a served pool was refused with %d %q", rec.Code, rec.Body)
 			}
 			return
@@ -133,7 +143,37 @@ func FuzzClientRequest(f *testing.F) {
 				t.Fatalf("let through with Sec-WebSocket-Extensions %q, which RFC 6455 9.1 does not parse", v)
 			}
 		}
+		if bad := playwrightReads(fwd, DefaultLaunchOptions); bad != "" {
+			t.Fatalf("let through, but Playwright's server would read %s", bad)
+		}
 	})
+}
+
+// playwrightReads names what a Playwright server would apply from r's
+// launch options beyond allowed, the options it keeps its own value of
+// and headless true ("" nothing), reading them its own way: the query's
+// first launch-options, else the header's values joined as Node joins
+// them. An exposeNetwork pattern is allowed (expose_network's default).
+func playwrightReads(r *http.Request, allowed []string) string {
+	raw := r.URL.Query().Get("launch-options")
+	if raw == "" {
+		raw = strings.Join(r.Header.Values("X-Playwright-Launch-Options"), ", ")
+	}
+	var opts map[string]any
+	if json.Unmarshal([]byte(raw), &opts) != nil {
+		return "" // Playwright falls back to its defaults
+	}
+	keeps := []string{"handleSIGINT", "handleSIGTERM", "handleSIGHUP", "timeout", "tracesDir", "artifactsDir", "downloadsPath"}
+	for k, v := range opts {
+		switch {
+		case slices.Contains(allowed, k), slices.Contains(keeps, k):
+		case k == "headless" && v == true:
+		case k == "args" && (v == nil || fmt.Sprint(v) == "[]"):
+		default:
+			return fmt.Sprintf("the launch option %s (%v)", k, v)
+		}
+	}
+	return ""
 }
 
 // fuzzRequest builds a request as Go's HTTP server hands it over: header

@@ -98,6 +98,8 @@ type sessionEvent struct {
 	Title  string `json:"title"`
 	Answer int    `json:"answer"`
 	Error  string `json:"error"`
+	// Detail is the client's whole error, with the answer's body.
+	Detail string `json:"detail"`
 }
 
 func parseEvents(t *testing.T, out []byte) []sessionEvent {
@@ -704,5 +706,59 @@ func TestPlaywrightTestSuiteThroughTheGrid(t *testing.T) {
 				return false
 			})
 		})
+	}
+}
+
+// TestLaunchOptionsReachAPerSessionBrowser: on a playwright-server worker
+// whose agent lets clients set --user-agent, a client's launch options
+// reach the browser launched for its session: its browser flag (the page
+// server sees the user agent it set) and its proxy (a page of a name
+// that resolves nowhere comes through it). A flag the worker does not
+// let through is refused, and the client's error names it.
+func TestLaunchOptionsReachAPerSessionBrowser(t *testing.T) {
+	g := startGrid(t, Config{Workers: 1, MaxConcurrent: 2, MaxLifetime: 50, Launcher: "playwright"})
+	g.cfg.Launcher, g.cfg.Pool, g.cfg.WorkerArgs = "playwright-server", "chromium-cdp", []string{"-client-args", "--user-agent"}
+	if err := g.StartWorker(2); err != nil {
+		t.Fatal(err)
+	}
+	g.cfg.Launcher, g.cfg.Pool, g.cfg.WorkerArgs = "playwright", "chromium", nil
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := g.WaitPool(ctx, "chromium-cdp", 1); err != nil {
+		t.Fatal(err)
+	}
+	// One server: the page a direct request gets names its user agent;
+	// a request through it as a proxy (an absolute URL) names its host.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.IsAbs() {
+			fmt.Fprintf(w, "<title>through the proxy to %s</title>", r.URL.Hostname())
+			return
+		}
+		fmt.Fprintf(w, "<title>%s</title>", r.UserAgent())
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	page := "http://" + ln.Addr().String() + "/"
+	run := func(opts, goto_ string) sessionEvent {
+		t.Helper()
+		out, _ := client(t, g, "run", "--url", g.CDPURL(), "--goto", goto_, "--header", "x-playwright-launch-options: "+opts).CombinedOutput()
+		evs := parseEvents(t, out)
+		if len(evs) != 1 {
+			t.Fatalf("launch options %s: want one session, got\n%s", opts, out)
+		}
+		return evs[0]
+	}
+	if ev := run(`{"args":["--user-agent=grid-launch-check"]}`, page); !ev.OK || ev.Title != "grid-launch-check" {
+		t.Fatalf("with args --user-agent: %+v, want the page to see that user agent", ev)
+	}
+	if ev := run(`{"proxy":{"server":"`+page+`"}}`, "http://grid-proxy-check.invalid/"); !ev.OK || ev.Title != "through the proxy to grid-proxy-check.invalid" {
+		t.Fatalf("with a proxy: %+v, want the page through it", ev)
+	}
+	if ev := run(`{"args":["--disable-web-security"]}`, page); ev.OK || !strings.Contains(ev.Detail, "the browser flag --disable-web-security is not allowed") {
+		t.Fatalf("with a flag the worker does not let through: %+v, want an error naming it", ev)
 	}
 }

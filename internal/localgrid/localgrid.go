@@ -330,6 +330,7 @@ localhost:{{.HTTPS}} {
 			max_concurrent {{.MaxConcurrent}}
 			max_lifetime {{.MaxLifetime}}
 			select_timeout {{.SelectTimeout}}
+			launch_options proxy slowMo args
 		}
 	}
 }
