@@ -143,7 +143,11 @@ async function session(opts, n) {
 				process.stdin.on('end', resolve);
 				process.stdin.on('close', resolve);
 				process.on('SIGTERM', resolve);
+				// the grid ended the session: the page's next call fails
+				// with the reason the close frame gave
+				browser.on('disconnected', resolve);
 			});
+			if (!browser.isConnected()) await page.title();
 		}
 		const video = page.video();
 		await page.close();

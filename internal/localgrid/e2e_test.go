@@ -762,3 +762,59 @@ func TestLaunchOptionsReachAPerSessionBrowser(t *testing.T) {
 		t.Fatalf("with a flag the worker does not let through: %+v, want an error naming it", ev)
 	}
 }
+
+// TestAPlaywrightClientReadsWhyTheGridEndedItsSession: an operator ends a
+// live Playwright session through the admin API; the client's next call
+// fails with an error that gives the grid's reason, and the slot is free.
+func TestAPlaywrightClientReadsWhyTheGridEndedItsSession(t *testing.T) {
+	g := startGrid(t, Config{Workers: 1, MaxConcurrent: 2, MaxLifetime: 50})
+	_, _, sc := holdSession(t, g, "hold", g.URL())
+	var id string
+	testenv.Eventually(t, 10*time.Second, "the session is listed", func() bool {
+		resp, err := http.Get(g.AdminURL() + "/grid/sessions?pool=chromium")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var page struct {
+			Sessions []struct {
+				ID string `json:"id"`
+			} `json:"sessions"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&page) != nil || len(page.Sessions) != 1 {
+			return false
+		}
+		id = page.Sessions[0].ID
+		return true
+	})
+	req, _ := http.NewRequest(http.MethodDelete, g.AdminURL()+"/grid/sessions/"+id, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("DELETE /grid/sessions/%s: %s", id, resp.Status)
+	}
+	ended := make(chan sessionEvent, 1)
+	go func() {
+		for sc.Scan() {
+			var ev sessionEvent
+			if json.Unmarshal(sc.Bytes(), &ev) == nil && ev.Event == "session" {
+				ended <- ev
+				return
+			}
+		}
+		close(ended)
+	}()
+	select {
+	case ev := <-ended:
+		if ev.OK || !strings.Contains(ev.Detail, "ended by the operator") {
+			t.Fatalf("the client's session after the operator's end: %+v, want an error giving the reason", ev)
+		}
+		t.Logf("the client's error: %s", ev.Error)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the client did not see its session end within 15s")
+	}
+	testenv.Eventually(t, 10*time.Second, "the slot is free", func() bool { return activeOf(t, g, "chromium") == 0 })
+}
