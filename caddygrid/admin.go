@@ -49,11 +49,11 @@ func (AdminAPI) Routes() []caddy.AdminRoute {
 // PoolSummary is one pool in GET /grid/pools.
 type PoolSummary struct {
 	Pool string `json:"pool"`
-	// Workers registered; Available take sessions; Retiring are on their
-	// way out (at their max_lifetime, draining, or replaced).
+	// Workers registered; Available take sessions; Leaving are on their
+	// way out (retiring, draining, or replaced).
 	Workers   int `json:"workers"`
 	Available int `json:"available"`
-	Retiring  int `json:"retiring"`
+	Leaving   int `json:"leaving"`
 	// Active is the live and pending sessions Redis counts; Capacity the
 	// sum of the available workers' caps (Uncapped: those without one).
 	Active   int `json:"active"`
@@ -224,7 +224,7 @@ func (a *App) summary(ctx context.Context, pool string) (PoolSummary, []registry
 			s.Active += w.Active
 			if workerStatus(w, gi.Now, time.Duration(a.StaleThreshold)) != "available" {
 				if w.Status != "available" {
-					s.Retiring++
+					s.Leaving++
 				}
 				continue
 			}

@@ -488,7 +488,7 @@ func (c *claimer) claimIn(ctx context.Context, b *backend, a *attempt, groups, a
 			}
 			metrics.versions.WithLabelValues(a.pool, v).Inc()
 			if claim.Last {
-				metrics.drains.WithLabelValues(a.pool).Inc()
+				metrics.retirements.WithLabelValues(a.pool).Inc()
 			}
 			return &claim, outcomeNone, "", 0, false
 		}

@@ -289,8 +289,8 @@ func renderStatus(pools []PoolDetail, now time.Time) string {
 			}
 			mc = c.MaxConcurrent
 		}
-		fmt.Fprintf(&b, "pool %s: %d workers (%d available, %d retiring), %d sessions, %d queued here, max_lifetime %s",
-			printable(p.Pool), len(p.Workers), p.Available, p.Retiring, p.Active, p.QueueDepth, limit)
+		fmt.Fprintf(&b, "pool %s: %d workers (%d available, %d leaving), %d sessions, %d waiting, max_lifetime %s",
+			printable(p.Pool), len(p.Workers), p.Available, p.Leaving, p.Active, p.QueueDepth, limit)
 		if p.Configured == nil {
 			b.WriteString(" (this configuration does not name the pool)")
 		}

@@ -21,7 +21,7 @@ var metrics = struct {
 	rejections     *prometheus.CounterVec
 	refusals       *prometheus.CounterVec
 	dialFailures   *prometheus.CounterVec
-	drains         *prometheus.CounterVec
+	retirements    *prometheus.CounterVec
 	redisErrors    *prometheus.CounterVec
 	versions       *prometheus.CounterVec
 	reaped         *prometheus.CounterVec
@@ -46,7 +46,7 @@ var metrics = struct {
 		Help: "Claims an agent refused (full, spent, draining, held, gone): retried on another worker, no worker blamed."}, []string{"pool", "reason"}),
 	dialFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "caddy", Subsystem: "grid", Name: "dial_failures_total",
 		Help: "Claims whose worker could not be dialed or failed the upgrade: given back, the worker skipped for 5s, the session retried elsewhere."}, []string{"pool"}),
-	drains: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "caddy", Subsystem: "grid", Name: "drains_total",
+	retirements: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "caddy", Subsystem: "grid", Name: "retirements_total",
 		Help: "Claims that brought a worker to max_lifetime: it retires."}, []string{"pool"}),
 	redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "caddy", Subsystem: "grid", Name: "redis_errors_total",
 		Help: "Failed Redis calls, by operation: claim, give_back, versions, subscribe, reap, admin."}, []string{"op"}),
@@ -62,7 +62,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{metrics.selections, metrics.selectDuration, metrics.queueWait, metrics.queueDepth, metrics.poolQueue, metrics.poolQueueAge,
-		metrics.activeSessions, metrics.rejections, metrics.refusals, metrics.dialFailures, metrics.drains,
+		metrics.activeSessions, metrics.rejections, metrics.refusals, metrics.dialFailures, metrics.retirements,
 		metrics.redisErrors, metrics.versions, metrics.reaped, badRecords} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -374,7 +374,7 @@ func readPools(ctx context.Context, interval time.Duration) ([]uiPool, []poolObs
 		if d.Configured != nil {
 			p.MaxConcurrent, p.MaxLifetime = d.Configured.MaxConcurrent, d.Configured.MaxLifetime
 		}
-		o := poolObservation{Pool: name, QueueDepth: p.QueueDepth, Active: p.Active, Capacity: p.Capacity, Retiring: p.Retiring}
+		o := poolObservation{Pool: name, QueueDepth: p.QueueDepth, Active: p.Active, Capacity: p.Capacity, Leaving: p.Leaving}
 		for _, w := range d.Workers {
 			p.Workers = append(p.Workers, uiWorker{WorkerStatus: w, Cap: effectiveCap(w.Capacity, p.MaxConcurrent)})
 			o.Workers = append(o.Workers, workerObservation{ID: w.ID, Lifetime: w.Lifetime, Registered: w.Registered})

@@ -251,7 +251,7 @@ func compareUI(shown uiShown, d caddygrid.PoolDetail, maxLifetime int) string {
 	}
 	p := shown.Pools[0]
 	for key, want := range map[string]int{
-		"workers": len(d.Workers), "available": d.Available, "retiring": d.Retiring,
+		"workers": len(d.Workers), "available": d.Available, "leaving": d.Leaving,
 		"active": d.Active, "capacity": d.Capacity, "max_lifetime": maxLifetime,
 	} {
 		if got := p.Figures[key]; got != strconv.Itoa(want) {

@@ -39,15 +39,15 @@ type workerObservation struct {
 
 // poolObservation is one pool as one sample saw it.
 type poolObservation struct {
-	Pool                                   string
-	QueueDepth, Active, Capacity, Retiring int
-	Workers                                []workerObservation
+	Pool                                  string
+	QueueDepth, Active, Capacity, Leaving int
+	Workers                               []workerObservation
 }
 
 // poolPoint is one sample of a pool's figures.
 type poolPoint struct {
-	At                                     time.Time
-	QueueDepth, Active, Capacity, Retiring int
+	At                                    time.Time
+	QueueDepth, Active, Capacity, Leaving int
 	// Sessions is how many sessions started in the pool since the
 	// previous sample; SessionsPerSec the same per second of the gap.
 	Sessions       int
@@ -146,7 +146,7 @@ func (p *poolHistory) add(now time.Time, o poolObservation, l historyLimits) {
 	if !first {
 		prevAt = p.points[len(p.points)-1].At
 	}
-	pt := poolPoint{At: now, QueueDepth: o.QueueDepth, Active: o.Active, Capacity: o.Capacity, Retiring: o.Retiring}
+	pt := poolPoint{At: now, QueueDepth: o.QueueDepth, Active: o.Active, Capacity: o.Capacity, Leaving: o.Leaving}
 	seen := make(map[string]int, len(o.Workers))
 	for _, w := range o.Workers {
 		seen[w.ID] = w.Lifetime
@@ -207,7 +207,7 @@ type poolSeries struct {
 	QueueDepth     []int     `json:"queue_depth"`
 	Active         []int     `json:"active"`
 	Capacity       []int     `json:"capacity"`
-	Retiring       []int     `json:"retiring"`
+	Leaving        []int     `json:"leaving"`
 	SessionsPerSec []float64 `json:"sessions_per_sec"`
 	Drains         []int     `json:"drains"`
 }
@@ -244,7 +244,7 @@ func (h *gridHistory) series(pool string) poolHistoryOut {
 		s.QueueDepth = append(s.QueueDepth, x.QueueDepth)
 		s.Active = append(s.Active, x.Active)
 		s.Capacity = append(s.Capacity, x.Capacity)
-		s.Retiring = append(s.Retiring, x.Retiring)
+		s.Leaving = append(s.Leaving, x.Leaving)
 		s.SessionsPerSec = append(s.SessionsPerSec, x.SessionsPerSec)
 		s.Drains = append(s.Drains, x.Drains)
 	}

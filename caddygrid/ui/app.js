@@ -136,7 +136,7 @@ function renderPool(p, d) {
   const figures = el('div', { class: 'figures' },
     figure('workers', p.workers.length + (p.workers_hidden || 0), 'workers'),
     figure('available', p.available, 'available'),
-    figure('retiring', p.retiring, 'retiring'),
+    figure('leaving', p.leaving, 'leaving'),
     figure('active', p.active, 'active'),
     figure('capacity', cap, 'capacity'),
     figure('queue depth', p.queue_depth, 'queue_depth'),
