@@ -2,6 +2,7 @@ package workeragent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -476,4 +477,53 @@ func slowAnswers(t *testing.T, target string, delay time.Duration) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// TestASessionHoldsItsSlotUntilTheBrowserLetsItGo: a browser slow to let
+// a session go (here 300 ms after its client left) still holds it, so the
+// next session is not admitted over max_concurrent meanwhile: the
+// browser never holds two sessions at once under a cap of one.
+func TestASessionHoldsItsSlotUntilTheBrowserLetsItGo(t *testing.T) {
+	ta := startAgent(t, func(c *Config) {
+		c.MaxConcurrent = 1
+		c.FakeArgs = "-close-delay 300ms"
+	})
+	backend := ta.status().Browsers[0].Backend
+	for i := range 3 {
+		ws, _ := open(t, ta, registry.Limits{})
+		ws.Close(websocket.StatusNormalClosure, "")
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			_, _, err := ta.reg.Claim(context.Background(), registry.ClaimRequest{
+				Group: "chromium", Policy: registry.LifetimeFirst, Session: fmt.Sprintf("probe%d-%d", i, seq.Add(1)), StaleAfter: time.Minute,
+			})
+			if err == nil {
+				break // the slot is free: give the probe back below
+			}
+			if !errors.Is(err, registry.ErrNoWorker) || time.Now().After(deadline) {
+				t.Fatalf("session %d: the slot did not come back: %v", i+1, err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		// the freed slot, taken as a new session would
+		resp, err := http.Get("http://" + backend + "/stats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct {
+			Active     int `json:"active"`
+			PeakActive int `json:"peak_active"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Active != 0 {
+			t.Fatalf("after session %d the slot was free while the browser still held %d sessions", i+1, st.Active)
+		}
+		testenv.Eventually(t, 5*time.Second, "the probe claim is reported ended", func() bool {
+			return ta.worker(t, ta.workersIn()[0].ID).Active == 0
+		})
+	}
 }

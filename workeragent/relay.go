@@ -48,6 +48,8 @@ type relay struct {
 	proxyR  *bufio.Reader
 	browser net.Conn
 	browR   *bufio.Reader
+	// released: the browser was told the session is over (release).
+	released sync.Once
 
 	// lastData is when a data frame last passed either way (UnixNano).
 	lastData atomic.Int64
@@ -75,12 +77,17 @@ func newRelay(proxy net.Conn, proxyR *bufio.Reader, browser net.Conn, browR *buf
 }
 
 // run copies both ways until the session ends, and returns with both
-// connections closed.
+// connections closed. It returns only once the browser has closed its
+// side too (or closeGrace passed): until then the browser still holds
+// the session, which counts against the worker's limits.
 func (r *relay) run() {
 	done := make(chan struct{})
 	go func() {
 		r.copyFrames(r.proxy, r.browR, &r.toProxy, true)
-		// The browser closed, or the agent's close frame is written.
+		// The browser closed, the agent's close frame is written, or the
+		// client is gone: wait for the browser's end.
+		r.release()
+		_, _ = io.Copy(io.Discard, r.browR)
 		r.browser.Close()
 		r.mu.Lock()
 		ending := r.ending
@@ -94,9 +101,21 @@ func (r *relay) run() {
 		close(done)
 	}()
 	r.copyFrames(r.browser, r.proxyR, &r.toBrowser, false)
-	r.browser.Close()
+	r.release()
 	r.proxy.Close()
 	<-done
+}
+
+// release tells the browser the session is over by closing the agent's
+// side of its connection for writing; the browser closes its own, which
+// the browser→proxy copy reads, within closeGrace or the read is cut.
+func (r *relay) release() {
+	r.released.Do(func() {
+		_ = r.browser.SetReadDeadline(time.Now().Add(closeGrace))
+		if cw, ok := r.browser.(interface{ CloseWrite() error }); !ok || cw.CloseWrite() != nil {
+			r.browser.Close()
+		}
+	})
 }
 
 // end ends the session: a close frame of code and reason to the client
@@ -134,9 +153,9 @@ func (r *relay) end(code int, why, reason string) {
 	}
 	r.wmu.Unlock()
 	if !mid {
-		// The browser→proxy copy stops at its next write; closing the
-		// browser's connection ends its read.
-		r.browser.Close()
+		// The browser→proxy copy stops at its next write; the browser,
+		// told, ends its read.
+		r.release()
 	}
 }
 

@@ -46,6 +46,7 @@ func run(args []string) int {
 	fs.DurationVar(&b.EchoDelay, "echo-delay", 0, "wait this long before echoing each message")
 	fs.IntVar(&b.CloseAfterMessages, "close-after-messages", 0, "close each session after echoing this many messages (0: never)")
 	fs.DurationVar(&b.CloseAfter, "close-after", 0, "close each session this long after it opened (0: never)")
+	fs.DurationVar(&b.CloseDelay, "close-delay", 0, "keep a session this long after its peer went before closing it")
 	fs.IntVar(&b.CrashOnSession, "crash-on-session", 0, "exit with code 3 right after accepting the Nth session (0: never)")
 	fs.IntVar(&b.CrashAfterSessions, "crash-after-sessions", 0, "exit with code 3 once N sessions have ended (0: never)")
 	ignoreTerm := fs.Bool("ignore-term", false, "ignore SIGTERM, as a browser that will not close itself: only SIGKILL (or SIGINT) ends it")

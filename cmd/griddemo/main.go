@@ -84,7 +84,7 @@ func main() {
 		return
 	}
 	fmt.Printf("\nThe grid keeps running. Connect your own Playwright client:\n")
-	fmt.Printf("  NODE_EXTRA_CA_CERTS=%s node -e \"require('playwright-core').chromium.connect('%s').then(b => b.newPage()).then(p => p.goto('about:blank')).then(() => process.exit())\"\n", g.RootCA(), g.URL())
+	fmt.Printf("  cd playwright && NODE_EXTRA_CA_CERTS=%s node -e \"require('playwright-core').chromium.connect('%s').then(b => b.newPage()).then(p => p.goto('about:blank')).then(() => process.exit())\"\n", g.RootCA(), g.URL())
 	fmt.Printf("  bin/caddy grid status --address 127.0.0.1:%d --watch   # the staircase, live\n", cfg.AdminPort)
 	fmt.Printf("  %s   # the grid's live page (user %s, password %s)\n", g.UIURL(), localgrid.UIUser, g.UIPassword())
 	fmt.Println("Press Ctrl-C to stop.")

@@ -67,6 +67,10 @@ type Behavior struct {
 	// CloseAfter closes a session (code 1000) this long after it opened.
 	// Default: 0 (never).
 	CloseAfter time.Duration `json:"close_after,omitempty"`
+	// CloseDelay holds a session's connection this long when it closes
+	// (after its peer's close frame or end), still counted, as a browser
+	// slow to let a session go. Default: 0.
+	CloseDelay time.Duration `json:"close_delay,omitempty"`
 	// CrashOnSession ends the process (exit code 3) right after the
 	// upgrade of its Nth session, so that session drops mid-flight.
 	// Counted per Server. Default: 0 (never).
@@ -79,7 +83,7 @@ type Behavior struct {
 
 // behaviorKeys are the names of Behavior's fields in flags, /control and
 // (with the "fb-" prefix) WebSocket query strings.
-var behaviorKeys = []string{"refuse", "hang", "accept-delay", "echo-delay", "close-after-messages", "close-after", "crash-on-session", "crash-after-sessions"}
+var behaviorKeys = []string{"refuse", "hang", "accept-delay", "echo-delay", "close-after-messages", "close-after", "close-delay", "crash-on-session", "crash-after-sessions"}
 
 // Apply returns b with the values in v (keys as in behaviorKeys, each with
 // prefix) applied; unknown keys with the prefix are an error.
@@ -101,6 +105,8 @@ func (b Behavior) Apply(v url.Values, prefix string) (Behavior, error) {
 			b.EchoDelay, err = parseDuration(val)
 		case "close-after":
 			b.CloseAfter, err = parseDuration(val)
+		case "close-delay":
+			b.CloseDelay, err = parseDuration(val)
 		case "close-after-messages":
 			b.CloseAfterMessages, err = parseCount(val)
 		case "crash-on-session":
@@ -406,6 +412,7 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
 	n := s.sessions.Add(1)
+	c.nc.closeDelay.Store(int64(b.CloseDelay))
 	act := c.nc.count()
 	for {
 		p := s.peak.Load()
@@ -494,6 +501,8 @@ type sessionConn struct {
 	net.Conn
 	s       *Server
 	counted atomic.Bool
+	// closeDelay holds the first Close this long (Behavior.CloseDelay).
+	closeDelay atomic.Int64
 }
 
 // count adds the session to the active count and returns the new count.
@@ -511,6 +520,9 @@ func (c *sessionConn) uncount() {
 }
 
 func (c *sessionConn) Close() error {
+	if d := time.Duration(c.closeDelay.Swap(0)); d > 0 {
+		time.Sleep(d)
+	}
 	c.uncount()
 	return c.Conn.Close()
 }
