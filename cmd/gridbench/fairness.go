@@ -150,7 +150,8 @@ func fairnessRun(shared bool, perB int) (fairRun, error) {
 		go func() {
 			defer wg.Done()
 			t := time.Now()
-			conn, _, err := routes[i].dial()
+			// a queue that builds for the whole run: waits pass 10 s
+			conn, _, err := routes[i].dialWithin(2 * time.Minute)
 			wait := time.Since(t)
 			mu.Lock()
 			if err != nil {

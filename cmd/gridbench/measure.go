@@ -41,8 +41,11 @@ var wsClient = &http.Client{Transport: &http.Transport{}}
 
 // dial opens a session; the handshake has 10 s (the connection outlives
 // that context). A refused upgrade returns its response with the error.
-func (r route) dial() (*websocket.Conn, *http.Response, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+func (r route) dial() (*websocket.Conn, *http.Response, error) { return r.dialWithin(10 * time.Second) }
+
+// dialWithin is dial with d for the handshake.
+func (r route) dialWithin(d time.Duration) (*websocket.Conn, *http.Response, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	opts := &websocket.DialOptions{HTTPClient: wsClient}
 	if r.header != nil {
