@@ -460,7 +460,9 @@ func (r *run) classify(outs []*outcome) {
 			if k.until.After(last) {
 				last = k.until
 			}
-			if kills[i] < k.live && o.opened.Before(k.at) && !o.end.Before(k.at) && o.end.Before(last.Add(5*time.Second)) {
+			// begun before the kill: a 101 the worker sent just before it
+			// stopped reaches the client after
+			if kills[i] < k.live && o.start.Before(k.at) && !o.end.Before(k.at) && o.end.Before(last.Add(5*time.Second)) {
 				kills[i]++
 				o.excused = true
 				break

@@ -91,6 +91,7 @@ func TestClassify(t *testing.T) {
 		{"broke on the other frontend at the kill", broke(0, 4000, 5000), false},
 		{"broke when the worker was killed", broke(0, 7000, 8100), true},
 		{"opened after the worker was killed", broke(0, 8050, 8100), false},
+		{"begun before the kill, its 101 read just after", &outcome{start: at(7990), opened: at(8005), end: at(8100), err: errors.New("broke"), broke: true}, true},
 		{"a handshake cut during a reload's listener swap", cut(10500, 10510), true},
 		{"a handshake cut overlapping the swap's end", cut(10990, 11010), true},
 		{"a handshake cut after the swap", cut(11100, 11110), false},
