@@ -174,23 +174,28 @@ func (b *backend) keepQueues() {
 		b.mu.Lock()
 		qs := maps.Clone(b.queues)
 		b.mu.Unlock()
+		// each pool's call on its own: a slow one does not make the
+		// others' waiters miss their deadline
+		var wg sync.WaitGroup
 		for pool, q := range qs {
 			ws, kept := q.kept()
 			if len(ws) == 0 && n%int(readEvery/keepEvery) != 0 {
 				continue
 			}
-			ctx, cancel := context.WithTimeout(b.ctx, keepEvery)
-			st, err := b.reg.QueueKeep(ctx, pool, kept)
-			cancel()
-			if err != nil {
-				metrics.redisErrors.WithLabelValues("queue").Inc()
-				continue
-			}
-			now := time.Now()
-			q.read(ws, st, now)
-			metrics.poolQueue.WithLabelValues(pool).Set(float64(st.Depth))
-			metrics.poolQueueAge.WithLabelValues(pool).Set(st.OldestWait.Seconds())
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(b.ctx, keepEvery)
+				st, err := b.reg.QueueKeep(ctx, pool, kept)
+				cancel()
+				if err != nil {
+					metrics.redisErrors.WithLabelValues("queue").Inc()
+					return
+				}
+				q.read(ws, st, time.Now())
+				metrics.poolQueue.WithLabelValues(pool).Set(float64(st.Depth))
+				metrics.poolQueueAge.WithLabelValues(pool).Set(st.OldestWait.Seconds())
+			})
 		}
+		wg.Wait()
 	}
 }
 

@@ -284,14 +284,14 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 		if w == nil {
 			return
 		}
-		pos := q.position(w)
-		if pos >= 0 {
+		if pos := q.position(w); pos >= 0 {
 			a.mu.Lock()
 			a.queuePos = pos
 			a.mu.Unlock()
-			if !served {
-				b.leaveQueue(a.pool, w.id)
-			}
+		}
+		if c.claim.shared() && !served {
+			// also when the join's answer was lost: it may have landed
+			b.leaveQueue(a.pool, w.id)
 		}
 		q.leave(w)
 		metrics.queueDepth.WithLabelValues(a.pool).Dec()
@@ -304,6 +304,7 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 			return nil, outcomeQueueFull, ""
 		}
 	}
+	woken := false // by a wake-up meant for it (wakeHead, wakeNext), not the timer
 	for {
 		// The groups are read again each round: a version's first worker
 		// may register while the request waits.
@@ -318,9 +319,12 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 			}
 		}
 		behind := false
-		if w == nil || q.isHead(w) {
-			id := ""
-			if w != nil && c.claim.shared() {
+		if w == nil || woken || q.isHead(w) {
+			id := registry.NotQueued
+			switch {
+			case !c.claim.shared():
+				id = registry.OwnQueue
+			case w != nil:
 				id = w.id
 			}
 			claim, o, msg, workers, yielded := c.claimIn(ctx, b, a, groups, avoid, id)
@@ -361,8 +365,10 @@ func (c *claimer) wait(ctx context.Context, b *backend, a *attempt, avoid []stri
 			every = registry.QueueGrant + 20*time.Millisecond
 		}
 		t := time.NewTimer(min(left, every))
+		woken = false
 		select {
 		case <-w.wake:
+			woken = true
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()

@@ -67,6 +67,9 @@ func FuzzClientRequest(f *testing.F) {
 	f.Add("GET", "/playwright/chromium", "", 1, valid+`X-Playwright-Launch-Options: {"proxy":{"server":"http://p:1"},"args":["--x"]}`, int8(0), false, uint8(0), false)
 	f.Add("GET", "/playwright/chromium", `launch-options={"executablePath":"/bin/sh"}`, 1, valid, int8(0), false, uint8(0), false)
 	f.Add("GET", "/playwright/chromium", "proxy=*", 1, valid+"X-Playwright-Proxy: localhost", int8(0), false, uint8(0), false)
+	f.Add("GET", "/playwright/chromium", `launch-options={"executablePath":"/bin/sh","x":";"}`, 1, valid, int8(0), false, uint8(0), false)
+	f.Add("GET", "/playwright/chromium", `a=%zz&launch-options={"args":["--x"]}`, 1, valid, int8(0), false, uint8(0), false)
+	f.Add("GET", "/playwright/chromium", "launch-options=null", 1, valid, int8(0), false, uint8(0), false)
 	f.Add("GET", "/playwright/chromium", "", 1, valid+`X-Playwright-Launch-Options: {"slowMo":1}`+"\n"+`X-Playwright-Launch-Options: "headless":false}`, int8(0), false, uint8(0), false)
 	f.Fuzz(func(t *testing.T, method, path, query string, proto int, headers string, bodyLen int8, chunked bool, specN uint8, canonical bool) {
 		spec := fuzzSpecs[int(specN)%len(fuzzSpecs)]
@@ -155,13 +158,16 @@ func FuzzClientRequest(f *testing.F) {
 // first launch-options, else the header's values joined as Node joins
 // them. An exposeNetwork pattern is allowed (expose_network's default).
 func playwrightReads(r *http.Request, allowed []string) string {
-	raw := r.URL.Query().Get("launch-options")
+	raw := nodeQueryGet(r.URL.RawQuery, "launch-options")
 	if raw == "" {
 		raw = strings.Join(r.Header.Values("X-Playwright-Launch-Options"), ", ")
 	}
 	var opts map[string]any
 	if json.Unmarshal([]byte(raw), &opts) != nil {
 		return "" // Playwright falls back to its defaults
+	}
+	if strings.TrimSpace(raw) == "null" {
+		return "null launch options, which stop Playwright's server"
 	}
 	keeps := []string{"handleSIGINT", "handleSIGTERM", "handleSIGHUP", "timeout", "tracesDir", "artifactsDir", "downloadsPath"}
 	for k, v := range opts {
@@ -455,4 +461,37 @@ func FuzzClientKey(f *testing.F) {
 			t.Fatal("two keys share a hash")
 		}
 	})
+}
+
+// nodeQueryGet is URLSearchParams.get as Node reads a query: pairs split
+// on '&' only, '+' a space, a %-escape that does not parse kept as it is.
+func nodeQueryGet(raw, key string) string {
+	for _, pair := range strings.Split(raw, "&") {
+		k, v, _ := strings.Cut(pair, "=")
+		if nodeUnescape(k) == key {
+			return nodeUnescape(v)
+		}
+	}
+	return ""
+}
+
+func nodeUnescape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '+':
+			b.WriteByte(' ')
+		case s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]):
+			x, _ := hex.DecodeString(s[i+1 : i+3])
+			b.Write(x)
+			i += 2
+		default:
+			b.WriteByte(s[i])
+		}
+	}
+	return b.String()
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }

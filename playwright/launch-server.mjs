@@ -162,7 +162,13 @@ function runServer(pkg, opts) {
 	// unsafe: the client's args reach its browser; grid-worker lets through
 	// only the flags its -client-args names, and no other unsafe option
 	if (opts.unsafe) args.push('--unsafe');
-	const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'] });
+	// run-server dies with this process, however it ends (grid-worker
+	// has the kernel kill this one if the agent dies): util-linux's
+	// setpriv sets the child's parent-death signal before it runs
+	const setpriv = '/usr/bin/setpriv';
+	const child = fs.existsSync(setpriv)
+		? spawn(setpriv, ['--pdeathsig', 'KILL', process.execPath, ...args], { stdio: ['ignore', 'pipe', 'inherit'] })
+		: spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'] });
 	return new Promise((resolve, reject) => {
 		let out = '';
 		child.stdout.on('data', (b) => {

@@ -3,8 +3,10 @@ package registry
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -47,18 +49,24 @@ var inertOptions = []string{"handleSIGINT", "handleSIGTERM", "handleSIGHUP", "ti
 // maxLaunchOptions bounds the header and query a request may carry.
 const maxLaunchOptions = 16 << 10
 
-// ReadLaunchRequest reads r's launch options and exposeNetwork pattern.
-// The query's win over the headers, as Playwright's server reads them.
+// ReadLaunchRequest reads r's launch options and exposeNetwork pattern as
+// Playwright's server reads them: the query's first value, else the
+// header's values joined as Node joins them. A query Go would read apart
+// from Node (a ';', a bad escape) is an error, and so is anything but a
+// JSON object for the launch options (Playwright's server fails on null).
 func ReadLaunchRequest(r *http.Request) (LaunchRequest, error) {
 	var lr LaunchRequest
-	q := r.URL.Query()
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return lr, fmt.Errorf("the request's query does not parse: %v", err)
+	}
 	raw := q.Get("launch-options")
 	if raw == "" {
-		raw = r.Header.Get("X-Playwright-Launch-Options")
+		raw = strings.Join(r.Header.Values("X-Playwright-Launch-Options"), ", ")
 	}
 	lr.ExposeNetwork = q.Get("proxy")
 	if lr.ExposeNetwork == "" {
-		lr.ExposeNetwork = r.Header.Get("X-Playwright-Proxy")
+		lr.ExposeNetwork = strings.Join(r.Header.Values("X-Playwright-Proxy"), ", ")
 	}
 	if len(raw) > maxLaunchOptions || len(lr.ExposeNetwork) > maxLaunchOptions {
 		return lr, fmt.Errorf("the launch options or the exposeNetwork pattern are longer than %d bytes", maxLaunchOptions)
@@ -67,8 +75,8 @@ func ReadLaunchRequest(r *http.Request) (LaunchRequest, error) {
 		return lr, nil
 	}
 	var all map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(raw), &all); err != nil {
-		return lr, fmt.Errorf("the launch options are not a JSON object: %v", err)
+	if err := json.Unmarshal([]byte(raw), &all); err != nil || all == nil {
+		return lr, fmt.Errorf("the launch options are not a JSON object: %v", orNull(err))
 	}
 	for k, v := range all {
 		switch {
@@ -109,4 +117,11 @@ func (lr LaunchRequest) Names() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+func orNull(err error) error {
+	if err == nil {
+		return errors.New("null")
+	}
+	return err
 }

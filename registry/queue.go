@@ -23,6 +23,14 @@ const (
 	QueueKeepFor = time.Second
 )
 
+// ClaimRequest.Waiter for a request that holds no place in the pool's
+// queue: NotQueued yields to the queue's waiters, OwnQueue (an instance
+// with shared_queue off, which queues on its own) ignores them.
+const (
+	NotQueued = ""
+	OwnQueue  = "*"
+)
+
 // Waiter is one request waiting in a pool's queue.
 type Waiter struct {
 	// ID names it in Redis (CheckID).

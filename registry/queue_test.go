@@ -115,3 +115,16 @@ func TestTheQueueBoundIsPoolWide(t *testing.T) {
 		t.Fatalf("after one left: queued %v at %d, %v", ok, pos, err)
 	}
 }
+
+// TestAnInstanceQueueingOnItsOwnIgnoresThePoolsQueue: an instance with
+// shared_queue off claims as if the pool's queue were empty, since its
+// own waiters never join it.
+func TestAnInstanceQueueingOnItsOwnIgnoresThePoolsQueue(t *testing.T) {
+	r, _ := newTestRegistry(t)
+	register(t, r, "p", "w1", 1)
+	queued(t, r, "p", "a")
+	if _, _, err := tryClaim(r, ClaimRequest{Group: "p"}); !errors.Is(err, ErrBehind) {
+		t.Fatalf("a request of the shared queue: %v, want ErrBehind", err)
+	}
+	claim(t, r, ClaimRequest{Group: "p", Waiter: OwnQueue})
+}

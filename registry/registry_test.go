@@ -232,11 +232,12 @@ func others(id string) []string {
 }
 
 // TestAChangedMaxConcurrentFindsTheFreeSlots: the cap hint a claim leaves
-// on a worker cannot hide free capacity for long. Workers full under
-// max_concurrent 2 take sessions again under 4 once their agents have
-// reported (one heartbeat), and workers with room under 4 but full under
-// a lowered 2 are passed in one claim however many they are, to the idle
-// ones behind them.
+// on a worker cannot hide free capacity for long, nor let full workers
+// hide a free one. Workers full under max_concurrent 2 take sessions
+// again under 4 once one of their sessions has ended; workers with room
+// under 4 but full under a lowered 2 are passed in one claim however many
+// they are, to the idle ones behind them; and heartbeats that report full
+// workers unchanged do not put them back in the way of a free one.
 func TestAChangedMaxConcurrentFindsTheFreeSlots(t *testing.T) {
 	ctx := context.Background()
 	t.Run("raised", func(t *testing.T) {
@@ -250,11 +251,14 @@ func TestAChangedMaxConcurrentFindsTheFreeSlots(t *testing.T) {
 			sessions[c.Worker.ID] = append(sessions[c.Worker.ID], LiveSession{ID: c.Session})
 		}
 		for id, ss := range sessions {
-			if _, err := r.Heartbeat(ctx, "p", id, AgentState{Lifetime: len(ss), Sessions: ss}); err != nil {
-				t.Fatal(err)
+			// both live, then one of them ended
+			for _, live := range [][]LiveSession{ss, ss[:1]} {
+				if _, err := r.Heartbeat(ctx, "p", id, AgentState{Lifetime: len(ss), Sessions: live}); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
-		for i := range 20 {
+		for i := range 30 {
 			if _, _, err := tryClaim(r, ClaimRequest{Group: "p", Limits: Limits{MaxConcurrent: 4}}); err != nil {
 				t.Fatalf("claim %d under the raised max_concurrent 4: %v", i+1, err)
 			}
@@ -283,6 +287,34 @@ func TestAChangedMaxConcurrentFindsTheFreeSlots(t *testing.T) {
 			if st := state(t, r, "p", c.Worker.ID); st.Active > 2 {
 				t.Fatalf("claim %d went to %s, at %d sessions", i+1, c.Worker.ID, st.Active)
 			}
+		}
+	})
+	t.Run("reported full", func(t *testing.T) {
+		r, _ := newTestRegistry(t)
+		var full []string
+		for i := range 200 {
+			id := fmt.Sprintf("w%03d", i)
+			register(t, r, "p", id, 0)
+			full = append(full, id)
+		}
+		for range 400 {
+			claim(t, r, ClaimRequest{Group: "p", Limits: Limits{MaxConcurrent: 2, MaxLifetime: 1000}})
+		}
+		// a fresh worker, last in lifetime_first's order
+		register(t, r, "p", "fresh", 0)
+		for _, id := range full {
+			st := state(t, r, "p", id)
+			ss := make([]LiveSession, st.Active)
+			for j := range ss {
+				ss[j] = LiveSession{ID: fmt.Sprintf("%s-%d", id, j)}
+			}
+			if _, err := r.Heartbeat(ctx, "p", id, AgentState{Lifetime: st.Lifetime, Sessions: ss}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c, _, err := tryClaim(r, ClaimRequest{Group: "p", Limits: Limits{MaxConcurrent: 2, MaxLifetime: 1000}})
+		if err != nil || c.Worker.ID != "fresh" {
+			t.Fatalf("after the full workers' heartbeats: %v %v, want the fresh worker at once", c.Worker.ID, err)
 		}
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -217,7 +218,13 @@ func (f *front) session(w http.ResponseWriter, r *http.Request) {
 		writeStatus(conn, http.StatusBadGateway, "the worker's browser does not answer")
 		return
 	}
-	out := &http.Request{Method: http.MethodGet, URL: r.URL, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+	// The browser reads the query as the agent checked it: re-encoded
+	// from what Go parsed, so no byte Go skipped reaches Node's parser.
+	u := *r.URL
+	if q, err := url.ParseQuery(u.RawQuery); err == nil {
+		u.RawQuery = q.Encode()
+	}
+	out := &http.Request{Method: http.MethodGet, URL: &u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: r.Header.Clone(), Host: wk.backend}
 	out.Header.Del(registry.HeaderClaim)
 	_ = bconn.SetDeadline(time.Now().Add(upgradeTimeout))

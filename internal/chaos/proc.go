@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -92,7 +93,26 @@ func (p *proc) kill9() {
 // killOnly sends SIGKILL to the process itself, not its group.
 func (p *proc) killOnly() { _ = p.cmd.Process.Kill() }
 
-func (p *proc) freeze() error { return p.cmd.Process.Signal(syscall.SIGSTOP) }
+// It returns once the process is stopped (as /proc shows it, within a
+// second): until then it may still answer, SIGSTOP being delivered when
+// the process next runs.
+func (p *proc) freeze() error {
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	stat := fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return nil // no /proc here: as good as it gets
+		}
+		// "pid (comm) state …": the state follows the last ')'
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return nil
+		}
+	}
+	return nil
+}
 
 // thaw resumes a frozen process (SIGCONT).
 func (p *proc) thaw() error { return p.cmd.Process.Signal(syscall.SIGCONT) }

@@ -375,6 +375,20 @@ func (s *sampler) liveOn(id string) int {
 	return 0
 }
 
+// browserActive reads the sessions worker id's browser holds now, from
+// the browser itself; false when it cannot be read.
+func (s *sampler) browserActive(id string) (int, bool) {
+	addr := s.browserOf(id)
+	if addr == "" {
+		return 0, false
+	}
+	var st stats
+	if s.getJSON("http://"+addr+"/stats", &st) != nil {
+		return 0, false
+	}
+	return int(st.Active), true
+}
+
 // browserOf returns the address of worker id's browser ("" unknown).
 func (s *sampler) browserOf(id string) string {
 	s.mu.Lock()

@@ -1103,10 +1103,15 @@ func (r *run) freezeAgent(w *workerInst, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	live := r.smp.liveOn(id)
-	at := time.Now()
 	if err := w.p.freeze(); err != nil {
 		return fmt.Errorf("freezing %s: %w", w.name, err)
+	}
+	// stopped now: what it serves is what its browser holds (a session
+	// may have opened since the last sample)
+	at := time.Now()
+	live := r.smp.liveOn(id)
+	if n, ok := r.smp.browserActive(id); ok {
+		live = n
 	}
 	r.workerKills = append(r.workerKills, workerKill{at: at, live: live, until: at.Add(d)})
 	r.note("%s frozen %s with %d live sessions", w.name, d, live)

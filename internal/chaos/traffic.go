@@ -107,8 +107,11 @@ func (tr *traffic) session(ctx context.Context, pinned int, hold time.Duration, 
 		return o
 	}
 	defer c.CloseNow()
+	upgraded := time.Now()
 	if err := echo(c, "hello"); err != nil {
-		o.err = fmt.Errorf("first echo: %w", err)
+		// the worker took the session (101), then it broke: a worker
+		// stopped between the two holds it
+		o.err, o.opened, o.broke = fmt.Errorf("first echo: %w", err), upgraded, true
 		return o
 	}
 	o.opened = time.Now()

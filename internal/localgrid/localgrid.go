@@ -413,6 +413,10 @@ type Pool struct {
 	Workers []Worker `json:"workers"`
 	// Versions are the Playwright versions the pool serves.
 	Versions []string `json:"versions"`
+	// Available counts the workers taking sessions; QueueDepth the
+	// requests waiting in the pool's queue.
+	Available  int `json:"available"`
+	QueueDepth int `json:"queue_depth"`
 }
 
 // PoolStatus reads GET /grid/pools/{pool} from Caddy's admin API.

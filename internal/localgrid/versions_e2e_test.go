@@ -296,3 +296,84 @@ func upgrade(t *testing.T, hc *http.Client, wss, ua string) (int, string) {
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body)
 }
+
+// TestAWaiterOfAnotherVersionIsNotHeldBehindTheHead: one worker of each
+// Playwright version, one session at a time each, both taken. A 1.64
+// client waits first, then a 1.65 client. When the 1.65 worker's session
+// ends, the 1.65 client is served at once, though the 1.64 client ahead
+// of it still waits.
+func TestAWaiterOfAnotherVersionIsNotHeldBehindTheHead(t *testing.T) {
+	g := startGrid(t, Config{Workers: 2, MaxConcurrent: 1, MaxLifetime: 100, PlaywrightVersions: []string{"1.64", "1.65"}})
+	ctx := context.Background()
+	testenv.Eventually(t, 90*time.Second, "a worker of each version", func() bool {
+		p, err := g.PoolStatus(ctx, "chromium")
+		return err == nil && len(p.Versions) == 2 && p.Available == 2
+	})
+	type held struct {
+		stdin  io.WriteCloser
+		events chan sessionEvent
+	}
+	hold := func(version string) held {
+		t.Helper()
+		cmd := client(t, g, "hold", "--url", g.URL(), "--playwright-version", version, "--timeout", "60000")
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		evs := make(chan sessionEvent, 4)
+		go func() {
+			dec := json.NewDecoder(out)
+			for {
+				var ev sessionEvent
+				if dec.Decode(&ev) != nil {
+					close(evs)
+					return
+				}
+				evs <- ev
+			}
+		}()
+		return held{stdin, evs}
+	}
+	ready := func(h held, within time.Duration, what string) {
+		t.Helper()
+		select {
+		case ev := <-h.events:
+			if ev.Event != "ready" {
+				t.Fatalf("%s: %+v, want its session open", what, ev)
+			}
+		case <-time.After(within):
+			t.Fatalf("%s: no session within %s", what, within)
+		}
+	}
+	h64, h65 := hold("1.64"), hold("1.65")
+	ready(h64, 60*time.Second, "the 1.64 worker's first client")
+	ready(h65, 60*time.Second, "the 1.65 worker's first client")
+	w64 := hold("1.64")
+	testenv.Eventually(t, 10*time.Second, "the 1.64 client waits", func() bool {
+		p, err := g.PoolStatus(ctx, "chromium")
+		return err == nil && p.QueueDepth == 1
+	})
+	w65 := hold("1.65")
+	testenv.Eventually(t, 10*time.Second, "the 1.65 client waits behind it", func() bool {
+		p, err := g.PoolStatus(ctx, "chromium")
+		return err == nil && p.QueueDepth == 2
+	})
+	start := time.Now()
+	h65.stdin.Close() // the 1.65 worker's session ends
+	ready(w65, 5*time.Second, "the waiting 1.65 client, behind a 1.64 one")
+	t.Logf("the 1.65 client was served %s after the 1.65 slot freed; the 1.64 client still waits", time.Since(start).Round(time.Millisecond))
+	select {
+	case ev := <-w64.events:
+		t.Fatalf("the 1.64 client, whose worker is still taken: %+v", ev)
+	default:
+	}
+}

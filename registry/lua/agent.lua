@@ -28,7 +28,7 @@ local function register(keys, args)
     local sid = args[i]
     if redis.call('HEXISTS', K.sessions, sid) == 0 then
       new_session(K, sid, { wid = id, ver = args[8], claimed = now, st = 'l', client = args[i + 1], inst = '-',
-        active = now - tonumber(args[i + 2]), label = '' })
+        active = now - math.max(0, tonumber(args[i + 2]) or 0), label = '' })
     end
   end
   if args[7] ~= '' then
@@ -71,7 +71,7 @@ local function heartbeat(keys, args)
       reported[sid] = true
       live = live + 1
       local s = get_session(K, sid)
-      local active = now - tonumber(args[i + 2])
+      local active = now - math.max(0, tonumber(args[i + 2]) or 0)
       if not s then
         new_session(K, sid, { wid = id, ver = '-', claimed = now, st = 'l', client = args[i + 1], inst = '-', active = active, label = '' })
       elseif s.wid == id then
@@ -106,10 +106,12 @@ local function heartbeat(keys, args)
   local was_a, was_st = w.a, w.st
   w.a, w.l, w.hold, w.hb = live + kept, tonumber(args[3]) + kept, args[4] == '1', now
   -- The cap of the last claim is a hint that can go out of date (a
-  -- raised max_concurrent, another route's): back to the worker's own
-  -- capacity, so a worker full under an old cap is found again; a claim
-  -- that finds it full under its own sets it back.
-  w.ch = w.cr
+  -- raised max_concurrent, another route's): when a session of the worker
+  -- ends it goes back to the worker's own capacity, so a worker full under
+  -- an old cap is found again; a claim that finds it full under its own
+  -- sets it back. A worker whose count holds keeps it, so full workers
+  -- stay out of the indexes.
+  if w.a < was_a then w.ch = w.cr end
   local drain = 0
   local agent = args[2]
   if agent == 'x' then

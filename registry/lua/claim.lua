@@ -24,9 +24,10 @@
 -- or another instance's is higher) takes no session of it, and no claim
 -- would be its last: the claim tells it to drain instead, one at a time
 -- under stagger_drains (none while another worker retires).
--- waiter is the request's place in the pool's queue ('-': none); the
--- claim yields to an older waiter (queue_ahead) and, made, takes the
--- waiter out of the queue.
+-- waiter is the request's place in the pool's queue ('-': none, '*': an
+-- instance that queues on its own); the claim yields to an older waiter
+-- (queue_ahead), but for '*', and, made, takes the waiter out of the
+-- queue.
 -- Complexity: O(log N) per index read, at most max_scan unusable entries
 --   and DEBRIS_MAX entries full for this claim's limits.
 
@@ -186,7 +187,7 @@ local function claim(keys, args)
   if not id then return reply('none') end
   if dry then return reply('ok', id, w, s.ml > 0 and w.l + 1 >= s.ml) end
   local waiter = args[15]
-  if queue_ahead(K, s.now, waiter, version, id) then return reply('behind') end
+  if waiter ~= '*' and queue_ahead(K, s.now, waiter, version, id) then return reply('behind') end
   if waiter ~= '-' and redis.call('ZSCORE', K.queue, waiter) then
     queue_drop(K, waiter)
     redis.call('HINCRBY', K.qinfo, ' served', 1)
