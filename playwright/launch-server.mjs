@@ -5,9 +5,8 @@
 // mode (playwright-server) it starts Playwright's own run-server, which
 // launches a browser for each connection with the client's launch options
 // and closes it when the connection ends; it applies only the options its
-// safe mode allows, and with --unsafe the client's args too (grid-worker
-// lets through only the flags its -client-args names, and never the
-// client's executable or any other unsafe option). Either way it
+// safe mode allows, never the client's executable or args: it never runs
+// in its unsafe mode. Either way it
 // prints one JSON line on stdout once it listens:
 //
 //   {"event":"listening","wsEndpoint":"ws://127.0.0.1:PORT/playwright","browserPid":1234,"playwrightVersion":"1.65.1","video":true}
@@ -29,7 +28,7 @@
 //
 //   node launch-server.mjs --browser chromium --executable /usr/bin/chromium \
 //        --host 127.0.0.1 --port 0 --ws-path /playwright [--playwright-version 1.64] \
-//        [--mode shared|per-session [--unsafe]] [--browsers-dir DIR --ffmpeg /usr/bin/ffmpeg]
+//        [--mode shared|per-session] [--browsers-dir DIR --ffmpeg /usr/bin/ffmpeg]
 //
 // --playwright-version picks which installed playwright-core to load: the
 // npm alias playwright-core-<major.minor> (package.json installs two).
@@ -121,13 +120,9 @@ const CHROMIUM_ARGS = [
 ];
 
 function parseArgs(argv) {
-	const opts = { browser: 'chromium', executable: '', host: '127.0.0.1', port: 0, wsPath: '/playwright', args: [], playwrightVersion: '', mode: 'shared', browsersDir: '', ffmpeg: '', unsafe: false };
+	const opts = { browser: 'chromium', executable: '', host: '127.0.0.1', port: 0, wsPath: '/playwright', args: [], playwrightVersion: '', mode: 'shared', browsersDir: '', ffmpeg: '' };
 	for (let i = 0; i < argv.length; i++) {
 		const key = argv[i];
-		if (key === '--unsafe') {
-			opts.unsafe = true;
-			continue;
-		}
 		const val = argv[i + 1];
 		if (val === undefined) throw new Error(`${key} needs a value`);
 		switch (key) {
@@ -149,7 +144,6 @@ function parseArgs(argv) {
 	if (!Number.isInteger(opts.port) || opts.port < 0 || opts.port > 65535) throw new Error('--port must be 0..65535');
 	if (!opts.wsPath.startsWith('/')) throw new Error('--ws-path must start with /');
 	if (!['shared', 'per-session'].includes(opts.mode)) throw new Error(`--mode must be shared or per-session, not '${opts.mode}'`);
-	if (opts.unsafe && opts.mode !== 'per-session') throw new Error('--unsafe needs --mode per-session');
 	return opts;
 }
 
@@ -159,9 +153,6 @@ function runServer(pkg, opts) {
 	const cli = path.join(path.dirname(require.resolve(`${pkg}/package.json`)), 'cli.js');
 	const args = [cli, 'run-server', '--host', opts.host, '--port', String(opts.port), '--path', opts.wsPath];
 	if (opts.browsersDir) args.push('--artifacts-dir', path.join(opts.browsersDir, 'artifacts'));
-	// unsafe: the client's args reach its browser; grid-worker lets through
-	// only the flags its -client-args names, and no other unsafe option
-	if (opts.unsafe) args.push('--unsafe');
 	// run-server dies with this process, however it ends (grid-worker
 	// has the kernel kill this one if the agent dies): util-linux's
 	// setpriv sets the child's parent-death signal before it runs

@@ -19,8 +19,9 @@ import (
 // launch options to the browser it launches for the connection, and drops
 // the rest in its safe mode; its browser server (launchServer) applies
 // none. Caddy checks them against the operator's launch_options and
-// expose_network; the agent refuses what its browser would ignore, and
-// browser flags (args) outside its own -client-args.
+// expose_network; the agent refuses what its browser would ignore.
+// Playwright's server never runs in its unsafe mode here: a client's
+// args, executablePath and the like are refused.
 
 // LaunchRequest is what a client asked for.
 type LaunchRequest struct {
@@ -32,15 +33,11 @@ type LaunchRequest struct {
 	Ignored []string
 	// ExposeNetwork is the exposeNetwork pattern ("" none).
 	ExposeNetwork string
-	// Args are the browser flags asked for (Options["args"], parsed).
-	Args []string
 }
 
-// AppliedOptions are the launch options a playwright-server worker
-// applies, beyond the grid's own (headless): those of Playwright's
-// run-server in its safe mode, and args, the browser flags its agent's
-// -client-args lets through.
-var AppliedOptions = []string{"args", "channel", "headless", "proxy", "slowMo"}
+// AppliedOptions are the launch options Playwright's run-server applies
+// in its safe mode, beyond the grid's own (headless).
+var AppliedOptions = []string{"channel", "headless", "proxy", "slowMo"}
 
 // inertOptions change nothing a client could see: the server keeps its
 // own value, or the value is the grid's (headless true).
@@ -83,14 +80,6 @@ func ReadLaunchRequest(r *http.Request) (LaunchRequest, error) {
 		case k == "headless" && bytes.Equal(bytes.TrimSpace(v), []byte("true")):
 		case slices.Contains(inertOptions, k):
 		case slices.Contains(AppliedOptions, k):
-			if k == "args" {
-				if err := json.Unmarshal(v, &lr.Args); err != nil {
-					return lr, fmt.Errorf("the launch option args is not a list of strings: %v", err)
-				}
-				if len(lr.Args) == 0 {
-					continue
-				}
-			}
 			if lr.Options == nil {
 				lr.Options = map[string]json.RawMessage{}
 			}
@@ -101,12 +90,6 @@ func ReadLaunchRequest(r *http.Request) (LaunchRequest, error) {
 	}
 	sort.Strings(lr.Ignored)
 	return lr, nil
-}
-
-// ArgFlag is a browser flag's name: "--lang" of "--lang=de".
-func ArgFlag(arg string) string {
-	name, _, _ := strings.Cut(arg, "=")
-	return name
 }
 
 // Names lists the options asked for, sorted.

@@ -41,8 +41,8 @@ func TestLaunchOptionsAreReadAsPlaywrightsServerReadsThem(t *testing.T) {
 	if err != nil || lr.ExposeNetwork != "localhost, *" {
 		t.Errorf("two exposeNetwork headers: %q (%v), want them joined as Node joins them", lr.ExposeNetwork, err)
 	}
-	lr, err = ReadLaunchRequest(req(`launch-options=%7B%22args%22%3A%5B%22--lang%3Dde%22%5D%7D`))
-	if err != nil || len(lr.Args) != 1 || lr.Args[0] != "--lang=de" || ArgFlag(lr.Args[0]) != "--lang" {
-		t.Errorf("args in the query: %+v (%v)", lr, err)
+	lr, err = ReadLaunchRequest(req(`launch-options=%7B%22args%22%3A%5B%22--lang%3Dde%22%5D%2C%22slowMo%22%3A5%7D`))
+	if err != nil || len(lr.Ignored) != 1 || lr.Ignored[0] != "args" || string(lr.Options["slowMo"]) != "5" {
+		t.Errorf("args and slowMo in the query: %+v (%v), want args refused and slowMo read", lr, err)
 	}
 }

@@ -124,10 +124,6 @@ type Config struct {
 	// downloads a shared browser keeps until it closes), in bytes: past
 	// it the browser retires. 0: no bound. Default: 2 GiB.
 	DiskMax int64
-	// ClientArgs are the browser flags ("--lang") a playwright-server
-	// worker lets a client's launch option args set, each with any value;
-	// a client asking for another gets 400. Default: none (args refused).
-	ClientArgs []string
 	// LaunchScript is playwright/launch-server.mjs. Default: found beside
 	// the grid-worker binary (../playwright/ or ./playwright/) or in the
 	// working directory.
@@ -271,15 +267,6 @@ func bindings() []binding {
 			c.DiskMax = n << 20
 			return nil
 		}},
-		{Option{"client-args", "CLIENT_ARGS", "", "browser flags a client's launch option args may set on playwright-server workers, comma-separated (--lang,--window-size)"}, func(c *Config, v string) error {
-			c.ClientArgs = nil
-			for _, f := range strings.Split(v, ",") {
-				if f = strings.TrimSpace(f); f != "" {
-					c.ClientArgs = append(c.ClientArgs, f)
-				}
-			}
-			return nil
-		}},
 		{Option{"launch-script", "PLAYWRIGHT_LAUNCH_SCRIPT", "playwright/launch-server.mjs beside the binary", "the playwright launchers' script"}, str(func(c *Config) *string { return &c.LaunchScript })},
 		{Option{"playwright-version", "PLAYWRIGHT_VERSION", "the newest installed", "playwright-core major.minor the playwright launchers load (e.g. 1.64)"}, str(func(c *Config) *string { return &c.PlaywrightVersion })},
 		{Option{"exec", "EXEC_COMMAND", "", "command for the exec launcher (sh -c); prints its ws:// endpoint"}, str(func(c *Config) *string { return &c.Exec })},
@@ -415,14 +402,6 @@ func (c *Config) Validate() error {
 		} else if c.Launcher != LauncherPlaywright && c.Launcher != LauncherPlaywrightServer {
 			add("-playwright-version picks the playwright launchers' playwright-core, but -launcher is %q", c.Launcher)
 		}
-	}
-	for _, f := range c.ClientArgs {
-		if !strings.HasPrefix(f, "--") || len(f) < 3 || strings.ContainsAny(f, "= \t") {
-			add("-client-args %q: name each flag as --name, without a value", f)
-		}
-	}
-	if len(c.ClientArgs) > 0 && c.Launcher != LauncherPlaywrightServer {
-		add("-client-args applies to the playwright-server launcher only, but -launcher is %q", c.Launcher)
 	}
 	switch c.Launcher {
 	case LauncherPlaywright, LauncherPlaywrightServer, LauncherFake:

@@ -4,7 +4,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -180,24 +179,5 @@ func TestACDPWorkerTakesOneSessionUnlessTold(t *testing.T) {
 	c, err = ParseFlags([]string{"-launcher", "cdp", "-max-concurrent", "3"}, env(nil), io.Discard)
 	if err != nil || c.MaxConcurrent != 3 {
 		t.Fatalf("cdp -max-concurrent 3: %d (%v)", c.MaxConcurrent, err)
-	}
-}
-
-// TestClientArgsAreFlagNamesOnPerSessionWorkers: -client-args names
-// flags (--name, no value) and applies only to playwright-server
-// workers; anything else fails at start, naming it.
-func TestClientArgsAreFlagNamesOnPerSessionWorkers(t *testing.T) {
-	if c, err := ParseFlags([]string{"-launcher", "playwright-server", "-client-args", "--lang, --window-size"}, env(nil), io.Discard); err != nil ||
-		!slices.Equal(c.ClientArgs, []string{"--lang", "--window-size"}) {
-		t.Fatalf("two flags: %v (%v)", c.ClientArgs, err)
-	}
-	for _, tc := range []struct{ args []string }{
-		{[]string{"-launcher", "playwright", "-client-args", "--lang"}},
-		{[]string{"-launcher", "playwright-server", "-client-args", "lang"}},
-		{[]string{"-launcher", "playwright-server", "-client-args", "--lang=de"}},
-	} {
-		if _, err := ParseFlags(tc.args, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "-client-args") {
-			t.Errorf("%v: %v, want an error naming -client-args", tc.args, err)
-		}
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,16 +119,6 @@ func (f *front) unapplied(r *http.Request) string {
 		return err.Error()
 	case len(lr.Ignored) > 0:
 		return fmt.Sprintf("launch options %s are not applied by this worker's browser: leave them out", strings.Join(lr.Ignored, ", "))
-	case launcher == LauncherPlaywrightServer && len(lr.Args) > 0:
-		for _, arg := range lr.Args {
-			if !slices.Contains(f.a.cfg.ClientArgs, registry.ArgFlag(arg)) {
-				if len(f.a.cfg.ClientArgs) == 0 {
-					return fmt.Sprintf("the browser flag %s is not allowed: this worker takes no browser flags from clients (-client-args)", registry.ArgFlag(arg))
-				}
-				return fmt.Sprintf("the browser flag %s is not allowed: this worker takes only %s from clients (-client-args)",
-					registry.ArgFlag(arg), strings.Join(f.a.cfg.ClientArgs, ", "))
-			}
-		}
 	case launcher == LauncherPlaywright && (len(lr.Options) > 0 || lr.ExposeNetwork != ""):
 		what := strings.Join(lr.Names(), ", ")
 		if lr.ExposeNetwork != "" {

@@ -138,12 +138,6 @@ func playwrightLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 	if cfg.PlaywrightVersion != "" {
 		args = append(args, "--playwright-version", cfg.PlaywrightVersion)
 	}
-	if len(cfg.ClientArgs) > 0 {
-		// run-server's unsafe mode applies a client's args; the agent's
-		// front lets through only those -client-args names, and nothing
-		// else unsafe mode would apply
-		args = append(args, "--unsafe")
-	}
 	return func(ctx context.Context) (*Browser, error) {
 		// Each browser's own folder: the links to the system's browser
 		// and ffmpeg where playwright-core looks, and its temporary files

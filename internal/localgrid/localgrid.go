@@ -330,7 +330,6 @@ localhost:{{.HTTPS}} {
 			max_concurrent {{.MaxConcurrent}}
 			max_lifetime {{.MaxLifetime}}
 			select_timeout {{.SelectTimeout}}
-			launch_options proxy slowMo args
 		}
 	}
 }
