@@ -277,17 +277,8 @@ func TestKilledClientReleasesItsSlot(t *testing.T) {
 // nothing.
 func TestClientsFindTheEndpointOverHTTPS(t *testing.T) {
 	g := startGrid(t, Config{Workers: 1, MaxConcurrent: 2, MaxLifetime: 50, Launcher: "playwright"})
-	// One CDP worker in the pool the /cdp/ route serves.
-	g.cfg.Launcher, g.cfg.Pool = "cdp", "chromium-cdp"
-	if err := g.StartWorker(2); err != nil {
-		t.Fatal(err)
-	}
-	g.cfg.Launcher, g.cfg.Pool = "playwright", "chromium"
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := g.WaitPool(ctx, "chromium-cdp", 1); err != nil {
-		t.Fatal(err)
-	}
+	startRouteWorkers(t, g, "cdp", 2)
+	ctx := context.Background()
 	lifetimes := func() int {
 		n := 0
 		for _, pool := range []string{"chromium", "chromium-cdp"} {
@@ -643,18 +634,8 @@ func TestExposeNetworkReachesTheClientsOwnLoopback(t *testing.T) {
 // trace, video.
 func TestPlaywrightTestSuiteThroughTheGrid(t *testing.T) {
 	g := startGrid(t, Config{Workers: 2, MaxConcurrent: 2, MaxLifetime: 2, Launcher: "playwright"})
-	g.cfg.Launcher, g.cfg.Pool = "playwright-server", "chromium-cdp"
-	for i := 3; i <= 4; i++ {
-		if err := g.StartWorker(i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	g.cfg.Launcher, g.cfg.Pool = "playwright", "chromium"
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := g.WaitPool(ctx, "chromium-cdp", 2); err != nil {
-		t.Fatal(err)
-	}
+	startRouteWorkers(t, g, "playwright-server", 3, 4)
+	ctx := context.Background()
 	root := testenv.RepoRoot(t)
 	dir := filepath.Join(root, "playwright")
 	for _, run := range []struct {
@@ -717,16 +698,7 @@ func TestPlaywrightTestSuiteThroughTheGrid(t *testing.T) {
 // client's error gives.
 func TestLaunchOptionsReachAPerSessionBrowser(t *testing.T) {
 	g := startGrid(t, Config{Workers: 1, MaxConcurrent: 2, MaxLifetime: 50, Launcher: "playwright"})
-	g.cfg.Launcher, g.cfg.Pool = "playwright-server", "chromium-cdp"
-	if err := g.StartWorker(2); err != nil {
-		t.Fatal(err)
-	}
-	g.cfg.Launcher, g.cfg.Pool = "playwright", "chromium"
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := g.WaitPool(ctx, "chromium-cdp", 1); err != nil {
-		t.Fatal(err)
-	}
+	startRouteWorkers(t, g, "playwright-server", 2)
 	// A proxy that answers every request with a page naming its host.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -809,4 +781,23 @@ func TestAPlaywrightClientReadsWhyTheGridEndedItsSession(t *testing.T) {
 		t.Fatal("the client did not see its session end within 15s")
 	}
 	testenv.Eventually(t, 10*time.Second, "the slot is free", func() bool { return activeOf(t, g, "chromium") == 0 })
+}
+
+// startRouteWorkers starts workers numbered ids of launcher in the pool
+// the grid's /cdp/ route serves (chromium-cdp), and waits until they
+// serve.
+func startRouteWorkers(t *testing.T, g *Grid, launcher string, ids ...int) {
+	t.Helper()
+	g.cfg.Launcher, g.cfg.Pool = launcher, "chromium-cdp"
+	for _, i := range ids {
+		if err := g.StartWorker(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.cfg.Launcher, g.cfg.Pool = "playwright", "chromium"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := g.WaitPool(ctx, "chromium-cdp", len(ids)); err != nil {
+		t.Fatal(err)
+	}
 }
