@@ -66,6 +66,10 @@ type Agent struct {
 	// joining is the browser being registered: its record is claimable
 	// in Redis before Register returns, so a claim may reach it first.
 	joining *worker
+	// departed are the records of browsers this agent closed lately: a
+	// Redis brought back from an older snapshot brings them back too,
+	// with nothing behind them (forgetDeparted).
+	departed []departure
 	// chans is signalled when the set of workers, and so of command
 	// channels, changes.
 	chans chan struct{}
@@ -453,8 +457,55 @@ func (a *Agent) remove(wk *worker) {
 		a.log.Error("stopping the browser", zap.String("worker_id", wk.rec.ID), zap.Error(err))
 	}
 	a.metrics.browsers.Set(float64(len(a.workers())))
+	a.mu.Lock()
+	a.departed = append(a.departed, departure{group: wk.rec.Group(), id: wk.rec.ID, at: time.Now()})
+	if len(a.departed) > maxDeparted {
+		a.departed = a.departed[len(a.departed)-maxDeparted:]
+	}
+	a.mu.Unlock()
 	a.log.Info("browser closed and deregistered", zap.String("worker_id", wk.rec.ID))
 	a.reports.beat() // the replacement's hold ends
+}
+
+// departure is a browser the agent closed and deregistered.
+type departure struct {
+	group, id string
+	at        time.Time
+}
+
+// maxDeparted and departedFor bound what forgetDeparted removes again:
+// the records an older snapshot of Redis can bring back.
+const (
+	maxDeparted = 16
+	departedFor = 5 * time.Minute
+)
+
+// forgetDeparted removes again the records of the browsers this agent
+// closed lately, when its Redis connection comes back: a Redis restored
+// from a snapshot older than their departure holds them, with sessions
+// no browser serves, until they turn stale.
+func (a *Agent) forgetDeparted() {
+	a.mu.Lock()
+	var ds []departure
+	for _, d := range a.departed {
+		if time.Since(d.at) < departedFor {
+			ds = append(ds, d)
+		}
+	}
+	a.departed = ds
+	a.mu.Unlock()
+	for _, d := range ds {
+		// a Redis still loading its snapshot answers LOADING for a moment
+		for try := 0; try < 10; try++ {
+			ctx, cancel := context.WithTimeout(context.Background(), redisCallTimeout)
+			err := a.reg.Deregister(ctx, d.group, d.id)
+			cancel()
+			if err == nil {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
 }
 
 // shutdown drains every browser (SIGTERM) up to DrainTimeout, closes the

@@ -250,6 +250,7 @@ func (a *Agent) subscribe(ctx context.Context) {
 			case *redis.Subscription:
 				if m.Kind == "subscribe" {
 					a.reports.beat()
+					go a.forgetDeparted()
 				}
 			case *redis.Message:
 				a.command(m.Channel, m.Payload)
