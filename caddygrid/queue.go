@@ -71,7 +71,7 @@ func (q *waitQueue) kept() ([]*waiter, []registry.Waiter) {
 	for _, w := range q.waiters {
 		if w.pos >= 0 { // joined the pool's queue
 			ws = append(ws, w)
-			out = append(out, registry.Waiter{ID: w.id, Versions: w.versions, Avoid: w.avoid})
+			out = append(out, w.registry())
 		}
 	}
 	return ws, out
@@ -123,6 +123,11 @@ func (q *waitQueue) poolState() (int, time.Duration) {
 func (q *waitQueue) registryWaiter(w *waiter) registry.Waiter {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return w.registry()
+}
+
+// registry is w as the pool's queue holds it (q.mu held).
+func (w *waiter) registry() registry.Waiter {
 	return registry.Waiter{ID: w.id, Versions: w.versions, Avoid: w.avoid}
 }
 
@@ -142,20 +147,9 @@ func (q *waitQueue) position(w *waiter) int {
 // rateWindow is how long the queue's rate is measured over.
 const rateWindow = 10 * time.Second
 
-// join appends a waiter unless the queue already holds limit waiters.
-func (q *waitQueue) join(limit int) (*waiter, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if len(q.waiters) >= limit {
-		return nil, false
-	}
-	w := &waiter{wake: make(chan struct{}, 1), id: newSessionID(), pos: -1}
-	q.waiters = append(q.waiters, w)
-	return w, true
-}
-
-// joinClient is join for a request of client (its client key; "" none),
-// which may have at most perClient waiters in the queue (0: no bound):
+// joinClient appends a waiter for a request of client (its client key;
+// "" none) unless the queue already holds limit waiters, or client, which
+// may have at most perClient waiters in the queue (0: no bound), has them:
 // a client can be served no more sessions than its client_limit, so its
 // further requests would only hold places other clients need. clientFull
 // reports a refusal for that bound.

@@ -127,13 +127,9 @@ func fairnessRun(shared bool, perB int) (fairRun, error) {
 	if !shared {
 		block += "\t\tshared_queue off\n"
 	}
-	var routes []route
-	for i := range 2 {
-		cad, err := w.startCaddy("caddy"+strconv.Itoa(i), 1, func(a []string) string { return gridSite(a[0], benchPool, block) })
-		if err != nil {
-			return res, err
-		}
-		routes = append(routes, route{name: "caddy" + strconv.Itoa(i), url: "ws://" + cad.sites[0] + "/"})
+	routes, err := w.gridInstances(2, block)
+	if err != nil {
+		return res, err
 	}
 	rate := fairLoad * fairSlots / fairHold.Seconds()
 	var mu sync.Mutex

@@ -344,6 +344,21 @@ func (w *world) startCaddy(name string, nsites int, sites func(addrs []string) s
 
 // gridSite is a site block serving pool through the browser_grid handler
 // with the handler's options in block.
+// gridInstances starts n bin/caddy instances, each serving benchPool
+// with the handler block, and returns a route through each.
+func (w *world) gridInstances(n int, block string) ([]route, error) {
+	var routes []route
+	for i := range n {
+		name := "caddy" + strconv.Itoa(i)
+		cad, err := w.startCaddy(name, 1, func(a []string) string { return gridSite(a[0], benchPool, block) })
+		if err != nil {
+			return nil, err
+		}
+		routes = append(routes, route{name: name, url: "ws://" + cad.sites[0] + "/"})
+	}
+	return routes, nil
+}
+
 func gridSite(addr, pool, block string) string {
 	if block == "" {
 		return fmt.Sprintf("http://%s {\n\tbrowser_grid %s\n}\n", addr, pool)

@@ -141,13 +141,9 @@ func recycleRun(stagger bool, restarts int, deadline time.Duration) (recycled, e
 	if !stagger {
 		block += "\t\tstagger_drains off\n"
 	}
-	var routes []route
-	for i := range 2 {
-		cad, err := w.startCaddy("caddy"+strconv.Itoa(i), 1, func(a []string) string { return gridSite(a[0], benchPool, block) })
-		if err != nil {
-			return res, err
-		}
-		routes = append(routes, route{name: "caddy" + strconv.Itoa(i), url: "ws://" + cad.sites[0] + "/"})
+	routes, err := w.gridInstances(2, block)
+	if err != nil {
+		return res, err
 	}
 	first, err := w.available(benchPool)
 	if err != nil {
