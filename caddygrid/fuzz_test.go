@@ -71,13 +71,15 @@ func FuzzClientRequest(f *testing.F) {
 	f.Add("GET", "/playwright/chromium", `a=%zz&launch-options={"args":["--x"]}`, 1, valid, int8(0), false, uint8(0), false)
 	f.Add("GET", "/playwright/chromium", "launch-options=null", 1, valid, int8(0), false, uint8(0), false)
 	f.Add("GET", "/playwright/chromium", "", 1, valid+`X-Playwright-Launch-Options: {"slowMo":1}`+"\n"+`X-Playwright-Launch-Options: "headless":false}`, int8(0), false, uint8(0), false)
+	f.Add("GET", "/playwright/chromium", "", 1, valid+`X-Playwright-Launch-Options: {"args":["--lang=de","--window-size=8,6"]}`, int8(0), false, uint8(0), false)
+	f.Add("GET", "/playwright/chromium", `launch-options={"args":["--lang=de","-no-sandbox"]}`, 1, valid, int8(0), false, uint8(0), false)
 	f.Fuzz(func(t *testing.T, method, path, query string, proto int, headers string, bodyLen int8, chunked bool, specN uint8, canonical bool) {
 		spec := fuzzSpecs[int(specN)%len(fuzzSpecs)]
 		r, plain := fuzzRequest(method, path, query, proto, headers, bodyLen, chunked, canonical)
 		if r == nil {
 			return
 		}
-		h := &Handler{spec: spec, logger: zap.NewNop(), selectTimeout: time.Second}
+		h := &Handler{spec: spec, logger: zap.NewNop(), selectTimeout: time.Second, LaunchArgs: fuzzLaunchArgs}
 		retries := DefaultDialRetries
 		h.DialRetries = &retries
 
@@ -152,6 +154,9 @@ func FuzzClientRequest(f *testing.F) {
 	})
 }
 
+// fuzzLaunchArgs are the flags the fuzzed route allows.
+var fuzzLaunchArgs = []string{"--lang", "--window-size"}
+
 // playwrightReads names what a Playwright server would apply from r's
 // launch options beyond allowed, the options it keeps its own value of
 // and headless true ("" nothing), reading them its own way: the query's
@@ -174,9 +179,32 @@ func playwrightReads(r *http.Request, allowed []string) string {
 		switch {
 		case slices.Contains(allowed, k), slices.Contains(keeps, k):
 		case k == "headless" && v == true:
-		case k == "args" && (v == nil || fmt.Sprint(v) == "[]"):
+		case k == "args":
+			if bad := argsBeyond(v, fuzzLaunchArgs); bad != "" {
+				return "the flag " + bad
+			}
 		default:
 			return fmt.Sprintf("the launch option %s (%v)", k, v)
+		}
+	}
+	return ""
+}
+
+// argsBeyond names the first of args that is no flag of allowed, as
+// Chromium reads a flag ("" none).
+func argsBeyond(args any, allowed []string) string {
+	if args == nil {
+		return ""
+	}
+	list, ok := args.([]any)
+	if !ok {
+		return fmt.Sprint(args)
+	}
+	for _, a := range list {
+		s, ok := a.(string)
+		name, _, _ := strings.Cut(s, "=")
+		if !ok || !slices.Contains(allowed, name) {
+			return fmt.Sprint(a)
 		}
 	}
 	return ""

@@ -74,6 +74,11 @@ type Handler struct {
 	// of channel, headless (false), proxy, slowMo; ["none"]: none.
 	// Default: proxy, slowMo.
 	LaunchOptions []string `json:"launch_options,omitempty"`
+	// LaunchArgs are the Chromium flags a client's args may hold, by name
+	// (--lang allows --lang=de); playwright-server workers apply them.
+	// Flags that turn off the sandbox, run a program, read the worker's
+	// disk or open a debugging port cannot be listed. Default: none.
+	LaunchArgs []string `json:"launch_args,omitempty"`
 	// ExposeNetwork is whether a client may use Playwright's
 	// exposeNetwork, which sends its browser's matching traffic back
 	// through the client: "on", "off", or the patterns a client may ask
@@ -174,6 +179,11 @@ func (h *Handler) Validate() error {
 			return fmt.Errorf("browser_grid: launch_options %q: not an option Playwright's server applies (%s)", o, strings.Join(registry.AppliedOptions, ", "))
 		}
 	}
+	for _, a := range h.LaunchArgs {
+		if err := registry.CheckArgName(a); err != nil {
+			return fmt.Errorf("browser_grid: launch_args: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -199,6 +209,11 @@ func (h *Handler) checkLaunch(r *http.Request) string {
 	for _, name := range lr.Names() {
 		if !slices.Contains(allowed, name) {
 			return fmt.Sprintf("the launch option %s is not allowed here (launch_options): this grid allows %s", name, allowedList(allowed))
+		}
+	}
+	for _, a := range lr.Args {
+		if name := registry.ArgName(a); !slices.Contains(h.LaunchArgs, name) {
+			return fmt.Sprintf("the browser flag %s in args is not allowed here (launch_args): this grid allows %s", name, allowedList(h.LaunchArgs))
 		}
 	}
 	if lr.ExposeNetwork == "" {
@@ -520,6 +535,7 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //	    upgrade_timeout    <duration>
 //	    stream_close_delay <duration>
 //	    launch_options     <none|channel headless proxy slowMo...>
+//	    launch_args        <--flag...>
 //	    expose_network     <on|off|pattern...>
 //	    # and every option of the policy (see Policy.UnmarshalCaddyfile):
 //	    max_concurrent <n>
@@ -591,6 +607,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			for _, o := range h.LaunchOptions {
 				if o == "none" && len(h.LaunchOptions) > 1 || o != "none" && !slices.Contains(registry.AppliedOptions, o) {
 					return d.Errf("invalid launch_options '%s': use none, or some of %s", o, strings.Join(registry.AppliedOptions, ", "))
+				}
+			}
+		case "launch_args":
+			h.LaunchArgs = d.RemainingArgs()
+			if len(h.LaunchArgs) == 0 {
+				return d.ArgErr()
+			}
+			for _, a := range h.LaunchArgs {
+				if err := registry.CheckArgName(a); err != nil {
+					return d.Errf("invalid launch_args: %v", err)
 				}
 			}
 		case "expose_network":

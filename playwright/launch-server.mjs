@@ -34,6 +34,20 @@
 // npm alias playwright-core-<major.minor> (package.json installs two).
 // Default: the newest alias installed, else playwright-core itself.
 //
+// Chromium flags, in the per-session mode: the agent vets a session's
+// args (Caddy's launch_args) and asks, one JSON line on stdin each, for a
+// run-server whose browsers get them:
+//
+//   {"acquire":7,"args":["--lang=de"]}  answered on stdout by
+//   {"event":"flags","id":7,"wsEndpoint":"ws://127.0.0.1:PORT/playwright"}
+//   (or "error" in place of wsEndpoint), and later {"release":7}
+//
+// Each set of flags has a run-server of its own, whose browser is a
+// wrapper that runs --executable with the flags ahead of Playwright's:
+// the flags come from the agent, never from the client's launch options.
+// A run-server whose sessions all ended stays for the next one with the
+// same flags for flagsLinger, at most maxIdleFlagSets of them.
+//
 // It exits when the browser (or the run-server) exits (status 1) and closes
 // the server on SIGTERM or SIGINT (status 0).
 
@@ -147,19 +161,21 @@ function parseArgs(argv) {
 	return opts;
 }
 
-// runServer starts Playwright's run-server of pkg and resolves with its
+// runServer starts Playwright's run-server of pkg, on port (0: any),
+// whose browsers are those under browsersDir, and resolves with its
 // endpoint once it listens.
-function runServer(pkg, opts) {
+function runServer(pkg, opts, port, browsersDir) {
 	const cli = path.join(path.dirname(require.resolve(`${pkg}/package.json`)), 'cli.js');
-	const args = [cli, 'run-server', '--host', opts.host, '--port', String(opts.port), '--path', opts.wsPath];
+	const args = [cli, 'run-server', '--host', opts.host, '--port', String(port), '--path', opts.wsPath];
 	if (opts.browsersDir) args.push('--artifacts-dir', path.join(opts.browsersDir, 'artifacts'));
+	const env = browsersDir ? { ...process.env, PLAYWRIGHT_BROWSERS_PATH: browsersDir } : process.env;
 	// run-server dies with this process, however it ends (grid-worker
 	// has the kernel kill this one if the agent dies): util-linux's
 	// setpriv sets the child's parent-death signal before it runs
 	const setpriv = '/usr/bin/setpriv';
 	const child = fs.existsSync(setpriv)
-		? spawn(setpriv, ['--pdeathsig', 'KILL', process.execPath, ...args], { stdio: ['ignore', 'pipe', 'inherit'] })
-		: spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'] });
+		? spawn(setpriv, ['--pdeathsig', 'KILL', process.execPath, ...args], { stdio: ['ignore', 'pipe', 'inherit'], env })
+		: spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'], env });
 	return new Promise((resolve, reject) => {
 		let out = '';
 		child.stdout.on('data', (b) => {
@@ -169,6 +185,79 @@ function runServer(pkg, opts) {
 		});
 		child.on('exit', (code) => reject(new Error(`run-server exited with ${code} before listening: ${out.trim()}`)));
 	});
+}
+
+// flagsLinger is how long a set of flags' run-server outlives its last
+// session; maxIdleFlagSets bounds how many wait so.
+const flagsLinger = 30_000;
+const maxIdleFlagSets = 2;
+
+// shellQuote quotes s for sh.
+const shellQuote = (s) => `'${s.replaceAll("'", `'\\''`)}'`;
+
+// flagSets serves the agent's requests for run-servers with flags, read
+// from stdin (see the top of this file).
+function flagSets(pkg, opts) {
+	const sets = new Map(); // JSON of the flags -> { ready, child, refs, idleTimer, idleSince }
+	const held = new Map(); // acquire id -> key
+	let n = 0;
+	const answer = (msg) => process.stdout.write(JSON.stringify({ event: 'flags', ...msg }) + '\n');
+	const closeSet = (key) => {
+		const set = sets.get(key);
+		sets.delete(key);
+		clearTimeout(set.idleTimer);
+		set.ready.then((r) => r.child.kill('SIGTERM'), () => {});
+	};
+	const start = (args) => {
+		if (opts.browser !== 'chromium' || !opts.executable) throw new Error('flags apply to Chromium only');
+		const dir = path.join(opts.browsersDir, `flags-${++n}`);
+		fs.mkdirSync(dir, { recursive: true });
+		const wrapper = path.join(dir, 'chromium');
+		fs.writeFileSync(wrapper, `#!/bin/sh\nexec ${[opts.executable, ...args].map(shellQuote).join(' ')} "$@"\n`, { mode: 0o755 });
+		prepareBrowsers(pkg, dir, wrapper, opts.ffmpeg);
+		return runServer(pkg, opts, 0, dir);
+	};
+	const acquire = (id, args) => {
+		const key = JSON.stringify(args);
+		let set = sets.get(key);
+		if (!set) {
+			set = { refs: 0, ready: Promise.resolve(args).then(start) };
+			set.ready.then(({ child }) => child.on('exit', () => sets.get(key) === set && sets.delete(key)), () => sets.delete(key));
+			sets.set(key, set);
+		}
+		set.refs++;
+		clearTimeout(set.idleTimer);
+		held.set(id, key);
+		set.ready.then(({ wsEndpoint }) => answer({ id, wsEndpoint }), (e) => answer({ id, error: e.message }));
+	};
+	const release = (id) => {
+		const key = held.get(id);
+		held.delete(id);
+		const set = sets.get(key);
+		if (!set || --set.refs > 0) return;
+		set.idleSince = Date.now();
+		set.idleTimer = setTimeout(() => closeSet(key), flagsLinger);
+		const idle = [...sets].filter(([, s]) => s.refs === 0).sort((a, b) => a[1].idleSince - b[1].idleSince);
+		for (const [k] of idle.slice(0, Math.max(0, idle.length - maxIdleFlagSets))) closeSet(k);
+	};
+	let buf = '';
+	process.stdin.setEncoding('utf8');
+	process.stdin.on('data', (chunk) => {
+		buf += chunk;
+		let i;
+		while ((i = buf.indexOf('\n')) >= 0) {
+			const line = buf.slice(0, i);
+			buf = buf.slice(i + 1);
+			try {
+				const msg = JSON.parse(line);
+				if (msg.release !== undefined) release(msg.release);
+				else acquire(msg.acquire, msg.args);
+			} catch (e) {
+				process.stderr.write(`launch-server: bad request on stdin: ${e.message}\n`);
+			}
+		}
+	});
+	return { closeAll: () => [...sets.keys()].forEach(closeSet) };
 }
 
 async function main() {
@@ -192,7 +281,8 @@ async function main() {
 		process.exit(2);
 	}
 	if (opts.mode === 'per-session') {
-		const { child, wsEndpoint } = await runServer(pkg, opts);
+		const { child, wsEndpoint } = await runServer(pkg, opts, opts.port, '');
+		const flags = flagSets(pkg, opts);
 		let closing = false;
 		child.on('exit', (code, signal) => {
 			if (closing) process.exit(0);
@@ -201,6 +291,7 @@ async function main() {
 		});
 		const close = () => {
 			closing = true;
+			flags.closeAll();
 			child.kill('SIGTERM');
 		};
 		process.on('SIGTERM', close);

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -21,15 +22,20 @@ import (
 // none. Caddy checks them against the operator's launch_options and
 // expose_network; the agent refuses what its browser would ignore.
 // Playwright's server never runs in its unsafe mode here: a client's
-// args, executablePath and the like are refused.
+// executablePath and the like are refused, and its args (Chromium flags)
+// pass only as launch_args allows, applied by the agent itself.
 
 // LaunchRequest is what a client asked for.
 type LaunchRequest struct {
 	// Options are the launch options that change the browser (Applied),
 	// with their JSON values, by name.
 	Options map[string]json.RawMessage
+	// Args are the Chromium flags asked for (the args option), each a
+	// --flag or --flag=value.
+	Args []string
 	// Ignored are the options Playwright's server drops in its safe mode
-	// (args, executablePath, …): a client asking for one gets told no.
+	// (executablePath, ignoreDefaultArgs, …): a client asking for one
+	// gets told no.
 	Ignored []string
 	// ExposeNetwork is the exposeNetwork pattern ("" none).
 	ExposeNetwork string
@@ -77,6 +83,10 @@ func ReadLaunchRequest(r *http.Request) (LaunchRequest, error) {
 	}
 	for k, v := range all {
 		switch {
+		case k == "args":
+			if lr.Args, err = readArgs(v); err != nil {
+				return lr, err
+			}
 		case k == "headless" && bytes.Equal(bytes.TrimSpace(v), []byte("true")):
 		case slices.Contains(inertOptions, k):
 		case slices.Contains(AppliedOptions, k):
@@ -90,6 +100,62 @@ func ReadLaunchRequest(r *http.Request) (LaunchRequest, error) {
 	}
 	sort.Strings(lr.Ignored)
 	return lr, nil
+}
+
+// maxArgs bounds how many flags a client may ask for.
+const maxArgs = 32
+
+// argRe is a Chromium flag as the grid takes one: two dashes, a
+// lower-case name, and a value after '=' if any. Chromium reads a single
+// dash as a flag too; the grid does not take that form.
+var argRe = regexp.MustCompile(`^--([a-z0-9][a-z0-9-]*)(=.*)?$`)
+
+// readArgs reads the args option: a list of flags, each well-formed.
+func readArgs(v json.RawMessage) ([]string, error) {
+	var args []string
+	if err := json.Unmarshal(v, &args); err != nil {
+		return nil, fmt.Errorf("the launch option args is not a list of strings")
+	}
+	if len(args) > maxArgs {
+		return nil, fmt.Errorf("the launch option args holds %d flags, more than %d", len(args), maxArgs)
+	}
+	for _, a := range args {
+		if !argRe.MatchString(a) || strings.ContainsFunc(a, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+			return nil, fmt.Errorf("the launch option args holds %q, which is no --flag or --flag=value", a)
+		}
+	}
+	return args, nil
+}
+
+// ArgName is the name of a flag readArgs took: "--lang" of "--lang=de".
+func ArgName(arg string) string {
+	name, _, _ := strings.Cut(arg, "=")
+	return name
+}
+
+// unsafeArgs are the Chromium flags no client sets, whatever launch_args
+// says: they turn off the sandbox, run another program, load code or
+// data from the worker's disk, or open a debugging port on its network.
+var unsafeArgs = []string{
+	"--no-sandbox", "--disable-setuid-sandbox", "--disable-seccomp-filter-sandbox", "--no-zygote", "--single-process",
+	"--renderer-cmd-prefix", "--utility-cmd-prefix", "--zygote-cmd-prefix", "--gpu-launcher", "--ppapi-plugin-launcher",
+	"--browser-subprocess-path", "--js-flags",
+	"--load-extension", "--disable-extensions-except", "--user-data-dir", "--profile-directory", "--disk-cache-dir",
+	"--crash-dumps-dir", "--log-file",
+	"--remote-debugging-port", "--remote-debugging-address", "--remote-debugging-pipe", "--remote-debugging-io-pipes",
+	"--remote-allow-origins",
+}
+
+// CheckArgName says why flag name (as launch_args lists it) may not be
+// allowed (nil: it may).
+func CheckArgName(name string) error {
+	if m := argRe.FindStringSubmatch(name); m == nil || m[2] != "" {
+		return fmt.Errorf("%q is no flag name: two dashes and a lower-case name, such as --lang", name)
+	}
+	if slices.Contains(unsafeArgs, name) {
+		return fmt.Errorf("%s is never a client's to set: it turns off the sandbox, runs a program, reads the worker's disk or opens a debugging port", name)
+	}
+	return nil
 }
 
 // Names lists the options asked for, sorted.

@@ -42,7 +42,54 @@ func TestLaunchOptionsAreReadAsPlaywrightsServerReadsThem(t *testing.T) {
 		t.Errorf("two exposeNetwork headers: %q (%v), want them joined as Node joins them", lr.ExposeNetwork, err)
 	}
 	lr, err = ReadLaunchRequest(req(`launch-options=%7B%22args%22%3A%5B%22--lang%3Dde%22%5D%2C%22slowMo%22%3A5%7D`))
-	if err != nil || len(lr.Ignored) != 1 || lr.Ignored[0] != "args" || string(lr.Options["slowMo"]) != "5" {
-		t.Errorf("args and slowMo in the query: %+v (%v), want args refused and slowMo read", lr, err)
+	if err != nil || len(lr.Ignored) != 0 || len(lr.Args) != 1 || lr.Args[0] != "--lang=de" || string(lr.Options["slowMo"]) != "5" {
+		t.Errorf("args and slowMo in the query: %+v (%v), want both read", lr, err)
+	}
+}
+
+// TestArgsAreFlagsAndNothingElse: a client's args are read as Chromium
+// flags, --name or --name=value, or refused with the one that is not; an
+// operator cannot allow a flag that turns off the sandbox, runs a
+// program or opens a port.
+func TestArgsAreFlagsAndNothingElse(t *testing.T) {
+	read := func(args string) (LaunchRequest, error) {
+		r := httptest.NewRequest(http.MethodGet, "/playwright/chromium", nil)
+		r.Header.Set("X-Playwright-Launch-Options", `{"args":`+args+`}`)
+		return ReadLaunchRequest(r)
+	}
+	for _, tc := range []struct{ args, err string }{
+		{`"--lang=de"`, "not a list of strings"},
+		{`[1]`, "not a list of strings"},
+		{`["-no-sandbox"]`, `"-no-sandbox", which is no --flag`},
+		{`["--Lang=de"]`, "which is no --flag"},
+		{`["https://example.com/"]`, "which is no --flag"},
+		{`["--"]`, "which is no --flag"},
+		{`["--lang=de\u0000x"]`, "which is no --flag"},
+		{`[` + strings.Repeat(`"--a",`, 32) + `"--a"]`, "33 flags, more than 32"},
+	} {
+		if _, err := read(tc.args); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("args %s: %v, want an error saying %q", tc.args, err, tc.err)
+		}
+	}
+	lr, err := read(`["--lang=de", "--window-size=800,600", "--user-agent=a b=c"]`)
+	if err != nil || strings.Join(lr.Args, " ") != "--lang=de --window-size=800,600 --user-agent=a b=c" {
+		t.Errorf("well-formed args: %q (%v)", lr.Args, err)
+	}
+	if ArgName("--user-agent=a b=c") != "--user-agent" || ArgName("--mute-audio") != "--mute-audio" {
+		t.Error("ArgName does not cut at the first '='")
+	}
+	if lr, err := read(`[]`); err != nil || len(lr.Args) != 0 {
+		t.Errorf("empty args: %+v (%v), want none", lr, err)
+	}
+	for _, name := range []string{"--lang", "--window-size", "--disable-web-security"} {
+		if err := CheckArgName(name); err != nil {
+			t.Errorf("CheckArgName(%s): %v", name, err)
+		}
+	}
+	for name, want := range map[string]string{"--no-sandbox": "never a client's", "--renderer-cmd-prefix": "never a client's",
+		"--remote-debugging-port": "never a client's", "--lang=de": "no flag name", "lang": "no flag name"} {
+		if err := CheckArgName(name); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("CheckArgName(%s): %v, want %q", name, err, want)
+		}
 	}
 }

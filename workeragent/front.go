@@ -104,29 +104,40 @@ func (f *front) refuse(w http.ResponseWriter, t registry.Ticket, wk *worker, rea
 	f.a.reports.giveBack(wk, group, t)
 }
 
-// unapplied says why the browser would not apply what the client asks of
-// it ("": it would): Playwright's browser server, whose browser the
-// worker's sessions share, applies no launch option and no
-// exposeNetwork; its run-server drops the unsafe options.
-func (f *front) unapplied(r *http.Request) string {
+// launchRequest reads what the client asks of the browser, and says why
+// the browser would not apply it ("": it would): Playwright's browser
+// server, whose browser the worker's sessions share, applies no launch
+// option, flag or exposeNetwork; its run-server drops the unsafe
+// options; flags are Chromium's, and never those no client may set.
+func (f *front) launchRequest(r *http.Request) (registry.LaunchRequest, string) {
 	launcher := f.a.cfg.Launcher
 	if launcher != LauncherPlaywright && launcher != LauncherPlaywrightServer {
-		return ""
+		return registry.LaunchRequest{}, ""
 	}
 	lr, err := registry.ReadLaunchRequest(r)
 	switch {
 	case err != nil:
-		return err.Error()
+		return lr, err.Error()
 	case len(lr.Ignored) > 0:
-		return fmt.Sprintf("launch options %s are not applied by this worker's browser: leave them out", strings.Join(lr.Ignored, ", "))
-	case launcher == LauncherPlaywright && (len(lr.Options) > 0 || lr.ExposeNetwork != ""):
-		what := strings.Join(lr.Names(), ", ")
-		if lr.ExposeNetwork != "" {
-			what = strings.TrimPrefix(what+", exposeNetwork", ", ")
+		return lr, fmt.Sprintf("launch options %s are not applied by this worker's browser: leave them out", strings.Join(lr.Ignored, ", "))
+	case launcher == LauncherPlaywright && (len(lr.Options) > 0 || len(lr.Args) > 0 || lr.ExposeNetwork != ""):
+		what := lr.Names()
+		if len(lr.Args) > 0 {
+			what = append(what, "args")
 		}
-		return fmt.Sprintf("this worker's browser is shared by its sessions, so %s cannot apply to yours: connect to a pool of playwright-server workers", what)
+		if lr.ExposeNetwork != "" {
+			what = append(what, "exposeNetwork")
+		}
+		return lr, fmt.Sprintf("this worker's browser is shared by its sessions, so %s cannot apply to yours: connect to a pool of playwright-server workers", strings.Join(what, ", "))
+	case len(lr.Args) > 0 && f.a.cfg.BrowserType != "chromium":
+		return lr, fmt.Sprintf("args are Chromium flags, and this worker's browser is %s", f.a.cfg.BrowserType)
 	}
-	return ""
+	for _, a := range lr.Args {
+		if err := registry.CheckArgName(registry.ArgName(a)); err != nil {
+			return lr, "args: " + err.Error()
+		}
+	}
+	return lr, ""
 }
 
 var refusalText = map[string]string{
@@ -167,7 +178,8 @@ func (f *front) session(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("%s header: worker %s is of group %s, not %s", registry.HeaderClaim, t.Worker, wk.rec.Group(), t.Group), http.StatusBadRequest)
 		return
 	}
-	if msg := f.unapplied(r); msg != "" {
+	lr, msg := f.launchRequest(r)
+	if msg != "" {
 		// the client's doing, on every worker of this kind: told, not
 		// retried elsewhere
 		a.metrics.refusals.WithLabelValues("launch_options").Inc()
@@ -191,6 +203,21 @@ func (f *front) session(w http.ResponseWriter, r *http.Request) {
 			a.reports.giveBack(wk, wk.rec.Group(), t)
 		}
 	}()
+	backend := wk.backend
+	if len(lr.Args) > 0 {
+		// a browser server of the worker's launcher whose browsers run
+		// with these flags
+		ctx, cancel := context.WithTimeout(r.Context(), upgradeTimeout)
+		addr, release, err := wk.proc.FlagServer(ctx, lr.Args)
+		cancel()
+		if err != nil {
+			a.log.Warn("starting a browser server with flags", zap.String("worker_id", wk.rec.ID), zap.Error(err))
+			http.Error(w, "the worker could not start a browser with the session's flags", http.StatusBadGateway)
+			return
+		}
+		defer release()
+		backend = addr
+	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		a.log.Warn("taking over the proxy's connection", zap.Error(err))
@@ -201,7 +228,7 @@ func (f *front) session(w http.ResponseWriter, r *http.Request) {
 			conn.Close()
 		}
 	}()
-	bconn, err := net.DialTimeout("tcp", wk.backend, 5*time.Second)
+	bconn, err := net.DialTimeout("tcp", backend, 5*time.Second)
 	if err != nil {
 		a.log.Warn("dialing the browser", zap.String("worker_id", wk.rec.ID), zap.Error(err))
 		writeStatus(conn, http.StatusBadGateway, "the worker's browser does not answer")
@@ -214,7 +241,7 @@ func (f *front) session(w http.ResponseWriter, r *http.Request) {
 		u.RawQuery = q.Encode()
 	}
 	out := &http.Request{Method: http.MethodGet, URL: &u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: r.Header.Clone(), Host: wk.backend}
+		Header: r.Header.Clone(), Host: backend}
 	out.Header.Del(registry.HeaderClaim)
 	_ = bconn.SetDeadline(time.Now().Add(upgradeTimeout))
 	if err := out.Write(bconn); err != nil {

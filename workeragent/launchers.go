@@ -160,6 +160,7 @@ func playwrightLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 			probe:   func(u *url.URL) probe { return probe{httpURL: "http://" + dialAddr(u) + "/"} },
 			cleanup: []func(){func() { os.RemoveAll(dir) }},
 			dir:     tmp,
+			flags:   mode == "per-session",
 		})
 	}, nil
 }

@@ -3,7 +3,9 @@ package workeragent
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -40,6 +42,7 @@ type Browser struct {
 
 	probe   probe
 	cmd     *exec.Cmd
+	flags   *flagServers // nil: the browser takes no flags
 	done    chan struct{}
 	waitErr error
 	log     *zap.Logger
@@ -251,6 +254,9 @@ type startOptions struct {
 	cleanup []func()
 	// dir is the browser's folder of temporary files, removed with it.
 	dir string
+	// flags: the process serves run-servers with Chromium flags, asked
+	// for on its stdin (launch-server.mjs's per-session mode).
+	flags bool
 }
 
 // diskUse is how many bytes the files under dir take.
@@ -284,6 +290,12 @@ func startProcess(ctx context.Context, log *zap.Logger, o startOptions) (*Browse
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
+	var control io.WriteCloser
+	if o.flags {
+		if control, err = cmd.StdinPipe(); err != nil {
+			return nil, err
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		for _, f := range []*os.File{outR, outW, errR, errW} {
 			f.Close()
@@ -296,6 +308,9 @@ func startProcess(ctx context.Context, log *zap.Logger, o startOptions) (*Browse
 	outW.Close()
 	errW.Close()
 	b := &Browser{Pid: cmd.Process.Pid, cmd: cmd, done: make(chan struct{}), log: log, cleanup: o.cleanup, groups: []int{cmd.Process.Pid}, Dir: o.dir}
+	if control != nil {
+		b.flags = &flagServers{w: control, waiting: map[int]chan flagAnswer{}}
+	}
 	go func() {
 		b.waitErr = cmd.Wait()
 		close(b.done)
@@ -312,6 +327,10 @@ func startProcess(ctx context.Context, log *zap.Logger, o startOptions) (*Browse
 			b.keep(line)
 			if ce := log.Check(zap.DebugLevel, "browser output"); ce != nil {
 				ce.Write(zap.String("stream", stream), zap.String("line", line))
+			}
+			if b.flags != nil && strings.HasPrefix(line, `{"event":"flags"`) {
+				b.flags.answered(line)
+				continue
 			}
 			if m := pidRe.FindStringSubmatch(line); m != nil {
 				if pid, err := strconv.Atoi(m[1]); err == nil && pid > 0 {
@@ -370,4 +389,83 @@ func dialAddr(u *url.URL) string {
 		host = "127.0.0.1"
 	}
 	return net.JoinHostPort(host, port)
+}
+
+// flagServers asks launch-server.mjs for run-servers whose browsers run
+// with Chromium flags, and hears its answers.
+type flagServers struct {
+	wmu sync.Mutex
+	w   io.WriteCloser
+
+	mu      sync.Mutex
+	next    int
+	waiting map[int]chan flagAnswer
+}
+
+type flagAnswer struct {
+	ID         int    `json:"id"`
+	WSEndpoint string `json:"wsEndpoint"`
+	Error      string `json:"error"`
+}
+
+func (f *flagServers) send(msg any) error {
+	line, _ := json.Marshal(msg)
+	f.wmu.Lock()
+	defer f.wmu.Unlock()
+	_, err := f.w.Write(append(line, '\n'))
+	return err
+}
+
+func (f *flagServers) answered(line string) {
+	var a flagAnswer
+	if json.Unmarshal([]byte(line), &a) != nil {
+		return
+	}
+	f.mu.Lock()
+	ch := f.waiting[a.ID]
+	delete(f.waiting, a.ID)
+	f.mu.Unlock()
+	if ch != nil {
+		ch <- a
+	}
+}
+
+// FlagServer returns the address of a browser server whose browsers run
+// with args, and the function that gives it back once the session that
+// uses it ended.
+func (b *Browser) FlagServer(ctx context.Context, args []string) (string, func(), error) {
+	f := b.flags
+	if f == nil {
+		return "", nil, fmt.Errorf("this worker's browser takes no flags")
+	}
+	ch := make(chan flagAnswer, 1)
+	f.mu.Lock()
+	f.next++
+	id := f.next
+	f.waiting[id] = ch
+	f.mu.Unlock()
+	var once sync.Once
+	release := func() { once.Do(func() { _ = f.send(map[string]int{"release": id}) }) }
+	fail := func(err error) (string, func(), error) {
+		f.mu.Lock()
+		delete(f.waiting, id)
+		f.mu.Unlock()
+		release()
+		return "", nil, err
+	}
+	if err := f.send(map[string]any{"acquire": id, "args": args}); err != nil {
+		return fail(fmt.Errorf("asking the launcher for a browser with flags: %w", err))
+	}
+	select {
+	case a := <-ch:
+		u, err := url.Parse(a.WSEndpoint)
+		if a.Error != "" || err != nil || u.Host == "" {
+			return fail(fmt.Errorf("the launcher could not start a browser with flags %v: %s", args, a.Error))
+		}
+		return dialAddr(u), release, nil
+	case <-b.done:
+		return fail(fmt.Errorf("the launcher exited"))
+	case <-ctx.Done():
+		return fail(fmt.Errorf("the launcher started no browser with flags %v in time: %w", args, ctx.Err()))
+	}
 }

@@ -5,7 +5,10 @@ package main
 // launchers: the shared browser (playwright: Playwright's browser server)
 // and a browser per session (playwright-server: Playwright's run-server,
 // which launches one per connection), each through the grid and dialled
-// directly at the browser server the agent fronts. The client is
+// directly at the browser server the agent fronts, and per session with
+// Chromium flags (the same flags every session, so after the first the
+// launcher's browser server for them is there; and new flags every
+// session, which start one each). The client is
 // playwright/client.mjs (node, playwright-core), one session at a time,
 // the paths taking turns.
 //
@@ -50,7 +53,7 @@ func runFirstPage(cfg *config) error {
 		return err
 	}
 	c, err := w.startCaddy("caddy", 2, func(addrs []string) string {
-		return gridSite(addrs[0], "shared", "") + gridSite(addrs[1], "fresh", "")
+		return gridSite(addrs[0], "shared", "") + gridSite(addrs[1], "fresh", "\t\tlaunch_args --lang\n")
 	})
 	if err != nil {
 		return err
@@ -71,22 +74,30 @@ func runFirstPage(cfg *config) error {
 	if err != nil {
 		return err
 	}
-	paths := []struct{ name, url string }{
-		{"shared browser, through the grid", "ws://" + c.sites[0] + "/playwright/shared"},
-		{"shared browser, direct", sharedDirect},
-		{"a browser per session, through the grid", "ws://" + c.sites[1] + "/playwright/fresh"},
-		{"a browser per session, direct", freshDirect},
+	fresh := "ws://" + c.sites[1] + "/playwright/fresh"
+	flags := func(lang string) string { return fmt.Sprintf(`{"args":["--lang=%s"]}`, lang) }
+	n := 0
+	paths := []struct {
+		name, url string
+		opts      func() string // the session's launch options ("" none)
+	}{
+		{"shared browser, through the grid", "ws://" + c.sites[0] + "/playwright/shared", nil},
+		{"shared browser, direct", sharedDirect, nil},
+		{"a browser per session, through the grid", fresh, nil},
+		{"a browser per session, direct", freshDirect, nil},
+		{"a browser per session with flags, through the grid", fresh, func() string { return flags("de") }},
+		{"a browser per session with new flags each, through the grid", fresh, func() string { n++; return flags("x" + strconv.Itoa(n)) }},
 	}
 	times := make([][]time.Duration, len(paths))
 	for j, p := range paths { // warm up: node, the caches, the first browser
-		if _, err := firstPages(script, p.url, 1); err != nil {
+		if _, err := firstPages(script, p.url, p.opts, 1); err != nil {
 			return fmt.Errorf("%s: %w", paths[j].name, err)
 		}
 	}
 	for r := range rounds {
 		for k := range paths {
 			j := (r + k) % len(paths)
-			ds, err := firstPages(script, paths[j].url, per)
+			ds, err := firstPages(script, paths[j].url, paths[j].opts, per)
 			if err != nil {
 				return fmt.Errorf("%s: %w", paths[j].name, err)
 			}
@@ -124,10 +135,28 @@ func clientScript() (string, error) {
 	return s, nil
 }
 
-// firstPages runs n sessions at url, one at a time, and returns each
-// one's time from the connect to a first page.
-func firstPages(script, url string, n int) ([]time.Duration, error) {
-	cmd := exec.Command("node", script, "run", "--url", url, "--sessions", strconv.Itoa(n), "--timeout", "30000")
+// firstPages runs n sessions at url, one at a time, each with the launch
+// options opts gives (nil: none), and returns each one's time from the
+// connect to a first page.
+func firstPages(script, url string, opts func() string, n int) ([]time.Duration, error) {
+	if opts != nil {
+		var ds []time.Duration
+		for range n {
+			cmd := exec.Command("node", script, "run", "--url", url, "--timeout", "30000", "--header", "x-playwright-launch-options: "+opts())
+			d, err := sessionTimes(cmd, 1)
+			if err != nil {
+				return nil, err
+			}
+			ds = append(ds, d...)
+		}
+		return ds, nil
+	}
+	return sessionTimes(exec.Command("node", script, "run", "--url", url, "--sessions", strconv.Itoa(n), "--timeout", "30000"), n)
+}
+
+// sessionTimes runs cmd, a client of n sessions, and returns each one's
+// time from the connect to a first page.
+func sessionTimes(cmd *exec.Cmd, n int) ([]time.Duration, error) {
 	out, err := cmd.CombinedOutput()
 	var ds []time.Duration
 	sc := bufio.NewScanner(strings.NewReader(string(out)))

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"net"
 	"net/http"
@@ -722,8 +723,57 @@ func TestLaunchOptionsReachAPerSessionBrowser(t *testing.T) {
 	if ev := run(`{"proxy":{"server":"`+proxy+`"}}`, "http://grid-proxy-check.invalid/"); !ev.OK || ev.Title != "through the proxy to grid-proxy-check.invalid" {
 		t.Fatalf("with a proxy: %+v, want the page through it", ev)
 	}
-	if ev := run(`{"args":["--disable-web-security"]}`, "http://grid-proxy-check.invalid/"); ev.OK || !strings.Contains(ev.Detail, "launch options args are not applied") {
-		t.Fatalf("with args: %+v, want an error saying they are not applied", ev)
+	if ev := run(`{"args":["--disable-web-security"]}`, "http://grid-proxy-check.invalid/"); ev.OK || !strings.Contains(ev.Detail, "the browser flag --disable-web-security in args is not allowed here (launch_args)") {
+		t.Fatalf("with args launch_args does not list: %+v, want an error saying so", ev)
+	}
+}
+
+// TestAllowedFlagsReachTheirSessionsBrowserOnly: a client's args that
+// launch_args allows reach its own session's browser, and only its own:
+// two sessions with two values of one flag each see theirs, a session
+// without args sees the browser's own, and flags launch_args does not
+// list are refused with the reason in the client's error. A worker whose
+// browser is shared refuses args in the client's error too.
+func TestAllowedFlagsReachTheirSessionsBrowserOnly(t *testing.T) {
+	g := startGrid(t, Config{Workers: 1, MaxConcurrent: 2, MaxLifetime: 50, Launcher: "playwright", LaunchArgs: []string{"--user-agent"}})
+	startRouteWorkers(t, g, "playwright-server", 2)
+	// A page whose title is the User-Agent that asked for it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "<title>%s</title>", html.EscapeString(r.UserAgent()))
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	page := "http://" + ln.Addr().String() + "/"
+	run := func(endpoint, opts string) sessionEvent {
+		t.Helper()
+		args := []string{"run", "--url", endpoint, "--goto", page}
+		if opts != "" {
+			args = append(args, "--header", "x-playwright-launch-options: "+opts)
+		}
+		out, _ := client(t, g, args...).CombinedOutput()
+		evs := parseEvents(t, out)
+		if len(evs) != 1 {
+			t.Fatalf("launch options %s: want one session, got\n%s", opts, out)
+		}
+		return evs[0]
+	}
+	for _, ua := range []string{"grid-flag-check one", "grid-flag-check 'two' $(id)"} {
+		if ev := run(g.CDPURL(), `{"args":["--user-agent=`+ua+`"]}`); !ev.OK || ev.Title != ua {
+			t.Fatalf("with --user-agent=%s: %+v, want the page to see it", ua, ev)
+		}
+	}
+	if ev := run(g.CDPURL(), ""); !ev.OK || strings.Contains(ev.Title, "grid-flag-check") {
+		t.Fatalf("without args: %+v, want the browser's own User-Agent", ev)
+	}
+	if ev := run(g.CDPURL(), `{"args":["--user-agent=x","--lang=de"]}`); ev.OK || !strings.Contains(ev.Detail, "the browser flag --lang in args is not allowed here (launch_args): this grid allows --user-agent") {
+		t.Fatalf("with a flag launch_args does not list: %+v, want an error saying so", ev)
+	}
+	if ev := run(g.URL(), `{"args":["--user-agent=x"]}`); ev.OK || !strings.Contains(ev.Detail, "shared by its sessions, so args cannot apply to yours") {
+		t.Fatalf("args to a shared browser: %+v, want an error saying they cannot apply", ev)
 	}
 }
 

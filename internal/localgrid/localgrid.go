@@ -53,6 +53,8 @@ type Config struct {
 	MaxConcurrent, MaxLifetime int
 	// SelectTimeout of the handler. Default: 60s.
 	SelectTimeout time.Duration
+	// LaunchArgs are the handler's launch_args, on both routes. Default: none.
+	LaunchArgs []string
 	// HeartbeatInterval and DrainTimeout of the workers. Defaults: 1s and 30s.
 	HeartbeatInterval, DrainTimeout time.Duration
 	// StaleThreshold of Caddy's grid option, given to the workers too.
@@ -288,6 +290,7 @@ func (g *Grid) Caddyfile() []byte {
 		"MaxConcurrent": g.cfg.MaxConcurrent,
 		"MaxLifetime":   g.cfg.MaxLifetime,
 		"SelectTimeout": g.cfg.SelectTimeout.String(),
+		"LaunchArgs":    strings.Join(g.cfg.LaunchArgs, " "),
 		"Stale":         g.cfg.StaleThreshold.String(),
 		"UIUser":        UIUser,
 		"UIHash":        g.uiHash,
@@ -322,6 +325,9 @@ localhost:{{.HTTPS}} {
 			max_concurrent {{.MaxConcurrent}}
 			max_lifetime {{.MaxLifetime}}
 			select_timeout {{.SelectTimeout}}
+			{{- if .LaunchArgs}}
+			launch_args {{.LaunchArgs}}
+			{{- end}}
 		}
 	}
 	route /cdp/* {
@@ -330,6 +336,9 @@ localhost:{{.HTTPS}} {
 			max_concurrent {{.MaxConcurrent}}
 			max_lifetime {{.MaxLifetime}}
 			select_timeout {{.SelectTimeout}}
+			{{- if .LaunchArgs}}
+			launch_args {{.LaunchArgs}}
+			{{- end}}
 		}
 	}
 }
