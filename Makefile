@@ -25,7 +25,7 @@ PLAYWRIGHT_VERSIONS ?= 1.64,1.65
 
 all: build
 
-## deps: install what is missing (redis-server, chromium, ffmpeg via apt; playwright-core via npm ci).
+## deps: install what is missing (redis-server, chromium and its headless shell, ffmpeg via apt; playwright-core via npm ci).
 deps: deps-apt deps-node
 
 deps-apt:
@@ -33,6 +33,7 @@ deps-apt:
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	[ -x /usr/bin/chromium-headless-shell ] || missing="$$missing chromium-headless-shell"; \
 	command -v ffmpeg >/dev/null || missing="$$missing ffmpeg"; \
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \

@@ -194,8 +194,8 @@ func TestWorkerDockerfile(t *testing.T) {
 			t.Errorf("%s: ../.dockerignore does not leave out %s", path, want)
 		}
 	}
-	// Debian's Chromium and Node in the final image.
-	for _, pkg := range []string{"chromium", "nodejs"} {
+	// Debian's Chromium, its headless shell and Node in the final image.
+	for _, pkg := range []string{"chromium", "chromium-headless-shell", "nodejs"} {
 		if !final.runs("apt-get install") || !regexp.MustCompile(`\b`+pkg+`\b`).MatchString(runText(final)) {
 			t.Errorf("%s: the final stage does not apt-get install %s", path, pkg)
 		}

@@ -37,7 +37,7 @@ COPY playwright/ ./
 FROM debian:${DEBIAN_RELEASE}-slim
 RUN apt-get update \
 	&& DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-		chromium ffmpeg nodejs ca-certificates fonts-liberation \
+		chromium chromium-headless-shell ffmpeg nodejs ca-certificates fonts-liberation \
 	&& rm -rf /var/lib/apt/lists/* \
 	&& groupadd --system --gid 10001 grid \
 	&& useradd --system --uid 10001 --gid grid --create-home --home-dir /home/grid grid

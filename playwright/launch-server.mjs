@@ -14,9 +14,11 @@
 // The browsers Playwright looks for in its own folders are the system's:
 // --browsers-dir is made the PLAYWRIGHT_BROWSERS_PATH of this process, and
 // holds, at the paths the loaded playwright-core expects for its revisions
-// (its browsers.json), links to --executable (as Chromium and its headless
-// shell) and to --ffmpeg, which records videos. "video" says whether
-// there is one.
+// (its browsers.json), links to --executable (as Chromium), to
+// --headless-shell (as its headless shell, which headless browsers run
+// on; --executable without one) and to --ffmpeg, which records videos.
+// "video" says whether there is one. The shared browser, always
+// headless, runs on the headless shell too.
 //
 // grid-worker reads wsEndpoint (any ws:// URL on a stdout line will do),
 // browserPid (Playwright starts the browser in its own process group, so
@@ -29,6 +31,7 @@
 //   node launch-server.mjs --browser chromium --executable /usr/bin/chromium \
 //        --host 127.0.0.1 --port 0 --ws-path /playwright [--playwright-version 1.64] \
 //        [--mode shared|per-session] [--browsers-dir DIR --ffmpeg /usr/bin/ffmpeg]
+//        [--headless-shell /usr/bin/chromium-headless-shell]
 //
 // --playwright-version picks which installed playwright-core to load: the
 // npm alias playwright-core-<major.minor> (package.json installs two).
@@ -88,10 +91,10 @@ function pickPlaywright(want) {
 	return pkg;
 }
 
-// prepareBrowsers links the system's browser and ffmpeg where the
-// playwright-core of pkg looks for its own builds, under dir. It returns
-// whether video can be recorded.
-function prepareBrowsers(pkg, dir, executable, ffmpeg) {
+// prepareBrowsers links the system's browser, its headless shell and
+// ffmpeg where the playwright-core of pkg looks for its own builds, under
+// dir. It returns whether video can be recorded.
+function prepareBrowsers(pkg, dir, executable, shell, ffmpeg) {
 	const revisions = {};
 	const root = path.dirname(require.resolve(`${pkg}/package.json`));
 	for (const b of JSON.parse(fs.readFileSync(path.join(root, 'browsers.json'), 'utf8')).browsers) revisions[b.name] = b.revision;
@@ -105,7 +108,7 @@ function prepareBrowsers(pkg, dir, executable, ffmpeg) {
 	};
 	if (executable) {
 		link('chromium', ['chrome-linux64', 'chrome'], executable);
-		link('chromium-headless-shell', ['chrome-headless-shell-linux64', 'chrome-headless-shell'], executable);
+		link('chromium-headless-shell', ['chrome-headless-shell-linux64', 'chrome-headless-shell'], shell || executable);
 	}
 	const video = link('ffmpeg', ['ffmpeg-linux'], ffmpeg);
 	// Playwright's own builds where they are installed (its Firefox and
@@ -134,7 +137,7 @@ const CHROMIUM_ARGS = [
 ];
 
 function parseArgs(argv) {
-	const opts = { browser: 'chromium', executable: '', host: '127.0.0.1', port: 0, wsPath: '/playwright', args: [], playwrightVersion: '', mode: 'shared', browsersDir: '', ffmpeg: '' };
+	const opts = { browser: 'chromium', executable: '', headlessShell: '', host: '127.0.0.1', port: 0, wsPath: '/playwright', args: [], playwrightVersion: '', mode: 'shared', browsersDir: '', ffmpeg: '' };
 	for (let i = 0; i < argv.length; i++) {
 		const key = argv[i];
 		const val = argv[i + 1];
@@ -142,6 +145,7 @@ function parseArgs(argv) {
 		switch (key) {
 			case '--browser': opts.browser = val; break;
 			case '--executable': opts.executable = val; break;
+			case '--headless-shell': opts.headlessShell = val; break;
 			case '--host': opts.host = val; break;
 			case '--port': opts.port = Number(val); break;
 			case '--ws-path': opts.wsPath = val; break;
@@ -212,9 +216,13 @@ function flagSets(pkg, opts) {
 		if (opts.browser !== 'chromium' || !opts.executable) throw new Error('flags apply to Chromium only');
 		const dir = path.join(opts.browsersDir, `flags-${++n}`);
 		fs.mkdirSync(dir, { recursive: true });
-		const wrapper = path.join(dir, 'chromium');
-		fs.writeFileSync(wrapper, `#!/bin/sh\nexec ${[opts.executable, ...args].map(shellQuote).join(' ')} "$@"\n`, { mode: 0o755 });
-		prepareBrowsers(pkg, dir, wrapper, opts.ffmpeg);
+		const wrap = (name, exe) => {
+			if (!exe) return '';
+			const wrapper = path.join(dir, name);
+			fs.writeFileSync(wrapper, `#!/bin/sh\nexec ${[exe, ...args].map(shellQuote).join(' ')} "$@"\n`, { mode: 0o755 });
+			return wrapper;
+		};
+		prepareBrowsers(pkg, dir, wrap('chromium', opts.executable), wrap('headless-shell', opts.headlessShell), opts.ffmpeg);
 		return runServer(pkg, opts, 0, dir);
 	};
 	const acquire = (id, args) => {
@@ -269,7 +277,9 @@ async function main() {
 		opts = parseArgs(process.argv.slice(2));
 		pkg = pickPlaywright(opts.playwrightVersion);
 		if (opts.browsersDir) {
-			video = prepareBrowsers(pkg, opts.browsersDir, opts.browser === 'chromium' ? opts.executable : '', opts.ffmpeg);
+			video = opts.browser === 'chromium'
+				? prepareBrowsers(pkg, opts.browsersDir, opts.executable, opts.headlessShell, opts.ffmpeg)
+				: prepareBrowsers(pkg, opts.browsersDir, '', '', opts.ffmpeg);
 			// before playwright-core loads: it reads the variable then
 			process.env.PLAYWRIGHT_BROWSERS_PATH = opts.browsersDir;
 		}
@@ -311,7 +321,7 @@ async function main() {
 		handleSIGHUP: false,
 		args: [...(opts.browser === 'chromium' ? CHROMIUM_ARGS : []), ...opts.args],
 	};
-	if (opts.executable) launchOpts.executablePath = opts.executable;
+	if (opts.executable) launchOpts.executablePath = (opts.browser === 'chromium' && opts.headlessShell) || opts.executable;
 
 	const server = await opts.type.launchServer(launchOpts);
 	const proc = server.process();

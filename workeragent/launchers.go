@@ -124,6 +124,14 @@ func playwrightLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 			ffmpeg = ""
 		}
 	}
+	shell := ""
+	if cfg.BrowserType == "chromium" && cfg.HeadlessShell != "none" {
+		if shell, err = exec.LookPath(cfg.HeadlessShell); err != nil {
+			log.Info("no headless shell: headless browsers run on the full Chromium, which starts slower (install Debian's chromium-headless-shell, or set -headless-shell)",
+				zap.String("headless_shell", cfg.HeadlessShell))
+			shell = ""
+		}
+	}
 	mode := "shared"
 	if cfg.Launcher == LauncherPlaywrightServer {
 		mode = "per-session"
@@ -131,6 +139,9 @@ func playwrightLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 	args := []string{script, "--browser", cfg.BrowserType, "--host", cfg.Host, "--port", strconv.Itoa(cfg.Port), "--ws-path", cfg.WSPath, "--mode", mode}
 	if exe != "" {
 		args = append(args, "--executable", exe)
+	}
+	if shell != "" {
+		args = append(args, "--headless-shell", shell)
 	}
 	if ffmpeg != "" {
 		args = append(args, "--ffmpeg", ffmpeg)

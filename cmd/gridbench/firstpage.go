@@ -75,29 +75,46 @@ func runFirstPage(cfg *config) error {
 		return err
 	}
 	fresh := "ws://" + c.sites[1] + "/playwright/fresh"
-	flags := func(lang string) string { return fmt.Sprintf(`{"args":["--lang=%s"]}`, lang) }
 	n := 0
 	paths := []struct {
 		name, url string
-		opts      func() string // the session's launch options ("" none)
+		// opts are the launch options of the path's sessions ("" none);
+		// newOpts, when set, gives each session options of its own.
+		opts    string
+		newOpts func() string
 	}{
-		{"shared browser, through the grid", "ws://" + c.sites[0] + "/playwright/shared", nil},
-		{"shared browser, direct", sharedDirect, nil},
-		{"a browser per session, through the grid", fresh, nil},
-		{"a browser per session, direct", freshDirect, nil},
-		{"a browser per session with flags, through the grid", fresh, func() string { return flags("de") }},
-		{"a browser per session with new flags each, through the grid", fresh, func() string { n++; return flags("x" + strconv.Itoa(n)) }},
+		{"shared browser, through the grid", "ws://" + c.sites[0] + "/playwright/shared", "", nil},
+		{"shared browser, direct", sharedDirect, "", nil},
+		{"a browser per session, through the grid", fresh, "", nil},
+		{"a browser per session, direct", freshDirect, "", nil},
+		{"a browser per session with flags, through the grid", fresh, `{"args":["--lang=de"]}`, nil},
+		{"a browser per session with new flags each, through the grid", fresh, "", func() string { n++; return fmt.Sprintf(`{"args":["--lang=x%d"]}`, n) }},
+	}
+	run := func(j, sessions int) ([]time.Duration, error) {
+		p := paths[j]
+		if p.newOpts == nil {
+			return firstPages(script, p.url, p.opts, sessions)
+		}
+		var ds []time.Duration
+		for range sessions {
+			d, err := firstPages(script, p.url, p.newOpts(), 1)
+			if err != nil {
+				return nil, err
+			}
+			ds = append(ds, d...)
+		}
+		return ds, nil
 	}
 	times := make([][]time.Duration, len(paths))
-	for j, p := range paths { // warm up: node, the caches, the first browser
-		if _, err := firstPages(script, p.url, p.opts, 1); err != nil {
+	for j := range paths { // warm up: node, the caches, the first browser
+		if _, err := run(j, 1); err != nil {
 			return fmt.Errorf("%s: %w", paths[j].name, err)
 		}
 	}
 	for r := range rounds {
 		for k := range paths {
 			j := (r + k) % len(paths)
-			ds, err := firstPages(script, paths[j].url, paths[j].opts, per)
+			ds, err := run(j, per)
 			if err != nil {
 				return fmt.Errorf("%s: %w", paths[j].name, err)
 			}
@@ -135,28 +152,15 @@ func clientScript() (string, error) {
 	return s, nil
 }
 
-// firstPages runs n sessions at url, one at a time, each with the launch
-// options opts gives (nil: none), and returns each one's time from the
-// connect to a first page.
-func firstPages(script, url string, opts func() string, n int) ([]time.Duration, error) {
-	if opts != nil {
-		var ds []time.Duration
-		for range n {
-			cmd := exec.Command("node", script, "run", "--url", url, "--timeout", "30000", "--header", "x-playwright-launch-options: "+opts())
-			d, err := sessionTimes(cmd, 1)
-			if err != nil {
-				return nil, err
-			}
-			ds = append(ds, d...)
-		}
-		return ds, nil
+// firstPages runs n sessions at url, one at a time, with the launch
+// options opts ("" none), and returns each one's time from the connect
+// to a first page.
+func firstPages(script, url, opts string, n int) ([]time.Duration, error) {
+	args := []string{script, "run", "--url", url, "--sessions", strconv.Itoa(n), "--timeout", "30000"}
+	if opts != "" {
+		args = append(args, "--header", "x-playwright-launch-options: "+opts)
 	}
-	return sessionTimes(exec.Command("node", script, "run", "--url", url, "--sessions", strconv.Itoa(n), "--timeout", "30000"), n)
-}
-
-// sessionTimes runs cmd, a client of n sessions, and returns each one's
-// time from the connect to a first page.
-func sessionTimes(cmd *exec.Cmd, n int) ([]time.Duration, error) {
+	cmd := exec.Command("node", args...)
 	out, err := cmd.CombinedOutput()
 	var ds []time.Duration
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
