@@ -76,8 +76,7 @@ type Handler struct {
 	LaunchOptions []string `json:"launch_options,omitempty"`
 	// LaunchArgs are the Chromium flags a client's args may hold, by name
 	// (--lang allows --lang=de); playwright-server workers apply them.
-	// Flags that turn off the sandbox, run a program, read the worker's
-	// disk or open a debugging port cannot be listed. Default: none.
+	// Only flags of registry.PassableArgs can be listed. Default: none.
 	LaunchArgs []string `json:"launch_args,omitempty"`
 	// ExposeNetwork is whether a client may use Playwright's
 	// exposeNetwork, which sends its browser's matching traffic back

@@ -202,13 +202,18 @@ const shellQuote = (s) => `'${s.replaceAll("'", `'\\''`)}'`;
 // flagSets serves the agent's requests for run-servers with flags, read
 // from stdin (see the top of this file).
 function flagSets(pkg, opts) {
-	const sets = new Map(); // JSON of the flags -> { ready, child, refs, idleTimer, idleSince }
-	const held = new Map(); // acquire id -> key
+	// the sets in use or waiting, by the JSON of their flags: each
+	// { key, ready (resolves with { child, wsEndpoint }), refs, idleTimer,
+	// idleSince, closed }
+	const sets = new Map();
+	const held = new Map(); // acquire id -> the set it holds
 	let n = 0;
 	const answer = (msg) => process.stdout.write(JSON.stringify({ event: 'flags', ...msg }) + '\n');
-	const closeSet = (key) => {
-		const set = sets.get(key);
-		sets.delete(key);
+	// forget drops set from sets, unless a newer set of its flags is there
+	const forget = (set) => sets.get(set.key) === set && sets.delete(set.key);
+	const closeSet = (set) => {
+		forget(set);
+		set.closed = true;
 		clearTimeout(set.idleTimer);
 		set.ready.then((r) => r.child.kill('SIGTERM'), () => {});
 	};
@@ -229,24 +234,24 @@ function flagSets(pkg, opts) {
 		const key = JSON.stringify(args);
 		let set = sets.get(key);
 		if (!set) {
-			set = { refs: 0, ready: Promise.resolve(args).then(start) };
-			set.ready.then(({ child }) => child.on('exit', () => sets.get(key) === set && sets.delete(key)), () => sets.delete(key));
+			set = { key, refs: 0, ready: Promise.resolve(args).then(start) };
+			const s = set;
+			s.ready.then(({ child }) => child.on('exit', () => forget(s)), () => forget(s));
 			sets.set(key, set);
 		}
 		set.refs++;
 		clearTimeout(set.idleTimer);
-		held.set(id, key);
+		held.set(id, set);
 		set.ready.then(({ wsEndpoint }) => answer({ id, wsEndpoint }), (e) => answer({ id, error: e.message }));
 	};
 	const release = (id) => {
-		const key = held.get(id);
+		const set = held.get(id);
 		held.delete(id);
-		const set = sets.get(key);
-		if (!set || --set.refs > 0) return;
+		if (!set || --set.refs > 0 || set.closed || sets.get(set.key) !== set) return;
 		set.idleSince = Date.now();
-		set.idleTimer = setTimeout(() => closeSet(key), flagsLinger);
-		const idle = [...sets].filter(([, s]) => s.refs === 0).sort((a, b) => a[1].idleSince - b[1].idleSince);
-		for (const [k] of idle.slice(0, Math.max(0, idle.length - maxIdleFlagSets))) closeSet(k);
+		set.idleTimer = setTimeout(() => closeSet(set), flagsLinger);
+		const idle = [...sets.values()].filter((s) => s.refs === 0).sort((a, b) => a.idleSince - b.idleSince);
+		for (const s of idle.slice(0, Math.max(0, idle.length - maxIdleFlagSets))) closeSet(s);
 	};
 	let buf = '';
 	process.stdin.setEncoding('utf8');
@@ -265,7 +270,7 @@ function flagSets(pkg, opts) {
 			}
 		}
 	});
-	return { closeAll: () => [...sets.keys()].forEach(closeSet) };
+	return { closeAll: () => [...sets.values()].forEach(closeSet) };
 }
 
 async function main() {

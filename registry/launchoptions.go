@@ -133,17 +133,19 @@ func ArgName(arg string) string {
 	return name
 }
 
-// unsafeArgs are the Chromium flags no client sets, whatever launch_args
-// says: they turn off the sandbox, run another program, load code or
-// data from the worker's disk, or open a debugging port on its network.
-var unsafeArgs = []string{
-	"--no-sandbox", "--disable-setuid-sandbox", "--disable-seccomp-filter-sandbox", "--no-zygote", "--single-process",
-	"--renderer-cmd-prefix", "--utility-cmd-prefix", "--zygote-cmd-prefix", "--gpu-launcher", "--ppapi-plugin-launcher",
-	"--browser-subprocess-path", "--js-flags",
-	"--load-extension", "--disable-extensions-except", "--user-data-dir", "--profile-directory", "--disk-cache-dir",
-	"--crash-dumps-dir", "--log-file",
-	"--remote-debugging-port", "--remote-debugging-address", "--remote-debugging-pipe", "--remote-debugging-io-pipes",
-	"--remote-allow-origins",
+// PassableArgs are the Chromium flags launch_args may list: each acts on
+// the browser alone (its language, window, rendering, media, web
+// security within the client's own pages), takes no path and opens
+// nothing. Chromium has hundreds of others, among them flags that write
+// files where a value says, run another program, or open a debugging
+// port: a list of flags to refuse would never be complete, so the grid
+// passes only these.
+var PassableArgs = []string{
+	"--accept-lang", "--autoplay-policy", "--blink-settings", "--disable-blink-features", "--disable-dev-shm-usage",
+	"--disable-extensions", "--disable-gpu", "--disable-notifications", "--disable-popup-blocking", "--disable-web-security",
+	"--font-render-hinting", "--force-color-profile", "--force-device-scale-factor", "--hide-scrollbars",
+	"--ignore-certificate-errors", "--lang", "--mute-audio", "--use-fake-device-for-media-stream",
+	"--use-fake-ui-for-media-stream", "--user-agent", "--window-position", "--window-size",
 }
 
 // CheckArgName says why flag name (as launch_args lists it) may not be
@@ -152,8 +154,8 @@ func CheckArgName(name string) error {
 	if m := argRe.FindStringSubmatch(name); m == nil || m[2] != "" {
 		return fmt.Errorf("%q is no flag name: two dashes and a lower-case name, such as --lang", name)
 	}
-	if slices.Contains(unsafeArgs, name) {
-		return fmt.Errorf("%s is never a client's to set: it turns off the sandbox, runs a program, reads the worker's disk or opens a debugging port", name)
+	if !slices.Contains(PassableArgs, name) {
+		return fmt.Errorf("%s is not a flag the grid passes to a browser; it passes only flags that act on the browser alone: %s", name, strings.Join(PassableArgs, " "))
 	}
 	return nil
 }

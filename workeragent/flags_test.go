@@ -2,10 +2,14 @@ package workeragent
 
 import (
 	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,25 +24,7 @@ import (
 // not; once their sessions end, at most two of them wait for more, and
 // the launcher's stop takes them all.
 func TestFlagServersAreSharedByTheirFlagsAndBounded(t *testing.T) {
-	node := testenv.LookPath(t, "node")
-	root := testenv.RepoRoot(t)
-	if _, err := os.Stat(filepath.Join(root, "playwright", "node_modules", "playwright-core")); err != nil {
-		testenv.Missing(t, "playwright-core in playwright/node_modules")
-	}
-	if _, err := os.Stat(DefaultChromium); err != nil {
-		testenv.Missing(t, "Chromium at %s", DefaultChromium)
-	}
-	cfg := Config{Launcher: LauncherPlaywrightServer, BrowserType: "chromium", Node: node, FFmpeg: "none",
-		LaunchScript: filepath.Join(root, "playwright", "launch-server.mjs"), Host: "127.0.0.1", WSPath: "/playwright", StartTimeout: 30 * time.Second}
-	launch, err := playwrightLauncher(cfg, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := launch(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Stop(5 * time.Second)
+	b := startFlagLauncher(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	get := func(args ...string) (string, func()) {
@@ -74,13 +60,86 @@ func TestFlagServersAreSharedByTheirFlagsAndBounded(t *testing.T) {
 	}
 }
 
-// runServers counts the live run-server processes whose parent is pid,
-// or whose parent's parent is (setpriv execs node in its place).
+// TestALateReleaseLeavesTheNextServerOfItsFlagsAlone: when the browser
+// server of a session's flags dies under it, and a new session of the
+// same flags gets a new one, the first session's end does not count
+// against the new server, which serves on.
+func TestALateReleaseLeavesTheNextServerOfItsFlagsAlone(t *testing.T) {
+	b := startFlagLauncher(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	before := runServerPids(b.Pid)
+	_, releaseA, err := b.FlagServer(ctx, []string{"--lang=de"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range runServerPids(b.Pid) {
+		if !before[p] {
+			_ = syscall.Kill(p, syscall.SIGKILL) // the server of session A dies
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "the killed server is gone", func() bool { return runServers(t, b.Pid) == 1 })
+	time.Sleep(500 * time.Millisecond) // for the launcher to hear of it
+	addrB, releaseB, err := b.FlagServer(ctx, []string{"--lang=de"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer releaseB()
+	releaseA()                                     // session A ends after B began
+	for _, lang := range []string{"x", "y", "z"} { // enough idle servers to evict one
+		_, release, err := b.FlagServer(ctx, []string{"--lang=" + lang})
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+	}
+	time.Sleep(time.Second)
+	c, err := net.DialTimeout("tcp", addrB, time.Second)
+	if err != nil {
+		t.Fatalf("session B's server %s was closed under it: %v", addrB, err)
+	}
+	c.Close()
+}
+
+// startFlagLauncher starts a per-session Chromium launcher, stopped when
+// the test ends.
+func startFlagLauncher(t *testing.T) *Browser {
+	t.Helper()
+	node := testenv.LookPath(t, "node")
+	root := testenv.RepoRoot(t)
+	if _, err := os.Stat(filepath.Join(root, "playwright", "node_modules", "playwright-core")); err != nil {
+		testenv.Missing(t, "playwright-core in playwright/node_modules")
+	}
+	if _, err := os.Stat(DefaultChromium); err != nil {
+		testenv.Missing(t, "Chromium at %s", DefaultChromium)
+	}
+	cfg := Config{Launcher: LauncherPlaywrightServer, BrowserType: "chromium", Node: node, FFmpeg: "none",
+		LaunchScript: filepath.Join(root, "playwright", "launch-server.mjs"), Host: "127.0.0.1", WSPath: "/playwright", StartTimeout: 30 * time.Second}
+	launch, err := playwrightLauncher(cfg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := launch(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Stop(5 * time.Second) })
+	return b
+}
+
+// runServers counts the live run-server processes whose parent is pid
+// (setpriv execs node in its own place).
 func runServers(t *testing.T, pid int) int {
+	return len(runServerPids(pid))
+}
+
+// runServerPids are the live run-server processes whose parent is pid.
+func runServerPids(pid int) map[int]bool {
 	ents, _ := os.ReadDir("/proc")
-	n := 0
+	out := map[int]bool{}
 	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
 		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
@@ -92,8 +151,36 @@ func runServers(t *testing.T, pid int) int {
 		}
 		f := strings.Fields(s[i+1:])
 		if len(f) > 1 && f[0] != "Z" && f[1] == strconv.Itoa(pid) {
-			n++
+			out[p] = true
 		}
 	}
-	return n
+	return out
+}
+
+// TestTheAgentPassesOnlyFlagsThatActOnTheBrowserAlone: whatever reached
+// the agent, it applies no flag outside registry.PassableArgs (one that
+// writes a file where its value says could overwrite the wrapper that
+// launches the next browser with flags), and none to a browser that
+// cannot take them.
+func TestTheAgentPassesOnlyFlagsThatActOnTheBrowserAlone(t *testing.T) {
+	req := func(args string) *http.Request {
+		r := httptest.NewRequest(http.MethodGet, "/playwright", nil)
+		r.Header.Set("X-Playwright-Launch-Options", `{"args":`+args+`}`)
+		return r
+	}
+	for _, tc := range []struct {
+		launcher, browser, args, says string
+	}{
+		{LauncherPlaywrightServer, "chromium", `["--lang=de","--log-net-log=/tmp/x"]`, "--log-net-log is not a flag the grid passes"},
+		{LauncherPlaywrightServer, "chromium", `["--no-sandbox"]`, "--no-sandbox is not a flag the grid passes"},
+		{LauncherPlaywrightServer, "firefox", `["--lang=de"]`, "this worker's browser is firefox"},
+		{LauncherPlaywright, "chromium", `["--lang=de"]`, "shared by its sessions, so args cannot apply"},
+		{LauncherPlaywrightServer, "chromium", `["--lang=de"]`, ""},
+	} {
+		f := &front{a: &Agent{cfg: Config{Launcher: tc.launcher, BrowserType: tc.browser}}}
+		lr, msg := f.launchRequest(req(tc.args))
+		if tc.says == "" && (msg != "" || len(lr.Args) != 1) || tc.says != "" && !strings.Contains(msg, tc.says) {
+			t.Errorf("%s %s, args %s: %q (args %q), want %q", tc.launcher, tc.browser, tc.args, msg, lr.Args, tc.says)
+		}
+	}
 }

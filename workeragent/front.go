@@ -28,6 +28,11 @@ import (
 // upgradeTimeout bounds the browser's answer to a forwarded upgrade.
 const upgradeTimeout = 30 * time.Second
 
+// flagServerTimeout bounds the start of a browser server for a session's
+// flags: under Caddy's default upgrade_timeout (10s), so a slow start is
+// this agent's answer, not Caddy's timeout.
+const flagServerTimeout = 8 * time.Second
+
 // maxAnswerBody bounds the body of a browser's non-101 answer the agent
 // passes on.
 const maxAnswerBody = 64 << 10
@@ -207,7 +212,7 @@ func (f *front) session(w http.ResponseWriter, r *http.Request) {
 	if len(lr.Args) > 0 {
 		// a browser server of the worker's launcher whose browsers run
 		// with these flags
-		ctx, cancel := context.WithTimeout(r.Context(), upgradeTimeout)
+		ctx, cancel := context.WithTimeout(r.Context(), flagServerTimeout)
 		addr, release, err := wk.proc.FlagServer(ctx, lr.Args)
 		cancel()
 		if err != nil {

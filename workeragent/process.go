@@ -309,7 +309,8 @@ func startProcess(ctx context.Context, log *zap.Logger, o startOptions) (*Browse
 	errW.Close()
 	b := &Browser{Pid: cmd.Process.Pid, cmd: cmd, done: make(chan struct{}), log: log, cleanup: o.cleanup, groups: []int{cmd.Process.Pid}, Dir: o.dir}
 	if control != nil {
-		b.flags = &flagServers{w: control, waiting: map[int]chan flagAnswer{}}
+		b.flags = &flagServers{out: make(chan []byte, 1024), waiting: map[int]chan flagAnswer{}}
+		go b.flags.write(control, b.done)
 	}
 	go func() {
 		b.waitErr = cmd.Wait()
@@ -394,8 +395,9 @@ func dialAddr(u *url.URL) string {
 // flagServers asks launch-server.mjs for run-servers whose browsers run
 // with Chromium flags, and hears its answers.
 type flagServers struct {
-	wmu sync.Mutex
-	w   io.WriteCloser
+	// out queues the lines for the launcher's stdin: a launcher that
+	// stops reading holds up no session, and a release never waits.
+	out chan []byte
 
 	mu      sync.Mutex
 	next    int
@@ -410,10 +412,27 @@ type flagAnswer struct {
 
 func (f *flagServers) send(msg any) error {
 	line, _ := json.Marshal(msg)
-	f.wmu.Lock()
-	defer f.wmu.Unlock()
-	_, err := f.w.Write(append(line, '\n'))
-	return err
+	select {
+	case f.out <- append(line, '\n'):
+		return nil
+	default:
+		return fmt.Errorf("the launcher reads no requests")
+	}
+}
+
+// write passes the queued lines to w until the launcher exits.
+func (f *flagServers) write(w io.WriteCloser, done <-chan struct{}) {
+	defer w.Close()
+	for {
+		select {
+		case line := <-f.out:
+			if _, err := w.Write(line); err != nil {
+				return
+			}
+		case <-done:
+			return
+		}
+	}
 }
 
 func (f *flagServers) answered(line string) {
