@@ -32,7 +32,7 @@ func TestCaddyfileMistakesNameTheOptionAndTheLine(t *testing.T) {
 		{"negative max_concurrent", handlerBlock("max_concurrent -1"), "max_concurrent", "max_concurrent"},
 		{"max_concurrent not a number", handlerBlock("max_concurrent two"), "max_concurrent", "max_concurrent"},
 		{"dial_retries out of range", handlerBlock("dial_retries 11"), "dial_retries", "dial_retries"},
-		{"launch_args with a flag that writes a file", handlerBlock("launch_args --lang --log-net-log"), "launch_args", "--log-net-log is not a flag the grid passes"},
+		{"launch_args with a flag that writes a file", handlerBlock("launch_args --accept-lang --log-net-log"), "launch_args", "--log-net-log is not a flag the grid passes"},
 		{"launch_args with a value", handlerBlock("launch_args --lang=de"), "launch_args", "no flag name"},
 		{"repeated option", handlerBlock("max_lifetime 5\nmax_lifetime 6"), "max_lifetime 6", "max_lifetime"},
 		{"option of another policy", handlerBlock("policy lifetime_first\nsamples 2"), "samples", "samples"},

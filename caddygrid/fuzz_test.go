@@ -71,8 +71,8 @@ func FuzzClientRequest(f *testing.F) {
 	f.Add("GET", "/playwright/chromium", `a=%zz&launch-options={"args":["--x"]}`, 1, valid, int8(0), false, uint8(0), false)
 	f.Add("GET", "/playwright/chromium", "launch-options=null", 1, valid, int8(0), false, uint8(0), false)
 	f.Add("GET", "/playwright/chromium", "", 1, valid+`X-Playwright-Launch-Options: {"slowMo":1}`+"\n"+`X-Playwright-Launch-Options: "headless":false}`, int8(0), false, uint8(0), false)
-	f.Add("GET", "/playwright/chromium", "", 1, valid+`X-Playwright-Launch-Options: {"args":["--lang=de","--window-size=8,6"]}`, int8(0), false, uint8(0), false)
-	f.Add("GET", "/playwright/chromium", `launch-options={"args":["--lang=de","-no-sandbox"]}`, 1, valid, int8(0), false, uint8(0), false)
+	f.Add("GET", "/playwright/chromium", "", 1, valid+`X-Playwright-Launch-Options: {"args":["--accept-lang=de","--window-size=8,6"]}`, int8(0), false, uint8(0), false)
+	f.Add("GET", "/playwright/chromium", `launch-options={"args":["--accept-lang=de","-no-sandbox"]}`, 1, valid, int8(0), false, uint8(0), false)
 	f.Fuzz(func(t *testing.T, method, path, query string, proto int, headers string, bodyLen int8, chunked bool, specN uint8, canonical bool) {
 		spec := fuzzSpecs[int(specN)%len(fuzzSpecs)]
 		r, plain := fuzzRequest(method, path, query, proto, headers, bodyLen, chunked, canonical)
@@ -155,7 +155,7 @@ func FuzzClientRequest(f *testing.F) {
 }
 
 // fuzzLaunchArgs are the flags the fuzzed route allows.
-var fuzzLaunchArgs = []string{"--lang", "--window-size"}
+var fuzzLaunchArgs = []string{"--accept-lang", "--window-size"}
 
 // playwrightReads names what a Playwright server would apply from r's
 // launch options beyond allowed, the options it keeps its own value of

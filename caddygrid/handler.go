@@ -75,7 +75,8 @@ type Handler struct {
 	// Default: proxy, slowMo.
 	LaunchOptions []string `json:"launch_options,omitempty"`
 	// LaunchArgs are the Chromium flags a client's args may hold, by name
-	// (--lang allows --lang=de); playwright-server workers apply them.
+	// (--accept-lang allows --accept-lang=de); playwright-server workers
+	// apply them.
 	// Only flags of registry.PassableArgs can be listed. Default: none.
 	LaunchArgs []string `json:"launch_args,omitempty"`
 	// ExposeNetwork is whether a client may use Playwright's

@@ -41,7 +41,7 @@
 // args (Caddy's launch_args) and asks, one JSON line on stdin each, for a
 // run-server whose browsers get them:
 //
-//   {"acquire":7,"args":["--lang=de"]}  answered on stdout by
+//   {"acquire":7,"args":["--accept-lang=de"]}  answered on stdout by
 //   {"event":"flags","id":7,"wsEndpoint":"ws://127.0.0.1:PORT/playwright"}
 //   (or "error" in place of wsEndpoint), and later {"release":7}
 //
@@ -91,6 +91,10 @@ function pickPlaywright(want) {
 	return pkg;
 }
 
+// ownBuilds is where Playwright's own builds are installed, read before
+// this process points PLAYWRIGHT_BROWSERS_PATH at its own folder.
+const ownBuilds = process.env.PLAYWRIGHT_BROWSERS_PATH || path.join(process.env.HOME || '/', '.cache', 'ms-playwright');
+
 // prepareBrowsers links the system's browser, its headless shell and
 // ffmpeg where the playwright-core of pkg looks for its own builds, under
 // dir. It returns whether video can be recorded.
@@ -114,11 +118,10 @@ function prepareBrowsers(pkg, dir, executable, shell, ffmpeg) {
 	// Playwright's own builds where they are installed (its Firefox and
 	// WebKit, in Playwright's image): linked beside, where nothing of the
 	// system's stands.
-	const own = process.env.PLAYWRIGHT_BROWSERS_PATH || path.join(process.env.HOME || '/', '.cache', 'ms-playwright');
-	if (own !== dir && fs.existsSync(own)) {
-		for (const name of fs.readdirSync(own)) {
+	if (ownBuilds !== dir && fs.existsSync(ownBuilds)) {
+		for (const name of fs.readdirSync(ownBuilds)) {
 			const at = path.join(dir, name);
-			if (!fs.existsSync(at)) fs.symlinkSync(path.join(own, name), at);
+			if (!fs.existsSync(at)) fs.symlinkSync(path.join(ownBuilds, name), at);
 		}
 	}
 	return video || fs.existsSync(path.join(dir, `ffmpeg-${revisions.ffmpeg}`, 'ffmpeg-linux'));
@@ -217,9 +220,8 @@ function flagSets(pkg, opts) {
 		clearTimeout(set.idleTimer);
 		set.ready.then((r) => r.child.kill('SIGTERM'), () => {});
 	};
-	const start = (args) => {
+	const start = (args, dir) => {
 		if (opts.browser !== 'chromium' || !opts.executable) throw new Error('flags apply to Chromium only');
-		const dir = path.join(opts.browsersDir, `flags-${++n}`);
 		fs.mkdirSync(dir, { recursive: true });
 		const wrap = (name, exe) => {
 			if (!exe) return '';
@@ -234,9 +236,15 @@ function flagSets(pkg, opts) {
 		const key = JSON.stringify(args);
 		let set = sets.get(key);
 		if (!set) {
-			set = { key, refs: 0, ready: Promise.resolve(args).then(start) };
+			const dir = path.join(opts.browsersDir, `flags-${++n}`);
+			set = { key, refs: 0, ready: Promise.resolve(args).then((a) => start(a, dir)) };
 			const s = set;
-			s.ready.then(({ child }) => child.on('exit', () => forget(s)), () => forget(s));
+			// its folder goes with its server
+			const gone = () => {
+				forget(s);
+				fs.rmSync(dir, { recursive: true, force: true });
+			};
+			s.ready.then(({ child }) => child.on('exit', gone), gone);
 			sets.set(key, set);
 		}
 		set.refs++;

@@ -123,11 +123,29 @@ func readArgs(v json.RawMessage) ([]string, error) {
 		if !argRe.MatchString(a) || strings.ContainsFunc(a, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
 			return nil, fmt.Errorf("the launch option args holds %q, which is no --flag or --flag=value", a)
 		}
+		name, value, _ := strings.Cut(a, "=")
+		if v, ok := argValues[name]; ok && !v.re.MatchString(value) {
+			return nil, fmt.Errorf("the launch option args holds %q: %s takes %s", a, name, v.want)
+		}
 	}
 	return args, nil
 }
 
-// ArgName is the name of a flag readArgs took: "--lang" of "--lang=de".
+// argValues are the values Chromium reads for the passable flags whose
+// other values stop it as it starts.
+var argValues = map[string]struct {
+	re   *regexp.Regexp
+	want string
+}{
+	"--autoplay-policy":           {regexp.MustCompile(`^(no-user-gesture-required|user-gesture-required|document-user-activation-required)$`), "no-user-gesture-required, user-gesture-required or document-user-activation-required"},
+	"--font-render-hinting":       {regexp.MustCompile(`^(none|slight|medium|full)$`), "none, slight, medium or full"},
+	"--window-size":               {regexp.MustCompile(`^[0-9]{1,5},[0-9]{1,5}$`), "WIDTH,HEIGHT in pixels"},
+	"--window-position":           {regexp.MustCompile(`^[0-9]{1,5},[0-9]{1,5}$`), "X,Y in pixels"},
+	"--force-device-scale-factor": {regexp.MustCompile(`^[0-9]{1,2}(\.[0-9]{1,3})?$`), "a number, such as 2 or 1.5"},
+}
+
+// ArgName is the name of a flag readArgs took: "--accept-lang" of
+// "--accept-lang=de".
 func ArgName(arg string) string {
 	name, _, _ := strings.Cut(arg, "=")
 	return name
@@ -144,7 +162,7 @@ var PassableArgs = []string{
 	"--accept-lang", "--autoplay-policy", "--blink-settings", "--disable-blink-features", "--disable-dev-shm-usage",
 	"--disable-extensions", "--disable-gpu", "--disable-notifications", "--disable-popup-blocking", "--disable-web-security",
 	"--font-render-hinting", "--force-color-profile", "--force-device-scale-factor", "--hide-scrollbars",
-	"--ignore-certificate-errors", "--lang", "--mute-audio", "--use-fake-device-for-media-stream",
+	"--ignore-certificate-errors", "--mute-audio", "--use-fake-device-for-media-stream",
 	"--use-fake-ui-for-media-stream", "--user-agent", "--window-position", "--window-size",
 }
 
@@ -152,7 +170,7 @@ var PassableArgs = []string{
 // allowed (nil: it may).
 func CheckArgName(name string) error {
 	if m := argRe.FindStringSubmatch(name); m == nil || m[2] != "" {
-		return fmt.Errorf("%q is no flag name: two dashes and a lower-case name, such as --lang", name)
+		return fmt.Errorf("%q is no flag name: two dashes and a lower-case name, such as --accept-lang", name)
 	}
 	if !slices.Contains(PassableArgs, name) {
 		return fmt.Errorf("%s is not a flag the grid passes to a browser; it passes only flags that act on the browser alone: %s", name, strings.Join(PassableArgs, " "))

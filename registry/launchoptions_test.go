@@ -65,13 +65,18 @@ func TestArgsAreFlagsAndNothingElse(t *testing.T) {
 		{`["--"]`, "which is no --flag"},
 		{`["--lang=de\u0000x"]`, "which is no --flag"},
 		{`[` + strings.Repeat(`"--a",`, 32) + `"--a"]`, "33 flags, more than 32"},
+		// values that stop Chromium as it starts
+		{`["--window-size=bogus"]`, "--window-size takes WIDTH,HEIGHT"},
+		{`["--window-size"]`, "--window-size takes WIDTH,HEIGHT"},
+		{`["--autoplay-policy=x"]`, "--autoplay-policy takes no-user-gesture-required"},
+		{`["--font-render-hinting=bogus"]`, "--font-render-hinting takes none"},
 	} {
 		if _, err := read(tc.args); err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("args %s: %v, want an error saying %q", tc.args, err, tc.err)
 		}
 	}
-	lr, err := read(`["--lang=de", "--window-size=800,600", "--user-agent=a b=c"]`)
-	if err != nil || strings.Join(lr.Args, " ") != "--lang=de --window-size=800,600 --user-agent=a b=c" {
+	lr, err := read(`["--accept-lang=de", "--window-size=800,600", "--user-agent=a b=c"]`)
+	if err != nil || strings.Join(lr.Args, " ") != "--accept-lang=de --window-size=800,600 --user-agent=a b=c" {
 		t.Errorf("well-formed args: %q (%v)", lr.Args, err)
 	}
 	if ArgName("--user-agent=a b=c") != "--user-agent" || ArgName("--mute-audio") != "--mute-audio" {
@@ -80,7 +85,7 @@ func TestArgsAreFlagsAndNothingElse(t *testing.T) {
 	if lr, err := read(`[]`); err != nil || len(lr.Args) != 0 {
 		t.Errorf("empty args: %+v (%v), want none", lr, err)
 	}
-	for _, name := range []string{"--lang", "--window-size", "--disable-web-security"} {
+	for _, name := range []string{"--accept-lang", "--window-size", "--disable-web-security"} {
 		if err := CheckArgName(name); err != nil {
 			t.Errorf("CheckArgName(%s): %v", name, err)
 		}
@@ -90,7 +95,7 @@ func TestArgsAreFlagsAndNothingElse(t *testing.T) {
 	// script
 	for name, want := range map[string]string{"--no-sandbox": "not a flag the grid passes", "--renderer-cmd-prefix": "not a flag the grid passes",
 		"--log-net-log": "not a flag the grid passes", "--remote-debugging-port": "not a flag the grid passes", "--debug": "not a flag the grid passes",
-		"--enable-features": "not a flag the grid passes", "--lang=de": "no flag name", "lang": "no flag name"} {
+		"--enable-features": "not a flag the grid passes", "--lang": "not a flag the grid passes", "--lang=de": "no flag name", "lang": "no flag name"} {
 		if err := CheckArgName(name); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("CheckArgName(%s): %v, want %q", name, err, want)
 		}

@@ -119,7 +119,9 @@ type Config struct {
 	Node string
 	// HeadlessShell is the Chromium the playwright launchers run headless
 	// browsers on, as Playwright runs its own headless shell; "none", or
-	// none found: Executable. Default: "chromium-headless-shell" on PATH.
+	// none found: Executable. Default: "chromium-headless-shell" on PATH
+	// when Executable is not set (an operator's own browser is not
+	// swapped for Debian's shell).
 	HeadlessShell string
 	// FFmpeg records the playwright launchers' videos; "none": no video.
 	// Default: "ffmpeg" on PATH.
@@ -186,7 +188,6 @@ func Defaults() Config {
 		RespawnMaxBackoff:  30 * time.Second,
 		Node:               "node",
 		FFmpeg:             "ffmpeg",
-		HeadlessShell:      "chromium-headless-shell",
 		DiskMax:            2 << 30,
 		LogFormat:          "json",
 		LogLevel:           "info",
@@ -263,7 +264,7 @@ func bindings() []binding {
 		{Option{"respawn-max-backoff", "RESPAWN_MAX_BACKOFF", "30s", "cap of the crash backoff (starts at 1s, doubles)"}, dur(func(c *Config) *time.Duration { return &c.RespawnMaxBackoff })},
 		{Option{"executable", "BROWSER_EXECUTABLE", "/usr/bin/chromium for chromium", "browser binary (firefox, webkit: Playwright's own build)"}, str(func(c *Config) *string { return &c.Executable })},
 		{Option{"node", "NODE", d.Node, "node binary for the playwright launchers"}, str(func(c *Config) *string { return &c.Node })},
-		{Option{"headless-shell", "BROWSER_HEADLESS_SHELL", d.HeadlessShell, "Chromium's headless shell, for the playwright launchers' headless browsers (none: -executable)"}, str(func(c *Config) *string { return &c.HeadlessShell })},
+		{Option{"headless-shell", "BROWSER_HEADLESS_SHELL", "chromium-headless-shell unless -executable is set", "Chromium's headless shell, for the playwright launchers' headless browsers (none: -executable)"}, str(func(c *Config) *string { return &c.HeadlessShell })},
 		{Option{"ffmpeg", "FFMPEG", d.FFmpeg, "ffmpeg for the playwright launchers' videos (none: no video)"}, str(func(c *Config) *string { return &c.FFmpeg })},
 		{Option{"disk-max", "DISK_MAX", "2048", "MB a browser's temporary files (videos, traces, downloads) may take before it retires (0: no bound)"}, func(c *Config, v string) error {
 			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)

@@ -181,3 +181,26 @@ func TestACDPWorkerTakesOneSessionUnlessTold(t *testing.T) {
 		t.Fatalf("cdp -max-concurrent 3: %d (%v)", c.MaxConcurrent, err)
 	}
 }
+
+// TestAnOperatorsExecutableIsNotSwappedForTheHeadlessShell: headless
+// browsers run on Debian's headless shell only when the operator named
+// no browser of their own, or named the shell.
+func TestAnOperatorsExecutableIsNotSwappedForTheHeadlessShell(t *testing.T) {
+	for _, tc := range []struct {
+		browser, executable, shell, want string
+	}{
+		{"chromium", "", "", "chromium-headless-shell"},
+		{"chromium", "/opt/google/chrome/chrome", "", ""},
+		{"chromium", "/opt/google/chrome/chrome", "/opt/shell", "/opt/shell"},
+		{"chromium", "", "none", ""},
+		{"firefox", "", "", ""},
+	} {
+		c, err := ParseFlags([]string{"-browser-type", tc.browser, "-executable", tc.executable, "-headless-shell", tc.shell}, env(nil), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := headlessShell(c); got != tc.want {
+			t.Errorf("%s, -executable %q, -headless-shell %q: %q, want %q", tc.browser, tc.executable, tc.shell, got, tc.want)
+		}
+	}
+}

@@ -21,8 +21,8 @@ import (
 // TestFlagServersAreSharedByTheirFlagsAndBounded: a per-session worker's
 // launcher runs a browser server for each set of flags in use, one the
 // sessions with the same flags share and sessions with other flags do
-// not; once their sessions end, at most two of them wait for more, and
-// the launcher's stop takes them all.
+// not; once their sessions end, at most two of them wait for more, the
+// others' folders go with them, and the launcher's stop takes them all.
 func TestFlagServersAreSharedByTheirFlagsAndBounded(t *testing.T) {
 	b := startFlagLauncher(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -35,11 +35,11 @@ func TestFlagServersAreSharedByTheirFlagsAndBounded(t *testing.T) {
 		}
 		return addr, release
 	}
-	a1, r1 := get("--lang=de")
-	a2, r2 := get("--lang=de")
-	b1, r3 := get("--lang=fr")
+	a1, r1 := get("--accept-lang=de")
+	a2, r2 := get("--accept-lang=de")
+	b1, r3 := get("--accept-lang=fr")
 	if a1 != a2 || a1 == b1 || a1 == dialAddr(b.Endpoint) {
-		t.Fatalf("servers: %s and %s for --lang=de, %s for --lang=fr, %s without flags; want one for each set of flags", a1, a2, b1, b.Endpoint.Host)
+		t.Fatalf("servers: %s and %s for --accept-lang=de, %s for --accept-lang=fr, %s without flags; want one for each set of flags", a1, a2, b1, b.Endpoint.Host)
 	}
 	if n := runServers(t, b.Pid); n != 3 {
 		t.Fatalf("%d run-servers with two sets of flags in use, want 3", n)
@@ -48,10 +48,21 @@ func TestFlagServersAreSharedByTheirFlagsAndBounded(t *testing.T) {
 	r2()
 	r3()
 	for _, lang := range []string{"es", "it", "pt"} {
-		_, release := get("--lang=" + lang)
+		_, release := get("--accept-lang=" + lang)
 		release()
 	}
 	testenv.Eventually(t, 10*time.Second, "at most two idle flag servers are kept", func() bool { return runServers(t, b.Pid) == 3 })
+	// and only theirs of the flag servers' folders, none holding another's
+	dirs, _ := filepath.Glob(filepath.Join(filepath.Dir(b.Dir), "flags-*"))
+	testenv.Eventually(t, 5*time.Second, "the closed flag servers' folders are removed", func() bool {
+		dirs, _ = filepath.Glob(filepath.Join(filepath.Dir(b.Dir), "flags-*"))
+		return len(dirs) == 2
+	})
+	for _, d := range dirs {
+		if nested, _ := filepath.Glob(filepath.Join(d, "flags-*")); len(nested) > 0 {
+			t.Errorf("%s holds %v", d, nested)
+		}
+	}
 	if err := b.Stop(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +80,7 @@ func TestALateReleaseLeavesTheNextServerOfItsFlagsAlone(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	before := runServerPids(b.Pid)
-	_, releaseA, err := b.FlagServer(ctx, []string{"--lang=de"})
+	_, releaseA, err := b.FlagServer(ctx, []string{"--accept-lang=de"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,14 +91,14 @@ func TestALateReleaseLeavesTheNextServerOfItsFlagsAlone(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "the killed server is gone", func() bool { return runServers(t, b.Pid) == 1 })
 	time.Sleep(500 * time.Millisecond) // for the launcher to hear of it
-	addrB, releaseB, err := b.FlagServer(ctx, []string{"--lang=de"})
+	addrB, releaseB, err := b.FlagServer(ctx, []string{"--accept-lang=de"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer releaseB()
 	releaseA()                                     // session A ends after B began
 	for _, lang := range []string{"x", "y", "z"} { // enough idle servers to evict one
-		_, release, err := b.FlagServer(ctx, []string{"--lang=" + lang})
+		_, release, err := b.FlagServer(ctx, []string{"--accept-lang=" + lang})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -171,11 +182,11 @@ func TestTheAgentPassesOnlyFlagsThatActOnTheBrowserAlone(t *testing.T) {
 	for _, tc := range []struct {
 		launcher, browser, args, says string
 	}{
-		{LauncherPlaywrightServer, "chromium", `["--lang=de","--log-net-log=/tmp/x"]`, "--log-net-log is not a flag the grid passes"},
+		{LauncherPlaywrightServer, "chromium", `["--accept-lang=de","--log-net-log=/tmp/x"]`, "--log-net-log is not a flag the grid passes"},
 		{LauncherPlaywrightServer, "chromium", `["--no-sandbox"]`, "--no-sandbox is not a flag the grid passes"},
-		{LauncherPlaywrightServer, "firefox", `["--lang=de"]`, "this worker's browser is firefox"},
-		{LauncherPlaywright, "chromium", `["--lang=de"]`, "shared by its sessions, so args cannot apply"},
-		{LauncherPlaywrightServer, "chromium", `["--lang=de"]`, ""},
+		{LauncherPlaywrightServer, "firefox", `["--accept-lang=de"]`, "this worker's browser is firefox"},
+		{LauncherPlaywright, "chromium", `["--accept-lang=de"]`, "shared by its sessions, so args cannot apply"},
+		{LauncherPlaywrightServer, "chromium", `["--accept-lang=de"]`, ""},
 	} {
 		f := &front{a: &Agent{cfg: Config{Launcher: tc.launcher, BrowserType: tc.browser}}}
 		lr, msg := f.launchRequest(req(tc.args))

@@ -124,13 +124,14 @@ func playwrightLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 			ffmpeg = ""
 		}
 	}
-	shell := ""
-	if cfg.BrowserType == "chromium" && cfg.HeadlessShell != "none" {
-		if shell, err = exec.LookPath(cfg.HeadlessShell); err != nil {
+	shell := headlessShell(cfg)
+	if shell != "" {
+		found, err := exec.LookPath(shell)
+		if err != nil {
 			log.Info("no headless shell: headless browsers run on the full Chromium, which starts slower (install Debian's chromium-headless-shell, or set -headless-shell)",
-				zap.String("headless_shell", cfg.HeadlessShell))
-			shell = ""
+				zap.String("headless_shell", shell))
 		}
+		shell = found
 	}
 	mode := "shared"
 	if cfg.Launcher == LauncherPlaywrightServer {
@@ -174,6 +175,21 @@ func playwrightLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {
 			flags:   mode == "per-session",
 		})
 	}, nil
+}
+
+// headlessShell is the headless shell the playwright launchers look for
+// ("" none): the one named, else Debian's unless the operator named a
+// browser of their own.
+func headlessShell(cfg Config) string {
+	switch {
+	case cfg.BrowserType != "chromium" || cfg.HeadlessShell == "none":
+		return ""
+	case cfg.HeadlessShell != "":
+		return cfg.HeadlessShell
+	case cfg.Executable != "":
+		return ""
+	}
+	return "chromium-headless-shell"
 }
 
 func cdpLauncher(cfg Config, log *zap.Logger) (LaunchFunc, error) {

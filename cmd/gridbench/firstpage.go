@@ -53,7 +53,7 @@ func runFirstPage(cfg *config) error {
 		return err
 	}
 	c, err := w.startCaddy("caddy", 2, func(addrs []string) string {
-		return gridSite(addrs[0], "shared", "") + gridSite(addrs[1], "fresh", "\t\tlaunch_args --lang\n")
+		return gridSite(addrs[0], "shared", "") + gridSite(addrs[1], "fresh", "\t\tlaunch_args --accept-lang\n")
 	})
 	if err != nil {
 		return err
@@ -87,8 +87,8 @@ func runFirstPage(cfg *config) error {
 		{"shared browser, direct", sharedDirect, "", nil},
 		{"a browser per session, through the grid", fresh, "", nil},
 		{"a browser per session, direct", freshDirect, "", nil},
-		{"a browser per session with flags, through the grid", fresh, `{"args":["--lang=de"]}`, nil},
-		{"a browser per session with new flags each, through the grid", fresh, "", func() string { n++; return fmt.Sprintf(`{"args":["--lang=x%d"]}`, n) }},
+		{"a browser per session with flags, through the grid", fresh, `{"args":["--accept-lang=de"]}`, nil},
+		{"a browser per session with new flags each, through the grid", fresh, "", func() string { n++; return fmt.Sprintf(`{"args":["--accept-lang=x%d"]}`, n) }},
 	}
 	run := func(j, sessions int) ([]time.Duration, error) {
 		p := paths[j]
