@@ -70,6 +70,7 @@ type attempt struct {
 	version string // the client's Playwright major.minor ("" none)
 	client  string // the client key's hash ("" without client_limit)
 	label   string
+	args    []string // the Chromium flags checked against launch_args
 	start   time.Time
 	// dialRetries is how many failed workers the request moves past.
 	dialRetries int

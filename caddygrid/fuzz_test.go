@@ -96,7 +96,8 @@ func FuzzClientRequest(f *testing.F) {
 		clone := r.Clone(r.Context())
 		code, _ := checkHandshake(clone)
 		body := r.ProtoMajor == 1 && (r.ContentLength != 0 || len(r.TransferEncoding) > 0)
-		launchRefused := h.checkLaunch(clone) != ""
+		_, refusal := h.checkLaunch(clone)
+		launchRefused := refusal != ""
 		if !isWebSocket(r) || body || poolErr != nil || code != 0 || launchRefused {
 			rec := httptest.NewRecorder()
 			if err := h.ServeHTTP(rec, r, nil); err != nil {

@@ -192,14 +192,15 @@ func (h *Handler) Validate() error {
 var DefaultLaunchOptions = []string{"proxy", "slowMo"}
 
 // checkLaunch refuses, with 400 and why, launch options and an
-// exposeNetwork pattern this route does not allow.
-func (h *Handler) checkLaunch(r *http.Request) string {
+// exposeNetwork pattern this route does not allow; it returns the flags
+// the session's claim carries.
+func (h *Handler) checkLaunch(r *http.Request) ([]string, string) {
 	lr, err := registry.ReadLaunchRequest(r)
 	if err != nil {
-		return err.Error()
+		return nil, err.Error()
 	}
 	if len(lr.Ignored) > 0 {
-		return fmt.Sprintf("launch options %s are not applied by this grid's browsers: Playwright's server drops them in its safe mode; leave them out",
+		return nil, fmt.Sprintf("launch options %s are not applied by this grid's browsers: Playwright's server drops them in its safe mode; leave them out",
 			strings.Join(lr.Ignored, ", "))
 	}
 	allowed := h.LaunchOptions
@@ -208,30 +209,30 @@ func (h *Handler) checkLaunch(r *http.Request) string {
 	}
 	for _, name := range lr.Names() {
 		if !slices.Contains(allowed, name) {
-			return fmt.Sprintf("the launch option %s is not allowed here (launch_options): this grid allows %s", name, allowedList(allowed))
+			return nil, fmt.Sprintf("the launch option %s is not allowed here (launch_options): this grid allows %s", name, allowedList(allowed))
 		}
 	}
 	for _, a := range lr.Args {
 		if name := registry.ArgName(a); !slices.Contains(h.LaunchArgs, name) {
-			return fmt.Sprintf("the browser flag %s in args is not allowed here (launch_args): this grid allows %s", name, allowedList(h.LaunchArgs))
+			return nil, fmt.Sprintf("the browser flag %s in args is not allowed here (launch_args): this grid allows %s", name, allowedList(h.LaunchArgs))
 		}
 	}
 	if lr.ExposeNetwork == "" {
-		return ""
+		return lr.Args, ""
 	}
 	switch h.ExposeNetwork {
 	case "", "on":
-		return ""
+		return lr.Args, ""
 	case "off":
-		return "exposeNetwork is off on this grid (expose_network)"
+		return nil, "exposeNetwork is off on this grid (expose_network)"
 	}
 	ok := strings.Split(h.ExposeNetwork, ",")
 	for _, p := range strings.Split(lr.ExposeNetwork, ",") {
 		if !slices.Contains(ok, strings.TrimSpace(p)) {
-			return fmt.Sprintf("exposeNetwork %q is not allowed here: this grid allows %s", strings.TrimSpace(p), h.ExposeNetwork)
+			return nil, fmt.Sprintf("exposeNetwork %q is not allowed here: this grid allows %s", strings.TrimSpace(p), h.ExposeNetwork)
 		}
 	}
-	return ""
+	return lr.Args, ""
 }
 
 func allowedList(names []string) string {
@@ -284,10 +285,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return h.reject(w, r, code, "", msg)
 	}
-	if msg := h.checkLaunch(r); msg != "" {
+	args, msg := h.checkLaunch(r)
+	if msg != "" {
 		return h.reject(w, r, http.StatusBadRequest, pool, msg)
 	}
 	a := newAttempt(r, pool, *h.DialRetries)
+	a.args = args
 	proxyErr := h.proxy.ServeHTTP(w, r, next)
 	a.mu.Lock()
 	if a.claim != nil && !a.sent {

@@ -98,7 +98,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	b := t.app.backend
 	ticket := registry.Ticket{
 		Session: claim.Session, Group: claim.Group, Worker: claim.Worker.ID, Client: a.client, Limits: a.limits().Limits,
-		MaxSession: a.limits().MaxSession, IdleTimeout: a.limits().IdleTimeout,
+		MaxSession: a.limits().MaxSession, IdleTimeout: a.limits().IdleTimeout, Args: a.args,
 	}.Signed(t.app.dial.secret)
 	req.Header.Set(registry.HeaderClaim, ticket.String())
 	// The worker's WebSocket path, and the client's query unless that

@@ -1,6 +1,8 @@
 package registry
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -49,6 +51,10 @@ type Ticket struct {
 	// MaxSession and IdleTimeout end the session when they pass (0: never).
 	MaxSession  time.Duration
 	IdleTimeout time.Duration
+	// Args are the Chromium flags Caddy read from the client's launch
+	// options and its route's launch_args allow: the flags the agent
+	// applies, whatever else the request says.
+	Args []string
 	// Issued is when Caddy sent the claim (Signed sets it); an agent takes
 	// a claim within TicketWindow of it, once.
 	Issued time.Time
@@ -75,7 +81,16 @@ const ticketLabel = "browser-grid claim v1"
 func (t Ticket) fields() []string {
 	return []string{strconv.Itoa(t.Protocol), t.Session, t.Group, t.Worker, orDash(t.Client), strconv.Itoa(t.Limits.MaxConcurrent),
 		strconv.Itoa(t.Limits.MaxLifetime), strconv.FormatInt(t.MaxSession.Milliseconds(), 10),
-		strconv.FormatInt(t.IdleTimeout.Milliseconds(), 10), strconv.FormatInt(t.Issued.UnixMilli(), 10)}
+		strconv.FormatInt(t.IdleTimeout.Milliseconds(), 10), strconv.FormatInt(t.Issued.UnixMilli(), 10), orDash(t.argsField())}
+}
+
+// argsField is Args as the header carries them: their JSON, base64url.
+func (t Ticket) argsField() string {
+	if len(t.Args) == 0 {
+		return ""
+	}
+	raw, _ := json.Marshal(t.Args)
+	return base64.RawURLEncoding.EncodeToString(raw)
 }
 
 // Signed returns t signed with secret (unsigned without one).
@@ -96,6 +111,9 @@ func (t Ticket) String() string {
 	f := t.fields()
 	s := "v=" + f[0] + ";session=" + f[1] + ";group=" + f[2] + ";worker=" + f[3] + ";client=" + f[4] + ";max-concurrent=" + f[5] +
 		";max-lifetime=" + f[6] + ";max-session=" + f[7] + ";idle-timeout=" + f[8] + ";at=" + f[9]
+	if f[10] != "-" {
+		s += ";args=" + f[10]
+	}
 	if t.Sig != "" {
 		s += ";sig=" + t.Sig
 	}
@@ -153,6 +171,13 @@ func ParseTicket(v string, secret []byte) (Ticket, error) {
 				err = fmt.Errorf("%s header: at=%q is not a time (Unix milliseconds)", HeaderClaim, val)
 			}
 			t.Issued = time.UnixMilli(ms)
+		case "args":
+			raw, derr := base64.RawURLEncoding.DecodeString(val)
+			if derr != nil {
+				err = fmt.Errorf("%s header: args=%q is not base64url", HeaderClaim, val)
+			} else if t.Args, err = readArgs(raw); err == nil && len(t.Args) == 0 {
+				err = fmt.Errorf("%s header: args= holds no flag", HeaderClaim)
+			}
 		case "sig":
 			t.Sig = val
 		default:

@@ -17,6 +17,10 @@ func FuzzParseTicket(f *testing.F) {
 		MaxSession: time.Minute, Issued: time.UnixMilli(1_800_000_000_000)}
 	f.Add(good.Signed(nil).String(), "")
 	f.Add(good.Signed([]byte("k")).String(), "k")
+	withArgs := good
+	withArgs.Args = []string{"--user-agent=a 'b' $(c); d", "--window-size=8,6"}
+	f.Add(withArgs.Signed([]byte("k")).String(), "k")
+	f.Add("v=1;session=a;group=p;worker=w;at=1;args=WyItLW5vLXNhbmRib3giXQ", "")
 	f.Add("v=1;session=a;group=p;worker=w;at=1", "")
 	f.Add("v=1;session=a;session=b", "")
 	f.Add(";;==;", "x")

@@ -101,3 +101,24 @@ func TestArgsAreFlagsAndNothingElse(t *testing.T) {
 		}
 	}
 }
+
+// TestTheClaimCarriesTheFlagsCaddyChecked: the flags ride in the signed
+// claim as Caddy read them, whatever they hold, and a claim whose flags
+// were changed on the way does not verify.
+func TestTheClaimCarriesTheFlagsCaddyChecked(t *testing.T) {
+	secret := []byte("k")
+	tk := Ticket{Session: "s1", Group: "chromium@1.65", Worker: "w-1", Args: []string{"--user-agent=a 'b' $(c); d=e", "--window-size=8,6"}}.Signed(secret)
+	got, err := ParseTicket(tk.String(), secret)
+	if err != nil || strings.Join(got.Args, "|") != strings.Join(tk.Args, "|") {
+		t.Fatalf("read back %q (%v), want %q", got.Args, err, tk.Args)
+	}
+	other := tk
+	other.Args = []string{"--window-size=8,6"}
+	forged := strings.Replace(tk.String(), "args="+tk.argsField(), "args="+other.argsField(), 1)
+	if _, err := ParseTicket(forged, secret); err == nil || !strings.Contains(err.Error(), "signature") {
+		t.Fatalf("a claim with other flags: %v, want its signature refused", err)
+	}
+	if plain, err := ParseTicket(Ticket{Session: "s1", Group: "g", Worker: "w"}.Signed(nil).String(), nil); err != nil || plain.Args != nil {
+		t.Fatalf("a claim without flags: %+v (%v)", plain, err)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/browsergrid/caddy-browser-grid/internal/testenv"
+	"github.com/browsergrid/caddy-browser-grid/registry"
 )
 
 // TestFlagServersAreSharedByTheirFlagsAndBounded: a per-session worker's
@@ -168,30 +169,42 @@ func runServerPids(pid int) map[int]bool {
 	return out
 }
 
-// TestTheAgentPassesOnlyFlagsThatActOnTheBrowserAlone: whatever reached
-// the agent, it applies no flag outside registry.PassableArgs (one that
-// writes a file where its value says could overwrite the wrapper that
-// launches the next browser with flags), and none to a browser that
-// cannot take them.
+// TestTheAgentPassesOnlyFlagsThatActOnTheBrowserAlone: the agent
+// applies the flags the claim carries (Caddy checked them against its
+// route's launch_args), whatever the request says; none beyond
+// registry.PassableArgs (one that writes a file where its value says
+// could overwrite the wrapper that launches the next browser with
+// flags), none to a browser that cannot take them, and a client's args
+// that reach it without the claim's are refused, not dropped.
 func TestTheAgentPassesOnlyFlagsThatActOnTheBrowserAlone(t *testing.T) {
 	req := func(args string) *http.Request {
 		r := httptest.NewRequest(http.MethodGet, "/playwright", nil)
-		r.Header.Set("X-Playwright-Launch-Options", `{"args":`+args+`}`)
+		if args != "" {
+			r.Header.Set("X-Playwright-Launch-Options", `{"args":`+args+`}`)
+		}
 		return r
 	}
 	for _, tc := range []struct {
-		launcher, browser, args, says string
+		launcher, browser string
+		claim             []string // the claim's flags
+		args              string   // the request's
+		want              string   // the flags applied, or what the refusal says
 	}{
-		{LauncherPlaywrightServer, "chromium", `["--accept-lang=de","--log-net-log=/tmp/x"]`, "--log-net-log is not a flag the grid passes"},
-		{LauncherPlaywrightServer, "chromium", `["--no-sandbox"]`, "--no-sandbox is not a flag the grid passes"},
-		{LauncherPlaywrightServer, "firefox", `["--accept-lang=de"]`, "this worker's browser is firefox"},
-		{LauncherPlaywright, "chromium", `["--accept-lang=de"]`, "shared by its sessions, so args cannot apply"},
-		{LauncherPlaywrightServer, "chromium", `["--accept-lang=de"]`, ""},
+		{LauncherPlaywrightServer, "chromium", []string{"--accept-lang=de"}, `["--accept-lang=de"]`, "--accept-lang=de"},
+		{LauncherPlaywrightServer, "chromium", []string{"--accept-lang=de"}, `["--accept-lang=fr","--window-size=8,6"]`, "--accept-lang=de"},
+		{LauncherPlaywrightServer, "chromium", nil, `["--accept-lang=de"]`, "args are not allowed here"},
+		{LauncherPlaywrightServer, "chromium", []string{"--accept-lang=de", "--log-net-log=/tmp/x"}, "", "--log-net-log is not a flag the grid passes"},
+		{LauncherPlaywrightServer, "chromium", []string{"--no-sandbox"}, "", "--no-sandbox is not a flag the grid passes"},
+		{LauncherPlaywrightServer, "firefox", []string{"--accept-lang=de"}, "", "this worker's browser is firefox"},
+		{LauncherPlaywright, "chromium", []string{"--accept-lang=de"}, "", "shared by its sessions, so args cannot apply"},
+		{LauncherCDP, "chromium", []string{"--accept-lang=de"}, "", "takes no flags from a client"},
+		{LauncherPlaywrightServer, "chromium", nil, "", ""},
 	} {
 		f := &front{a: &Agent{cfg: Config{Launcher: tc.launcher, BrowserType: tc.browser}}}
-		lr, msg := f.launchRequest(req(tc.args))
-		if tc.says == "" && (msg != "" || len(lr.Args) != 1) || tc.says != "" && !strings.Contains(msg, tc.says) {
-			t.Errorf("%s %s, args %s: %q (args %q), want %q", tc.launcher, tc.browser, tc.args, msg, lr.Args, tc.says)
+		args, msg := f.launchRequest(req(tc.args), registry.Ticket{Args: tc.claim})
+		refusal := strings.Contains(tc.want, " ") // the wants of refusals are sentences
+		if got := strings.Join(args, " "); refusal && !strings.Contains(msg, tc.want) || !refusal && (msg != "" || got != tc.want) {
+			t.Errorf("%s %s, claim %q, request %s: flags %q, refusal %q; want %q", tc.launcher, tc.browser, tc.claim, tc.args, got, msg, tc.want)
 		}
 	}
 }

@@ -113,36 +113,43 @@ func (f *front) refuse(w http.ResponseWriter, t registry.Ticket, wk *worker, rea
 // the browser would not apply it ("": it would): Playwright's browser
 // server, whose browser the worker's sessions share, applies no launch
 // option, flag or exposeNetwork; its run-server drops the unsafe
-// options; flags are Chromium's, and never those no client may set.
-func (f *front) launchRequest(r *http.Request) (registry.LaunchRequest, string) {
+// options; flags are Chromium's, those the claim carries (Caddy checked
+// them against launch_args), and only those the grid passes. It returns
+// the flags to apply.
+func (f *front) launchRequest(r *http.Request, t registry.Ticket) ([]string, string) {
 	launcher := f.a.cfg.Launcher
 	if launcher != LauncherPlaywright && launcher != LauncherPlaywrightServer {
-		return registry.LaunchRequest{}, ""
+		if len(t.Args) > 0 {
+			return nil, fmt.Sprintf("this worker's browser (launcher %s) takes no flags from a client", launcher)
+		}
+		return nil, ""
 	}
 	lr, err := registry.ReadLaunchRequest(r)
 	switch {
 	case err != nil:
-		return lr, err.Error()
+		return nil, err.Error()
 	case len(lr.Ignored) > 0:
-		return lr, fmt.Sprintf("launch options %s are not applied by this worker's browser: leave them out", strings.Join(lr.Ignored, ", "))
-	case launcher == LauncherPlaywright && (len(lr.Options) > 0 || len(lr.Args) > 0 || lr.ExposeNetwork != ""):
+		return nil, fmt.Sprintf("launch options %s are not applied by this worker's browser: leave them out", strings.Join(lr.Ignored, ", "))
+	case len(lr.Args) > 0 && len(t.Args) == 0:
+		return nil, "args are not allowed here: the grid passes only flags its route's launch_args allow"
+	case launcher == LauncherPlaywright && (len(lr.Options) > 0 || len(t.Args) > 0 || lr.ExposeNetwork != ""):
 		what := lr.Names()
-		if len(lr.Args) > 0 {
+		if len(t.Args) > 0 {
 			what = append(what, "args")
 		}
 		if lr.ExposeNetwork != "" {
 			what = append(what, "exposeNetwork")
 		}
-		return lr, fmt.Sprintf("this worker's browser is shared by its sessions, so %s cannot apply to yours: connect to a pool of playwright-server workers", strings.Join(what, ", "))
-	case len(lr.Args) > 0 && f.a.cfg.BrowserType != "chromium":
-		return lr, fmt.Sprintf("args are Chromium flags, and this worker's browser is %s", f.a.cfg.BrowserType)
+		return nil, fmt.Sprintf("this worker's browser is shared by its sessions, so %s cannot apply to yours: connect to a pool of playwright-server workers", strings.Join(what, ", "))
+	case len(t.Args) > 0 && f.a.cfg.BrowserType != "chromium":
+		return nil, fmt.Sprintf("args are Chromium flags, and this worker's browser is %s", f.a.cfg.BrowserType)
 	}
-	for _, a := range lr.Args {
+	for _, a := range t.Args {
 		if err := registry.CheckArgName(registry.ArgName(a)); err != nil {
-			return lr, "args: " + err.Error()
+			return nil, "args: " + err.Error()
 		}
 	}
-	return lr, ""
+	return t.Args, ""
 }
 
 var refusalText = map[string]string{
@@ -183,7 +190,7 @@ func (f *front) session(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("%s header: worker %s is of group %s, not %s", registry.HeaderClaim, t.Worker, wk.rec.Group(), t.Group), http.StatusBadRequest)
 		return
 	}
-	lr, msg := f.launchRequest(r)
+	args, msg := f.launchRequest(r, t)
 	if msg != "" {
 		// the client's doing, on every worker of this kind: told, not
 		// retried elsewhere
@@ -209,11 +216,11 @@ func (f *front) session(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	backend := wk.backend
-	if len(lr.Args) > 0 {
+	if len(args) > 0 {
 		// a browser server of the worker's launcher whose browsers run
 		// with these flags
 		ctx, cancel := context.WithTimeout(r.Context(), flagServerTimeout)
-		addr, release, err := wk.proc.FlagServer(ctx, lr.Args)
+		addr, release, err := wk.proc.FlagServer(ctx, args)
 		cancel()
 		if err != nil {
 			a.log.Warn("starting a browser server with flags", zap.String("worker_id", wk.rec.ID), zap.Error(err))
