@@ -78,10 +78,16 @@ func (t Ticket) Fresh(now time.Time) error {
 
 const ticketLabel = "browser-grid claim v1"
 
+// fields are what the signature covers; the flags only when there are
+// some, so a claim without flags reads the same to every agent.
 func (t Ticket) fields() []string {
-	return []string{strconv.Itoa(t.Protocol), t.Session, t.Group, t.Worker, orDash(t.Client), strconv.Itoa(t.Limits.MaxConcurrent),
+	f := []string{strconv.Itoa(t.Protocol), t.Session, t.Group, t.Worker, orDash(t.Client), strconv.Itoa(t.Limits.MaxConcurrent),
 		strconv.Itoa(t.Limits.MaxLifetime), strconv.FormatInt(t.MaxSession.Milliseconds(), 10),
-		strconv.FormatInt(t.IdleTimeout.Milliseconds(), 10), strconv.FormatInt(t.Issued.UnixMilli(), 10), orDash(t.argsField())}
+		strconv.FormatInt(t.IdleTimeout.Milliseconds(), 10), strconv.FormatInt(t.Issued.UnixMilli(), 10)}
+	if a := t.argsField(); a != "" {
+		f = append(f, a)
+	}
+	return f
 }
 
 // argsField is Args as the header carries them: their JSON, base64url.
@@ -111,7 +117,7 @@ func (t Ticket) String() string {
 	f := t.fields()
 	s := "v=" + f[0] + ";session=" + f[1] + ";group=" + f[2] + ";worker=" + f[3] + ";client=" + f[4] + ";max-concurrent=" + f[5] +
 		";max-lifetime=" + f[6] + ";max-session=" + f[7] + ";idle-timeout=" + f[8] + ";at=" + f[9]
-	if f[10] != "-" {
+	if len(f) > 10 {
 		s += ";args=" + f[10]
 	}
 	if t.Sig != "" {
@@ -172,11 +178,13 @@ func ParseTicket(v string, secret []byte) (Ticket, error) {
 			}
 			t.Issued = time.UnixMilli(ms)
 		case "args":
-			raw, derr := base64.RawURLEncoding.DecodeString(val)
-			if derr != nil {
-				err = fmt.Errorf("%s header: args=%q is not base64url", HeaderClaim, val)
-			} else if t.Args, err = readArgs(raw); err == nil && len(t.Args) == 0 {
-				err = fmt.Errorf("%s header: args= holds no flag", HeaderClaim)
+			// one form only: the JSON Caddy writes, in strict base64url
+			raw, derr := base64.RawURLEncoding.Strict().DecodeString(val)
+			if derr == nil {
+				t.Args, derr = readArgs(raw)
+			}
+			if derr != nil || len(t.Args) == 0 || t.argsField() != val {
+				err = fmt.Errorf("%s header: args=%q is not a list of flags as Caddy writes it (%v)", HeaderClaim, val, orNull(derr))
 			}
 		case "sig":
 			t.Sig = val

@@ -1,10 +1,13 @@
 package registry
 
 import (
+	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestLaunchOptionsAreReadAsPlaywrightsServerReadsThem: what the grid
@@ -120,5 +123,15 @@ func TestTheClaimCarriesTheFlagsCaddyChecked(t *testing.T) {
 	}
 	if plain, err := ParseTicket(Ticket{Session: "s1", Group: "g", Worker: "w"}.Signed(nil).String(), nil); err != nil || plain.Args != nil {
 		t.Fatalf("a claim without flags: %+v (%v)", plain, err)
+	}
+	// a claim without flags is signed as one of a build before flags was
+	noFlags := Ticket{Session: "s1", Group: "g", Worker: "w", Issued: time.UnixMilli(1)}.Signed(secret)
+	if noFlags.Sig != Sign(secret, ticketLabel, strconv.Itoa(Protocol), "s1", "g", "w", "-", "0", "0", "0", "0", "1") {
+		t.Error("a claim without flags signs more than its ten fields")
+	}
+	// one form of the flags only: not the same list in other JSON
+	spaced := strings.Replace(tk.String(), "args="+tk.argsField(), "args="+base64.RawURLEncoding.EncodeToString([]byte(`[ "--window-size=8,6" ]`)), 1)
+	if _, err := ParseTicket(spaced, nil); err == nil || !strings.Contains(err.Error(), "as Caddy writes it") {
+		t.Errorf("flags in other JSON: %v, want them refused", err)
 	}
 }

@@ -192,7 +192,7 @@ func TestTheAgentPassesOnlyFlagsThatActOnTheBrowserAlone(t *testing.T) {
 	}{
 		{LauncherPlaywrightServer, "chromium", []string{"--accept-lang=de"}, `["--accept-lang=de"]`, "--accept-lang=de"},
 		{LauncherPlaywrightServer, "chromium", []string{"--accept-lang=de"}, `["--accept-lang=fr","--window-size=8,6"]`, "--accept-lang=de"},
-		{LauncherPlaywrightServer, "chromium", nil, `["--accept-lang=de"]`, "args are not allowed here"},
+		{LauncherPlaywrightServer, "chromium", nil, `["--accept-lang=de"]`, "args are not allowed here: this route passes no flags"},
 		{LauncherPlaywrightServer, "chromium", []string{"--accept-lang=de", "--log-net-log=/tmp/x"}, "", "--log-net-log is not a flag the grid passes"},
 		{LauncherPlaywrightServer, "chromium", []string{"--no-sandbox"}, "", "--no-sandbox is not a flag the grid passes"},
 		{LauncherPlaywrightServer, "firefox", []string{"--accept-lang=de"}, "", "this worker's browser is firefox"},

@@ -131,7 +131,7 @@ func (f *front) launchRequest(r *http.Request, t registry.Ticket) ([]string, str
 	case len(lr.Ignored) > 0:
 		return nil, fmt.Sprintf("launch options %s are not applied by this worker's browser: leave them out", strings.Join(lr.Ignored, ", "))
 	case len(lr.Args) > 0 && len(t.Args) == 0:
-		return nil, "args are not allowed here: the grid passes only flags its route's launch_args allow"
+		return nil, "args are not allowed here: this route passes no flags (launch_args of the browser_grid handler)"
 	case launcher == LauncherPlaywright && (len(lr.Options) > 0 || len(t.Args) > 0 || lr.ExposeNetwork != ""):
 		what := lr.Names()
 		if len(t.Args) > 0 {
