@@ -207,7 +207,8 @@ const shellQuote = (s) => `'${s.replaceAll("'", `'\\''`)}'`;
 function flagSets(pkg, opts) {
 	// the sets in use or waiting, by the JSON of their flags: each
 	// { key, ready (resolves with { child, wsEndpoint }), refs, idleTimer,
-	// idleSince, closed }
+	// idleSince }; one that left it (closed, or its server exited) is
+	// not the one of its key any more
 	const sets = new Map();
 	const held = new Map(); // acquire id -> the set it holds
 	let n = 0;
@@ -216,7 +217,6 @@ function flagSets(pkg, opts) {
 	const forget = (set) => sets.get(set.key) === set && sets.delete(set.key);
 	const closeSet = (set) => {
 		forget(set);
-		set.closed = true;
 		clearTimeout(set.idleTimer);
 		set.ready.then((r) => r.child.kill('SIGTERM'), () => {});
 	};
@@ -255,7 +255,7 @@ function flagSets(pkg, opts) {
 	const release = (id) => {
 		const set = held.get(id);
 		held.delete(id);
-		if (!set || --set.refs > 0 || set.closed || sets.get(set.key) !== set) return;
+		if (!set || --set.refs > 0 || sets.get(set.key) !== set) return;
 		set.idleSince = Date.now();
 		set.idleTimer = setTimeout(() => closeSet(set), flagsLinger);
 		const idle = [...sets.values()].filter((s) => s.refs === 0).sort((a, b) => a.idleSince - b.idleSince);
@@ -290,9 +290,7 @@ async function main() {
 		opts = parseArgs(process.argv.slice(2));
 		pkg = pickPlaywright(opts.playwrightVersion);
 		if (opts.browsersDir) {
-			video = opts.browser === 'chromium'
-				? prepareBrowsers(pkg, opts.browsersDir, opts.executable, opts.headlessShell, opts.ffmpeg)
-				: prepareBrowsers(pkg, opts.browsersDir, '', '', opts.ffmpeg);
+			video = prepareBrowsers(pkg, opts.browsersDir, opts.browser === 'chromium' ? opts.executable : '', opts.headlessShell, opts.ffmpeg);
 			// before playwright-core loads: it reads the variable then
 			process.env.PLAYWRIGHT_BROWSERS_PATH = opts.browsersDir;
 		}
@@ -334,7 +332,8 @@ async function main() {
 		handleSIGHUP: false,
 		args: [...(opts.browser === 'chromium' ? CHROMIUM_ARGS : []), ...opts.args],
 	};
-	if (opts.executable) launchOpts.executablePath = (opts.browser === 'chromium' && opts.headlessShell) || opts.executable;
+	// grid-worker names a headless shell for Chromium only
+	if (opts.executable) launchOpts.executablePath = opts.headlessShell || opts.executable;
 
 	const server = await opts.type.launchServer(launchOpts);
 	const proc = server.process();
